@@ -1,0 +1,96 @@
+"""Bounded loopback load test of `ralm serve`: N requests at concurrency C, then stop.
+
+  python benchmarks/serve_load.py --index /tmp/runs/squad-dense --questions ../shared/data/squad_dev.jsonl \
+      --requests 1000 --concurrency 32 --endpoint search
+
+Starts the server in this process on 127.0.0.1 (a free port), sends the questions of the file
+in turn, and prints throughput, client-side p50/p99 latency and the error count as JSON.
+Only loopback traffic; the run stops after --requests or --max-seconds, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--bm25", default=None)
+    ap.add_argument("--model", default=None, help="a fine-tuning run, for --endpoint ask")
+    ap.add_argument("--questions", required=True)
+    ap.add_argument("--endpoint", choices=["search", "ask"], default="search")
+    ap.add_argument("--retriever", default=None)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--max-seconds", type=float, default=600)
+    args = ap.parse_args()
+
+    import httpx
+    import uvicorn
+
+    from ralm.data.qa import read_questions
+    from ralm.serve.app import create_app
+    from ralm.serve.service import ServeConfig, Service
+
+    svc = Service(ServeConfig(index=args.index, model=args.model, bm25=args.bm25))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+
+    questions = [q.question for q in read_questions(args.questions)]
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + args.max_seconds
+
+    async def run() -> float:
+        nonlocal errors
+        counter = iter(range(args.requests))
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            async def worker():
+                nonlocal errors
+                for i in counter:
+                    if time.perf_counter() > deadline:
+                        return
+                    q = questions[i % len(questions)]
+                    body = {"k": args.k, "retriever": args.retriever}
+                    body["query" if args.endpoint == "search" else "question"] = q
+                    t = time.perf_counter()
+                    try:
+                        r = await client.post(f"/{args.endpoint}", json=body)
+                        ok = r.status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    latencies.append(time.perf_counter() - t)
+                    errors += not ok
+
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            return time.perf_counter() - start
+
+    wall = asyncio.run(run())
+    server.should_exit = True
+    lat = np.array(latencies) * 1000
+    print(json.dumps({
+        "endpoint": args.endpoint, "index": args.index, "blocks": svc.stats()["corpus_blocks"],
+        "requests": len(latencies), "concurrency": args.concurrency, "errors": errors,
+        "seconds": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 1),
+        "client_p50_ms": round(float(np.percentile(lat, 50)), 1), "client_p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "server_stats_ms": svc.stats()["latency_ms"][args.endpoint],
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

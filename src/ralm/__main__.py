@@ -1,0 +1,3 @@
+from ralm.cli import main
+
+main()

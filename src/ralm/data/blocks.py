@@ -1,0 +1,250 @@
+"""REALM evidence blocks: `[CLS] title [SEP] body [SEP]`, at most 288 wordpieces.
+
+A long document is split between sentences (a sentence longer than a block is cut between
+wordpieces), so every body wordpiece of a document lands in exactly one block, in order.
+Block ids are `<doc id>:<j>` and stable for a given document text and tokenizer.
+
+The store is a folder, written to a temporary name and renamed into place when complete:
+  manifest.json   counts, block config, tokenizer and corpus fingerprints
+  tokens/         ragged int32 wordpiece ids of every block (memory-mapped)
+  body_start.npy  index of the first body wordpiece in each block
+  doc_index.npy   ordinal of the source document of each block (to exclude trivial retrievals)
+  blocks.jsonl    {"id", "doc_id", "title", "text"} per block; blocks.idx.npy holds byte offsets
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from array import array
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from ralm.atomic import atomic_path, read_json
+from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
+from ralm.data.ragged import RaggedArray, RaggedWriter
+from ralm.errors import RalmError
+from ralm.progress import progress_bar
+
+FORMAT = "ralm.blocks/1"
+# End of a sentence: terminal punctuation, optional closing quotes/brackets, then whitespace.
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    max_len: int = 288
+    max_title_len: int = 32
+
+    def __post_init__(self):
+        if self.max_len < self.max_title_len + 8:
+            raise RalmError(f"max block length {self.max_len} leaves no room for a body after a {self.max_title_len}-wordpiece title")
+
+
+@dataclass(frozen=True)
+class Block:
+    doc_id: str
+    index: int  # j-th block of its document
+    token_ids: list[int]  # [CLS] title [SEP] body [SEP]
+    body_start: int
+    char_span: tuple[int, int]  # the body's span in the document text
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc_id}:{self.index}"
+
+
+def wordpiece_tokenizer(hf_tokenizer) -> Tokenizer:
+    """The fast tokenizer's backend with truncation and padding off (tokenizer.json files
+    often carry a 128/512 truncation that would silently drop text)."""
+    tok = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def tokenizer_fingerprint(hf_tokenizer) -> str:
+    vocab = sorted(hf_tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def _sentence_ids(text: str, starts: np.ndarray) -> np.ndarray:
+    """Sentence number of each wordpiece, from its character start."""
+    ends = np.array([m.end() for m in _SENTENCE_END.finditer(text)], dtype=np.int64)
+    return np.searchsorted(ends, starts, side="right")
+
+
+def split_document(doc: Document, ids: list[int], offsets: list[tuple[int, int]], title_ids: list[int],
+                   cls_id: int, sep_id: int, cfg: BlockConfig) -> list[Block]:
+    """Pack whole sentences greedily into blocks of at most cfg.max_len wordpieces."""
+    title_ids = title_ids[: cfg.max_title_len]
+    budget = cfg.max_len - 3 - len(title_ids)
+    n = len(ids)
+    # Piece boundaries: sentence starts, plus cuts inside sentences longer than the budget.
+    if n:
+        sent = _sentence_ids(doc.text, np.array([o[0] for o in offsets], dtype=np.int64))
+        starts = [0] + [i for i in range(1, n) if sent[i] != sent[i - 1]]
+    else:
+        starts = [0]
+    pieces: list[tuple[int, int]] = []
+    for a, b in zip(starts, starts[1:] + [n]):
+        for c in range(a, max(b, a + 1), budget):
+            pieces.append((c, min(c + budget, b)))
+    chunks: list[tuple[int, int]] = []
+    for a, b in pieces:
+        if chunks and b - chunks[-1][0] <= budget:
+            chunks[-1] = (chunks[-1][0], b)
+        else:
+            chunks.append((a, b))
+    blocks = []
+    for j, (a, b) in enumerate(chunks):
+        span = (offsets[a][0], offsets[b - 1][1]) if b > a else (0, 0)
+        blocks.append(Block(doc.id, j, [cls_id, *title_ids, sep_id, *ids[a:b], sep_id], len(title_ids) + 2, span))
+    return blocks
+
+
+def iter_blocks(docs: Iterable[Document], hf_tokenizer, cfg: BlockConfig = BlockConfig(),
+                batch_size: int = 512) -> Iterator[tuple[Document, list[Block]]]:
+    """Tokenise documents in batches (fast Rust tokenizer) and split each into blocks."""
+    tok = wordpiece_tokenizer(hf_tokenizer)
+    cls_id, sep_id = hf_tokenizer.cls_token_id, hf_tokenizer.sep_token_id
+    if cls_id is None or sep_id is None:
+        raise RalmError("the tokenizer has no [CLS]/[SEP] tokens; REALM blocks need a BERT-style tokenizer")
+    batch: list[Document] = []
+
+    def flush():
+        bodies = tok.encode_batch([d.text for d in batch], add_special_tokens=False)
+        titles = tok.encode_batch([d.title for d in batch], add_special_tokens=False)
+        for d, body, title in zip(batch, bodies, titles):
+            yield d, split_document(d, body.ids, body.offsets, title.ids, cls_id, sep_id, cfg)
+
+    for doc in docs:
+        batch.append(doc)
+        if len(batch) == batch_size:
+            yield from flush()
+            batch = []
+    if batch:
+        yield from flush()
+
+
+def _count_lines(path: Path) -> int | None:
+    if path.is_dir():
+        return sum(1 for _ in path.rglob("*.txt"))
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_tokenizer,
+                      cfg: BlockConfig = BlockConfig(), show_progress: bool = True) -> "BlockStore":
+    """Stream `corpus` into a block store at `out` (published atomically when complete)."""
+    corpus = Path(corpus)
+    total = _count_lines(corpus) if corpus.exists() else None
+    id_hashes = array("q")
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        tokens = RaggedWriter(tmp / "tokens", np.int32)
+        body_start, doc_index, line_offsets = array("i"), array("q"), array("q", [0])
+        n_docs = 0
+        with open(tmp / "blocks.jsonl", "wb") as meta, progress_bar(show_progress) as bar:
+            task = bar.add_task("blocking", total=total)
+            for doc, blocks in iter_blocks(read_corpus(corpus), hf_tokenizer, cfg):
+                id_hashes.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True))
+                for b in blocks:
+                    tokens.append(b.token_ids)
+                    body_start.append(b.body_start)
+                    doc_index.append(n_docs)
+                    row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
+                    line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+                    meta.write(line)
+                    line_offsets.append(line_offsets[-1] + len(line))
+                n_docs += 1
+                bar.advance(task)
+        tokens.close()
+        _check_unique_ids(np.frombuffer(id_hashes, dtype=np.int64), corpus)
+        np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
+        np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
+        np.save(tmp / "blocks.idx.npy", np.frombuffer(line_offsets, dtype=np.int64))
+        manifest = {
+            "format": FORMAT,
+            "count": len(tokens),
+            "documents": n_docs,
+            "config": asdict(cfg),
+            "tokenizer": tokenizer_fingerprint(hf_tokenizer),
+            "corpus": str(corpus.resolve()),
+            "corpus_fingerprint": corpus_fingerprint(corpus),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return BlockStore(out)
+
+
+def _check_unique_ids(hashes: np.ndarray, corpus: Path) -> None:
+    order = np.sort(hashes)
+    dup = order[1:][order[1:] == order[:-1]]
+    if len(dup):
+        target = int(dup[0])
+        seen = 0
+        for doc in read_corpus(corpus):
+            if int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True) == target:
+                seen += 1
+                if seen == 2:
+                    raise RalmError(f"{corpus}: document id {doc.id!r} appears more than once; ids must be unique")
+
+
+class BlockStore:
+    """Read-only, memory-mapped view of a block store folder."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        if not (self.folder / "manifest.json").exists():
+            raise RalmError(f"{self.folder}: not a block store (no manifest.json)")
+        self.manifest = read_json(self.folder / "manifest.json")
+        if self.manifest.get("format") != FORMAT:
+            raise RalmError(f"{self.folder}: unsupported block store format {self.manifest.get('format')!r}")
+        self.tokens = RaggedArray(self.folder / "tokens")
+        self.body_start = np.load(self.folder / "body_start.npy", mmap_mode="r", allow_pickle=False)
+        self.doc_index = np.load(self.folder / "doc_index.npy", mmap_mode="r", allow_pickle=False)
+        self._line_offsets = np.load(self.folder / "blocks.idx.npy", mmap_mode="r", allow_pickle=False)
+        self._meta = open(self.folder / "blocks.jsonl", "rb")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def config(self) -> BlockConfig:
+        return BlockConfig(**self.manifest["config"])
+
+    def record(self, i: int) -> dict:
+        """{"id", "doc_id", "title", "text"} of block i, read from disk on demand."""
+        start, end = int(self._line_offsets[i]), int(self._line_offsets[i + 1])
+        return json.loads(os.pread(self._meta.fileno(), end - start, start))
+
+    def records(self, rows: Iterable[int]) -> list[dict]:
+        return [self.record(int(i)) for i in rows]
+
+    def body(self, i: int) -> np.ndarray:
+        """Body wordpieces of block i, without [CLS] title [SEP] and the final [SEP]."""
+        return self.tokens[i][int(self.body_start[i]) : -1]
+
+    def close(self) -> None:
+        self._meta.close()
+
+
+def join_query_evidence(query_ids: list[int], body_ids, cls_id: int, sep_id: int,
+                        max_len: int = 288, max_query_len: int = 64) -> tuple[list[int], list[int], int]:
+    """`[CLS] x [SEP] z_body [SEP]`, the knowledge-augmented encoder's and reader's input.
+
+    Returns (input_ids, token_type_ids, evidence_start). The query is cut to `max_query_len`
+    wordpieces and the evidence to what is left of `max_len`.
+    """
+    q = list(query_ids)[:max_query_len]
+    room = max(max_len - len(q) - 3, 0)
+    z = [int(t) for t in body_ids[:room]]
+    ids = [cls_id, *q, sep_id, *z, sep_id]
+    types = [0] * (len(q) + 2) + [1] * (len(z) + 1)
+    return ids, types, len(q) + 2

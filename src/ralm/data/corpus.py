@@ -1,0 +1,128 @@
+"""Read and validate corpora: JSON Lines, TSV, or a folder of .txt files.
+
+Every reader streams (a 13M-document corpus never sits in RAM) and raises `RalmError`
+naming file:line for malformed input.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from ralm.errors import RalmError
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RalmError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start} of the line)") from None
+
+
+def _document(obj, path: Path, lineno: int) -> Document:
+    if not isinstance(obj, dict):
+        raise RalmError(f"{path}:{lineno}: expected a JSON object with 'id', 'title', 'text'")
+    for key in ("id", "text"):
+        if key not in obj:
+            raise RalmError(f"{path}:{lineno}: missing field '{key}'")
+    doc_id, title, text = obj["id"], obj.get("title", ""), obj["text"]
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)
+    for key, value in (("id", doc_id), ("title", title), ("text", text)):
+        if not isinstance(value, str):
+            raise RalmError(f"{path}:{lineno}: field '{key}' must be a string, got {type(value).__name__}")
+    if not doc_id.strip():
+        raise RalmError(f"{path}:{lineno}: field 'id' is empty")
+    return Document(doc_id, title.strip(), text.strip())
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line; errors name file:line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode(raw, path, lineno).strip()
+            if not line:
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RalmError(f"{path}:{lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
+
+
+def _read_jsonl(path: Path) -> Iterator[Document]:
+    for lineno, obj in iter_jsonl(path):
+        yield _document(obj, path, lineno)
+
+
+def _read_tsv(path: Path) -> Iterator[Document]:
+    """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works)."""
+    with open(path, "rb") as f:
+        header = _decode(f.readline(), path, 1).rstrip("\r\n").split("\t")
+        missing = {"id", "text"} - set(header)
+        if missing:
+            raise RalmError(f"{path}:1: TSV header must name columns id, text (and optionally title); missing {sorted(missing)}")
+        cols = {name: i for i, name in enumerate(header)}
+        for lineno, raw in enumerate(f, 2):
+            line = _decode(raw, path, lineno).rstrip("\r\n")
+            if not line:
+                continue
+            fields = next(csv.reader([line], delimiter="\t"))
+            if len(fields) != len(header):
+                raise RalmError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(fields)}")
+            obj = {name: fields[i] for name, i in cols.items()}
+            yield _document(obj, path, lineno)
+
+
+def _read_txt_dir(path: Path) -> Iterator[Document]:
+    """One document per .txt file: id = path relative to the folder, title = file stem."""
+    for file in sorted(path.rglob("*.txt")):
+        rel = file.relative_to(path).as_posix()
+        text = _decode(file.read_bytes(), file, 1)
+        yield Document(rel, file.stem.replace("_", " "), text.strip())
+
+
+def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
+    """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus."""
+    path = Path(path)
+    if not path.exists():
+        raise RalmError(f"corpus not found: {path}")
+    if path.is_dir():
+        reader = _read_txt_dir(path)
+    elif path.suffix in (".jsonl", ".json", ".ndjson"):
+        reader = _read_jsonl(path)
+    elif path.suffix in (".tsv", ".tab"):
+        reader = _read_tsv(path)
+    else:
+        raise RalmError(f"{path}: unknown corpus format (use .jsonl, .tsv or a folder of .txt files)")
+    count = 0
+    for doc in reader:
+        count += 1
+        yield doc
+    if count == 0:
+        raise RalmError(f"{path}: the corpus is empty (no documents)")
+
+
+def corpus_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 of the corpus bytes (file names too for a folder): an index records it."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]

@@ -1,0 +1,72 @@
+"""Question files and SQuAD answer normalisation.
+
+A question file is JSON Lines: {"id", "question", "answers": [...]} (other keys kept in
+`extra`, e.g. "doc_id" for analysis; never used at prediction time).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ralm.data.corpus import iter_jsonl
+from ralm.errors import RalmError
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def read_questions(path: str | os.PathLike) -> list[Question]:
+    return list(iter_questions(path))
+
+
+def iter_questions(path: str | os.PathLike) -> Iterator[Question]:
+    path = Path(path)
+    if not path.is_file():
+        raise RalmError(f"question file not found: {path}")
+    count = 0
+    for lineno, obj in iter_jsonl(path):
+        if not isinstance(obj, dict):
+            raise RalmError(f"{path}:{lineno}: expected a JSON object with 'question' and 'answers'")
+        for key in ("question", "answers"):
+            if key not in obj:
+                raise RalmError(f"{path}:{lineno}: missing field '{key}'")
+        answers = obj["answers"]
+        if isinstance(answers, str):
+            answers = [answers]
+        if not isinstance(obj["question"], str) or not obj["question"].strip():
+            raise RalmError(f"{path}:{lineno}: field 'question' must be a non-empty string")
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise RalmError(f"{path}:{lineno}: field 'answers' must be a list of strings")
+        extra = {k: v for k, v in obj.items() if k not in ("id", "question", "answers")}
+        count += 1
+        yield Question(str(obj.get("id", f"{path.stem}-{lineno}")), obj["question"].strip(), tuple(answers), extra)
+    if count == 0:
+        raise RalmError(f"{path}: no questions in the file")
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD v1.1's normalisation: lower case, drop punctuation and articles, squash spaces."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def has_answer(text: str, answers: tuple[str, ...] | list[str]) -> bool:
+    """True when a normalised answer occurs in the normalised text on word boundaries."""
+    norm = f" {normalize_answer(text)} "
+    return any(a for a in (normalize_answer(x) for x in answers) if a and f" {a} " in norm)

@@ -1,0 +1,58 @@
+"""A ragged array of int sequences on disk: `values.bin` (flat, raw) + `offsets.npy`.
+
+Memory-mapped on read, streamed on write, so 13M blocks of tokens never sit in RAM.
+Row i is values[offsets[i]:offsets[i+1]].
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+
+class RaggedWriter:
+    def __init__(self, folder: str | os.PathLike, dtype=np.int32):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.dtype = np.dtype(dtype)
+        self._values = open(self.folder / "values.bin", "wb")
+        self._offsets = array("q", [0])
+
+    def append(self, row) -> None:
+        row = np.asarray(row, dtype=self.dtype)
+        self._values.write(row.tobytes())
+        self._offsets.append(self._offsets[-1] + len(row))
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def close(self) -> None:
+        self._values.close()
+        np.save(self.folder / "offsets.npy", np.frombuffer(self._offsets, dtype=np.int64))
+        (self.folder / "dtype").write_text(self.dtype.str)
+
+
+class RaggedArray:
+    def __init__(self, folder: str | os.PathLike):
+        folder = Path(folder)
+        dtype = np.dtype((folder / "dtype").read_text().strip())
+        self.offsets = np.load(folder / "offsets.npy", mmap_mode="r", allow_pickle=False)
+        size = int(self.offsets[-1])
+        # np.memmap refuses empty files; an empty array needs no mapping.
+        self.values = (
+            np.memmap(folder / "values.bin", dtype=dtype, mode="r", shape=(size,))
+            if size
+            else np.zeros(0, dtype=dtype)
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self.values[self.offsets[i] : self.offsets[i + 1]])
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)

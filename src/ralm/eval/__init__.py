@@ -1,0 +1,1 @@
+"""Evaluation: metrics, retrieval recall, open-domain QA, perplexity."""

@@ -1,0 +1,95 @@
+"""Perplexity of a causal LM, a kNN-LM and RETRO (with or without retrieval) on a token stream.
+
+Every token but the first is predicted exactly once, with at least seq_len - stride tokens of
+context (data/chunks.py `context_windows`). Perplexity is reported per wordpiece and per
+whitespace-separated word of the text (exp(total NLL / words): the WikiText convention,
+comparable across tokenisers).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from ralm.data.chunks import TokenStream, context_windows, window_batches
+from ralm.models.knnlm import Datastore, interpolate, knn_target_prob, lm_states
+from ralm.progress import progress_bar
+from ralm.runtime import compute_dtype
+
+
+def perplexity_report(nll: np.ndarray, words: int) -> dict:
+    """Token- and word-level perplexity from per-token NLLs (nats)."""
+    total = float(np.sum(nll, dtype=np.float64))
+    return {"tokens": int(len(nll)), "words": int(words), "nll": round(total / max(len(nll), 1), 5),
+            "ppl": round(math.exp(total / max(len(nll), 1)), 3), "word_ppl": round(math.exp(total / max(words, 1)), 3)}
+
+
+def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.device, batch_size: int = 16,
+           show_progress: bool = True) -> np.ndarray:
+    """NLL [T - 1] of each next token under a causal LM (`features` / `head` interface)."""
+    n = len(stream.tokens) - 1
+    nll = np.empty(n, dtype=np.float64)
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("scoring", total=n)
+        for pos, _, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size):
+            nll[pos] = -logp.cpu().numpy()
+            bar.advance(task, len(pos))
+    return nll
+
+
+def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
+               seq_len: int = 512, stride: int = 256, device: torch.device | None = None, batch_size: int = 16,
+               exact_distances: bool = True, show_progress: bool = True) -> dict:
+    """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
+    neighbours are searched once, so a grid costs no more than one setting."""
+    device = device or torch.device("cpu")
+    n = len(stream.tokens) - 1
+    p_lm, p_knn = np.empty(n, dtype=np.float64), np.empty((len(temperatures), n), dtype=np.float64)
+    start = time.perf_counter()
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("kNN-LM scoring", total=n)
+        for pos, hidden, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size):
+            dist, values = store.search(hidden.cpu().numpy(), k, exact_distances)
+            targets = torch.from_numpy(stream.tokens[pos + 1].astype(np.int64))
+            for i, t in enumerate(temperatures):
+                p_knn[i, pos] = knn_target_prob(torch.from_numpy(dist), torch.from_numpy(values), targets, t).double().numpy()
+            p_lm[pos] = logp.double().cpu().numpy()
+            bar.advance(task, len(pos))
+    result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
+    for i, t in enumerate(temperatures):
+        for lmbda in lambdas:
+            logp = interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy()
+            result["knn"].append({"lmbda": lmbda, "temperature": t, **perplexity_report(-logp, stream.words)})
+    return result
+
+
+@torch.inference_mode()
+def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, stride: int, device: torch.device,
+              batch_size: int = 8, show_progress: bool = True) -> np.ndarray:
+    """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
+    chunks, or None for retrieval off. Windows start on chunk boundaries."""
+    m, seq_len = model.cfg.chunk_len, model.cfg.max_len
+    tokens = stream.tokens
+    n = len(tokens) - 1
+    nll = np.empty(n, dtype=np.float64)
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("scoring" + ("" if neighbours is not None else " (retrieval off)"), total=n)
+        for part in window_batches(context_windows(0, n, seq_len, stride, align=m), batch_size):
+            ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
+            targets = torch.from_numpy(np.stack([tokens[a + 1 : b + 1] for a, b, _ in part]).astype(np.int64)).to(device)
+            nb = mask = None
+            if neighbours is not None:
+                chunks = ids.shape[1] // m
+                nb_ids = np.stack([neighbours[a // m : a // m + chunks] for a, _, _ in part])  # [B, n, k]
+                nb, mask = (torch.from_numpy(x).to(device) for x in db.values(nb_ids))
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+                logits = model(ids, nb, mask)  # [B, L, V]
+            logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]  # [B, L]
+            for row, (a, b, s) in enumerate(part):
+                nll[s:b] = -logp[row, s - a :].double().cpu().numpy()
+            bar.advance(task, sum(b - s for _, b, s in part))
+    return nll
+

@@ -1,0 +1,38 @@
+"""Retrieval recall@k on a question file: a passage counts when it contains an answer."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from ralm.atomic import atomic_path
+from ralm.data.qa import Question, has_answer
+from ralm.eval.metrics import recall_at_k
+from ralm.progress import progress_bar
+from ralm.retrieval.searcher import Searcher
+
+
+def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20, 100),
+                       batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True) -> dict:
+    """recall@k for each k; per-question top passages go to `predictions` (JSONL) if given."""
+    k_max = max(ks)
+    hits, rows = [], []
+    start = time.perf_counter()
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("retrieving", total=len(questions))
+        for i in range(0, len(questions), batch_size):
+            batch = questions[i : i + batch_size]
+            for q, ranked in zip(batch, searcher.search([q.question for q in batch], k_max)):
+                flags = [has_answer(h.text, q.answers) for h in ranked]
+                hits.append(flags)
+                rows.append({"id": q.id, "question": q.question, "answers": list(q.answers),
+                             "retrieved": [{"id": h.id, "score": round(h.score, 4), "has_answer": f} for h, f in zip(ranked[:20], flags)]})
+            bar.advance(task, len(batch))
+    elapsed = time.perf_counter() - start
+    if predictions is not None:
+        with atomic_path(predictions) as tmp:
+            tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return {**recall_at_k(hits, ks), "questions": len(questions), "seconds": round(elapsed, 2),
+            "index": str(searcher.index.root), "version": searcher.current.name, "retriever": searcher.index.kind}

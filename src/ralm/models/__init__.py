@@ -1,0 +1,1 @@
+"""Models: REALM, reader, LM, RETRO, kNN-LM."""

@@ -1,0 +1,275 @@
+"""The ORQA/REALM span reader: BERT over `[CLS] x [SEP] z_body [SEP]`, a span scorer
+MLP([h_start; h_end]) over every evidence span of at most W wordpieces, and the marginal
+likelihood log Σ_z p(z|x) p(y|z,x) that fine-tunes it together with the query tower.
+
+Shapes: B questions, K retrieved blocks per question, N = B*K reader inputs, L input length,
+H BERT hidden size, S span-MLP hidden size, W maximum span width. A span is (start i, width w):
+wordpieces i .. i+w of the input.
+
+Checkpoint directory (HF-style): config.json (ReaderConfig + the BERT config),
+model.safetensors (`bert.*`, `spans.*`), and the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ralm.atomic import atomic_path
+from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
+from ralm.errors import RalmError
+from ralm.retrieval.encoders import default_model_path, load_hf_encoder, pad_rows
+
+FORMAT = "ralm.reader/1"
+# Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.
+NEG = -1e9
+
+
+@dataclass
+class ReaderConfig:
+    span_hidden: int = 256
+    max_span_width: int = 10  # W: longest answer span, in wordpieces
+    span_layernorm_eps: float | None = None  # HF-REALM's span scorer: LayerNorm(eps) after the ReLU; None: none
+    max_len: int = 384  # question + block body + 3 special tokens (a 288-wordpiece body fits)
+    max_query_len: int = 64
+    # Train only the top N encoder layers (+ the span scorer); checkpoints then hold just those
+    # tensors and rebuild the rest from `base_model`. None: everything trains and is saved.
+    trainable_layers: int | None = None
+    base_model: str = ""
+    encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the encoder
+
+    def __post_init__(self):
+        if self.max_span_width <= 0 or self.span_hidden <= 0:
+            raise RalmError(f"max_span_width and span_hidden must be positive, got {self.max_span_width}, {self.span_hidden}")
+        if self.max_len <= self.max_query_len + 3:
+            raise RalmError(f"reader max_len {self.max_len} leaves no room for evidence after a {self.max_query_len}-wordpiece question")
+        if self.trainable_layers is not None and self.trainable_layers < 0:
+            raise RalmError(f"trainable_layers must be >= 0, got {self.trainable_layers}")
+
+
+class SpanScorer(nn.Module):
+    """score(i, w) = v · relu(A h_i + B h_{i+w} + b) + c, i.e. MLP([h_start; h_end]) with the
+    first layer split in two, so start and end projections are computed once per token."""
+
+    def __init__(self, hidden: int, span_hidden: int, max_width: int, layernorm_eps: float | None = None):
+        super().__init__()
+        self.max_width = max_width
+        self.start = nn.Linear(hidden, span_hidden)
+        self.end = nn.Linear(hidden, span_hidden, bias=False)
+        self.norm = nn.LayerNorm(span_hidden, eps=layernorm_eps) if layernorm_eps is not None else nn.Identity()
+        self.out = nn.Linear(span_hidden, 1)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, L, H] -> [N, L, W]; entries past the end of the input are garbage (masked later)."""
+        start = self.start(h)  # [N, L, S]
+        end = F.pad(self.end(h), (0, 0, 0, self.max_width - 1))  # [N, L+W-1, S]
+        end = rearrange(end.unfold(1, self.max_width, 1), "n l s w -> n l w s")  # [N, L, W, S]: end i+w
+        return self.out(self.norm(torch.relu(start.unsqueeze(2) + end))).squeeze(-1)  # [N, L, W]
+
+
+@dataclass
+class ReaderBatch:
+    """Reader inputs for N (question, block) pairs; `offsets[n][j]` is the character span of
+    evidence wordpiece j in `texts[n]` (for turning a span back into text)."""
+
+    input_ids: torch.Tensor  # [N, L]
+    attention_mask: torch.Tensor  # [N, L]
+    token_type_ids: torch.Tensor  # [N, L]
+    evidence_start: torch.Tensor  # [N] first evidence wordpiece
+    evidence_end: torch.Tensor  # [N] one past the last evidence wordpiece (the final [SEP])
+    offsets: list[list[tuple[int, int]]]
+    texts: list[str]
+
+    def to(self, device: torch.device) -> "ReaderBatch":
+        move = {k: getattr(self, k).to(device) for k in ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")}
+        return ReaderBatch(**move, offsets=self.offsets, texts=self.texts)
+
+
+def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
+    """[N, L, W] bool: spans that start and end inside the evidence (never in the question)."""
+    n, length = batch.input_ids.shape
+    start = torch.arange(length, device=batch.input_ids.device).view(1, length, 1)  # [1, L, 1]
+    end = start + torch.arange(width, device=start.device).view(1, 1, width)  # [1, L, W] last wordpiece
+    return (start >= batch.evidence_start.view(n, 1, 1)) & (end < batch.evidence_end.view(n, 1, 1))
+
+
+def span_log_probs(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """log p(span | z, x): a softmax over the valid spans of each input. [..., L, W] -> same."""
+    scores = scores.float().masked_fill(~valid, NEG)
+    return scores - torch.logsumexp(scores.flatten(-2), -1)[..., None, None]
+
+
+def marginal_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
+                 retrieval_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-log Σ_z p(z|x) p(y|z,x), averaged over answerable questions.
+
+    scores, valid, match: [B, K, L, W] span scores, valid spans, spans whose text is an answer;
+    retrieval_logits: [B, K] (p(z|x) is their softmax over the K retrieved blocks).
+    p(y|z,x) = Σ_{matching s} exp(score(s)) / Σ_{valid s} exp(score(s)). A question whose answer
+    matches no span of any candidate contributes exactly zero (value and gradient).
+    Returns (loss, answerable [B] bool).
+    """
+    match = match & valid
+    log_p_spans = span_log_probs(scores, valid)  # [B, K, L, W]
+    log_p_y_z = torch.logsumexp(log_p_spans.masked_fill(~match, NEG).flatten(-2), -1)  # [B, K]
+    log_p_z = torch.log_softmax(retrieval_logits.float(), -1)  # [B, K]
+    log_p_y = torch.logsumexp(log_p_z + log_p_y_z, -1)  # [B]
+    answerable = match.flatten(1).any(1)  # [B]
+    per_question = torch.where(answerable, -log_p_y, torch.zeros_like(log_p_y))
+    return per_question.sum() / answerable.sum().clamp(min=1), answerable
+
+
+def best_spans(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The highest-scoring valid span of each input: (start [N], width [N], log p(span|z,x) [N])."""
+    log_p = span_log_probs(scores, valid).flatten(1)  # [N, L*W]
+    best, flat = log_p.max(1)
+    width = scores.shape[-1]
+    return flat // width, flat % width, best
+
+
+class Reader(nn.Module):
+    def __init__(self, bert: nn.Module, tokenizer, cfg: ReaderConfig):
+        super().__init__()
+        self.bert = bert
+        self.spans = SpanScorer(bert.config.hidden_size, cfg.span_hidden, cfg.max_span_width, cfg.span_layernorm_eps)
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
+        vocab = tokenizer.get_vocab()
+        self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
+        self._continuation[[i for t, i in vocab.items() if t.startswith("##")]] = True
+        if cfg.trainable_layers is not None:
+            layers = bert.config.num_hidden_layers
+            if cfg.trainable_layers > layers:
+                raise RalmError(f"trainable_layers {cfg.trainable_layers} exceeds the encoder's {layers} layers")
+            for name, p in self.bert.named_parameters():
+                p.requires_grad_(self._is_trained(f"bert.{name}"))
+
+    def _is_trained(self, key: str) -> bool:
+        """Whether a state-dict key belongs to the trained (and saved) part of the model."""
+        if self.cfg.trainable_layers is None or key.startswith("spans."):
+            return True
+        first = self.bert.config.num_hidden_layers - self.cfg.trainable_layers
+        parts = key.split(".")
+        return key.startswith("bert.encoder.layer.") and int(parts[3]) >= first
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(self, batch: ReaderBatch) -> torch.Tensor:
+        """Span scores [N, L, W] (mask them with `valid_spans`)."""
+        h = self.bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      token_type_ids=batch.token_type_ids).last_hidden_state  # [N, L, H]
+        return self.spans(h)
+
+    # -- featurisation ---------------------------------------------------------------------
+    def featurize(self, questions: Sequence[str], texts: Sequence[str]) -> ReaderBatch:
+        """One reader input per (question, evidence text) pair (both lists of length N)."""
+        if len(questions) != len(texts):
+            raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
+        q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
+        z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
+        rows, types, starts, ends, offsets = [], [], [], [], []
+        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        for q, z in zip(q_enc, z_enc):
+            ids, tt, ev_start = join_query_evidence(q.ids, z.ids, cls_id, sep_id, self.cfg.max_len, self.cfg.max_query_len)
+            rows.append(ids)
+            types.append(tt)
+            starts.append(ev_start)
+            ends.append(len(ids) - 1)
+            offsets.append(list(z.offsets[: len(ids) - 1 - ev_start]))
+        input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
+        token_types, _ = pad_rows(types)
+        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, list(texts))
+
+    def answer_match(self, batch: ReaderBatch, answers: Sequence[Sequence[str]]) -> torch.Tensor:
+        """[N, L, W] bool: evidence spans whose wordpieces equal an answer's wordpieces, on
+        word boundaries (the span is not followed by a `##` continuation). `answers[n]` are
+        the gold strings of input n."""
+        n, length = batch.input_ids.shape
+        width = self.cfg.max_span_width
+        match = torch.zeros(n, length, width, dtype=torch.bool)
+        ids = batch.input_ids.cpu()
+        cont = self._continuation[ids.clamp(max=len(self._continuation) - 1)]  # [N, L]
+        for i in range(n):
+            lo, hi = int(batch.evidence_start[i]), int(batch.evidence_end[i])
+            row = ids[i, lo:hi].tolist()
+            for enc in self._wordpieces.encode_batch([a for a in answers[i] if a.strip()], add_special_tokens=False):
+                a = enc.ids
+                if not a or len(a) > width:
+                    continue
+                for s in range(len(row) - len(a) + 1):
+                    end = lo + s + len(a)  # one past the span
+                    if row[s : s + len(a)] == a and not cont[i, lo + s] and (end >= hi or not cont[i, end]):
+                        match[i, lo + s, len(a) - 1] = True
+        return match.to(batch.input_ids.device)
+
+    def span_text(self, batch: ReaderBatch, n: int, start: int, width: int) -> tuple[str, tuple[int, int]]:
+        """The evidence text of span (start, width) of input n and its character offsets."""
+        ev = int(batch.evidence_start[n])
+        offs = batch.offsets[n]
+        a, b = offs[start - ev][0], offs[start - ev + width][1]
+        return batch.texts[n][a:b], (a, b)
+
+    # -- save / load -------------------------------------------------------------------------
+    def save_pretrained(self, out: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items() if self._is_trained(k)}
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+            self.tokenizer.save_pretrained(str(tmp))
+            cfg = asdict(self.cfg)
+            cfg["format"] = FORMAT
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+    @classmethod
+    def from_encoder(cls, path: str | os.PathLike | None = None, **overrides) -> "Reader":
+        """A fresh reader (random span scorer) on a BERT-like HF directory or hub name; `None`
+        or "default" gives the bundled MiniLM. A BertForMaskedLM directory (a REALM-pretrained
+        knowledge-augmented encoder) works too: its LM head is dropped."""
+        name = "default" if path in (None, "", "default") else str(path)
+        bert, tokenizer = load_hf_encoder(default_model_path() if name == "default" else name)
+        return cls(bert, tokenizer, ReaderConfig(base_model=name, encoder=bert.config.to_dict(), **overrides))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> "Reader":
+        """A reader checkpoint directory written by `save_pretrained`."""
+        from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        path = Path(path)
+        if not is_reader_dir(path):
+            raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
+        raw = json.loads((path / "config.json").read_text())
+        raw.pop("format")
+        cfg = ReaderConfig(**raw)
+        if cfg.trainable_layers is not None:  # the frozen part comes from the base encoder
+            base = cfg.base_model
+            bert, _ = load_hf_encoder(default_model_path() if base == "default" else base)
+        else:
+            enc = dict(cfg.encoder)
+            bert_cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
+            bert_cfg._attn_implementation = "sdpa"
+            bert = AutoModel.from_config(bert_cfg)
+        model = cls(bert, AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
+        missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        missing = [k for k in missing if not k.endswith("position_ids") and model._is_trained(k)]
+        if missing or unexpected:
+            raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        return model
+
+
+def is_reader_dir(path: str | os.PathLike) -> bool:
+    p = Path(path) / "config.json"
+    return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT

@@ -1,0 +1,233 @@
+"""REALM pre-training model: retrieve blocks z for a masked sentence x, read
+`[CLS] x [SEP] z_body [SEP]` with a knowledge-augmented encoder (BERT + MLM head), and
+marginalise over z per masked wordpiece:
+
+    loss = -Σ_j log Σ_z p(z|x) p(y_j|z,x),   p(z|x) = softmax_z <query(x), doc(z)>
+
+The index only *selects* the candidates; their embeddings are recomputed with the current
+document tower, so the gradient reaches both towers and the encoder.
+
+Shapes: B batch, K candidates (the top-k retrieved, then the null document last), R rows
+returned by the index search, L input length, M masked positions per example (padded),
+D retrieval dim, H hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from einops import rearrange
+from torch import nn
+
+from ralm.atomic import atomic_path
+from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
+from ralm.data.masking import MaskedSentence
+from ralm.errors import RalmError
+from ralm.retrieval.encoders import Retriever, pad_rows
+
+
+@dataclass
+class RealmConfig:
+    k: int = 8  # retrieved candidates per example (the null document comes on top)
+    max_len: int = 352  # encoder input [CLS] x [SEP] z_body [SEP]: a 64-wordpiece x and a full 288-wordpiece block
+    max_query_len: int = 64  # [CLS] x [SEP]
+
+    def __post_init__(self):
+        if self.k <= 0:
+            raise RalmError(f"k must be a positive integer, got {self.k}")
+        if self.max_len <= self.max_query_len + 1:
+            raise RalmError(f"encoder max_len {self.max_len} leaves no room for evidence after a {self.max_query_len}-wordpiece query")
+
+
+# -- the knowledge-augmented encoder ----------------------------------------------------------
+
+class KnowledgeAugmentedEncoder(nn.Module):
+    """A BERT with its MLM head (a Hugging Face BertForMaskedLM), scoring masked positions only."""
+
+    def __init__(self, mlm: nn.Module, tokenizer):
+        super().__init__()
+        if not (hasattr(mlm, "bert") and hasattr(mlm, "cls")):
+            raise RalmError(f"the knowledge-augmented encoder must be a BERT masked LM, got {type(mlm).__name__}")
+        self.mlm = mlm
+        self.tokenizer = tokenizer
+        self.register_state_dict_post_hook(_untie_state)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "KnowledgeAugmentedEncoder":
+        """A BERT directory; a missing MLM head (e.g. sentence-transformers MiniLM) starts fresh,
+        its output layer tied to the word embeddings."""
+        from transformers import AutoTokenizer, BertForMaskedLM
+
+        try:
+            mlm = BertForMaskedLM.from_pretrained(path, attn_implementation="sdpa")
+            tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RalmError(f"could not load encoder {path!r}: {first}") from None
+        return cls(mlm, tokenizer)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+        """[N, L] x3, positions [N, M] -> MLM logits at those positions [N, M, V]."""
+        h = self.mlm.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).last_hidden_state  # [N, L, H]
+        h = h.gather(1, positions.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # [N, M, H]
+        return self.mlm.cls(h)  # [N, M, V]
+
+    def save_pretrained(self, out: str | os.PathLike) -> None:
+        """A plain Hugging Face BertForMaskedLM directory (weights, config, tokenizer)."""
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            self.mlm.save_pretrained(str(tmp))
+            self.tokenizer.save_pretrained(str(tmp))
+
+
+def _untie_state(module: nn.Module, state: dict, prefix: str, local_metadata) -> None:
+    """The MLM decoder shares its weight with the word embeddings (and its bias with the head's
+    bias); safetensors refuses tensors that share memory, so checkpoints get a copy of each."""
+    seen = set()
+    for key in [k for k in state if k.startswith(prefix)]:
+        ptr = state[key].data_ptr()
+        if ptr in seen:
+            state[key] = state[key].clone()
+        seen.add(ptr)
+
+
+# -- the maths, as plain functions --------------------------------------------------------------
+
+def relevance_log_probs(query: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+    """log p(z|x): [B, D], [B, K, D] -> log-softmax over candidates of the inner products [B, K]."""
+    return torch.einsum("bd,bkd->bk", query.float(), docs.float()).log_softmax(-1)
+
+
+def masked_token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(y_j|z,x): logits [B, K, M, V], labels [B, M] -> [B, K, M]."""
+    index = labels[:, None, :, None].expand(-1, logits.shape[1], -1, 1)  # [B, K, M, 1]
+    return logits.float().log_softmax(-1).gather(-1, index).squeeze(-1)
+
+
+def marginal_nll(log_pz: torch.Tensor, log_py: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:
+    """-Σ_j log Σ_z p(z|x) p(y_j|z,x) per example, in log space.
+
+    log_pz [B, K], log_py [B, K, M], label_mask [B, M] (False at padding) -> [B].
+    """
+    per_token = torch.logsumexp(log_pz.unsqueeze(-1) + log_py, dim=1)  # [B, M]
+    return -torch.where(label_mask, per_token, torch.zeros_like(per_token)).sum(-1)
+
+
+def retrieval_utility(log_pz: torch.Tensor, log_py: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:
+    """log p(y|z*,x) - log p(y|null,x) per example [B], z* the most relevant retrieved block
+    (the null document is the last candidate). Positive when evidence helps the encoder."""
+    log_py = torch.where(label_mask.unsqueeze(1), log_py, torch.zeros_like(log_py)).sum(-1)  # [B, K]
+    top = log_pz[:, :-1].argmax(-1)  # [B]
+    return (log_py.gather(1, top.unsqueeze(1)).squeeze(1) - log_py[:, -1]).detach()
+
+
+def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequence[int], k: int) -> np.ndarray:
+    """The first k search results per example that do not come from the example's own
+    document (a trivial retrieval would let the encoder copy the masked span).
+
+    rows [B, R] (ranked; -1 = no result), doc_index [N] -> [B, k] block rows.
+    """
+    out = np.empty((len(rows), k), dtype=np.int64)
+    for b, (ranked, doc) in enumerate(zip(rows, source_docs)):
+        ranked = ranked[ranked >= 0]
+        kept = ranked[np.asarray(doc_index[ranked]) != doc][:k]
+        if len(kept) < k:
+            raise RalmError(f"only {len(kept)} non-trivial blocks among {len(ranked)} retrieved for k={k}; "
+                            f"lower -k or use a larger corpus")
+        out[b] = kept
+    return out
+
+
+def trivial_margin(doc_index: np.ndarray) -> int:
+    """How many extra results to ask the index for: the most blocks any one document has."""
+    return int(np.bincount(np.asarray(doc_index)).max()) if len(doc_index) else 0
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+@dataclass
+class RealmOutput:
+    nll: torch.Tensor  # [B] -Σ_j log Σ_z p(z|x) p(y_j|z,x)
+    tokens: torch.Tensor  # [B] masked wordpieces per example
+    utility: torch.Tensor  # [B] retrieval utility (no gradient)
+    log_pz: torch.Tensor  # [B, K]
+    rows: np.ndarray  # [B, K-1] retrieved block rows (the null document is not a row)
+
+
+class Realm(nn.Module):
+    def __init__(self, retriever: Retriever, encoder: KnowledgeAugmentedEncoder, cfg: RealmConfig):
+        super().__init__()
+        if tokenizer_fingerprint(retriever.tokenizer) != tokenizer_fingerprint(encoder.tokenizer):
+            raise RalmError("the retriever and the knowledge-augmented encoder must share one wordpiece vocabulary")
+        self.retriever = retriever
+        self.encoder = encoder
+        self.cfg = cfg
+        tok = retriever.tokenizer
+        self.cls_id, self.sep_id, self.pad_id = tok.cls_token_id, tok.sep_token_id, tok.pad_token_id or 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def embed_query(self, examples: Sequence[MaskedSentence]) -> torch.Tensor:
+        """Query tower over `[CLS] x [SEP]` -> [B, D]."""
+        x_len = self.cfg.max_query_len - 2
+        ids, mask = pad_rows([[self.cls_id, *e.ids[:x_len], self.sep_id] for e in examples], self.pad_id)  # [B, Lq]
+        return self.retriever.query(ids.to(self.device), mask.to(self.device))
+
+    def embed_candidates(self, blocks: BlockStore, rows: np.ndarray) -> torch.Tensor:
+        """Current document tower over the candidate blocks and the null document -> [B, K, D]."""
+        b, k = rows.shape
+        null = [self.cls_id, self.sep_id]  # the empty block
+        ids, mask = pad_rows([blocks.tokens[int(r)] for r in rows.reshape(-1)] + [null], self.pad_id)  # [B*k + 1, L]
+        d = self.retriever.doc(ids.to(self.device), mask.to(self.device))  # [B*k + 1, D]
+        retrieved = rearrange(d[:-1], "(b k) d -> b k d", b=b)
+        return torch.cat([retrieved, d[-1].expand(b, 1, -1)], dim=1)  # [B, k + 1, D]
+
+    def read(self, examples: Sequence[MaskedSentence], blocks: BlockStore, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encoder logits at the masked positions for every (x, z) pair.
+
+        Returns logits [B, K, M, V], labels [B, M], label_mask [B, M].
+        """
+        b, k = rows.shape
+        x_len = self.cfg.max_query_len - 2
+        seqs, types = [], []
+        for e, ranked in zip(examples, rows):
+            for body in [blocks.body(int(r)) for r in ranked] + [np.zeros(0, np.int64)]:
+                ids, tt, _ = join_query_evidence(e.ids, body, self.cls_id, self.sep_id, self.cfg.max_len, x_len)
+                seqs.append(ids)
+                types.append(tt)
+        ids, mask = pad_rows(seqs, self.pad_id)  # [B*K, L]
+        tt, _ = pad_rows(types, 0)
+        kept = [[p for p in e.positions if p < x_len] for e in examples]
+        if any(not p for p in kept):
+            raise RalmError(f"an example has no masked wordpiece within the first {x_len} wordpieces")
+        m = max(len(p) for p in kept)
+        positions = torch.zeros(b, m, dtype=torch.long)
+        labels = torch.zeros(b, m, dtype=torch.long)
+        label_mask = torch.zeros(b, m, dtype=torch.bool)
+        for i, (e, p) in enumerate(zip(examples, kept)):
+            positions[i, : len(p)] = torch.tensor(p) + 1  # after [CLS]
+            labels[i, : len(p)] = torch.tensor(e.labels[: len(p)])
+            label_mask[i, : len(p)] = True
+        dev = self.device
+        pos = positions.repeat_interleave(k + 1, dim=0)  # [B*K, M]
+        logits = self.encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos.to(dev))  # [B*K, M, V]
+        return rearrange(logits, "(b k) m v -> b k m v", b=b), labels.to(dev), label_mask.to(dev)
+
+    def forward(self, examples: Sequence[MaskedSentence], blocks: BlockStore,
+                search: Callable[[torch.Tensor, int], np.ndarray]) -> RealmOutput:
+        """`search(query [B, D], n) -> block rows [B, n]` is MIPS over the (possibly stale) index."""
+        q = self.embed_query(examples)  # [B, D]
+        n = self.cfg.k + trivial_margin(blocks.doc_index)
+        rows = select_candidates(search(q.detach(), n), blocks.doc_index, [e.doc for e in examples], self.cfg.k)  # [B, k]
+        log_pz = relevance_log_probs(q, self.embed_candidates(blocks, rows))  # [B, K]
+        logits, labels, label_mask = self.read(examples, blocks, rows)
+        log_py = masked_token_log_probs(logits, labels)  # [B, K, M]
+        return RealmOutput(marginal_nll(log_pz, log_py, label_mask), label_mask.sum(-1),
+                           retrieval_utility(log_pz, log_py, label_mask), log_pz, rows)

@@ -1,0 +1,227 @@
+"""RETRO (Borgeaud et al., 2021): a decoder-only Transformer whose chunked cross-attention
+(CCA) layers read neighbours retrieved for earlier chunks of the sequence.
+
+Dimensions: B batch, T tokens, D model dim, V vocabulary, m chunk length, n = T // m complete
+chunks, k neighbours per chunk, r = 2m tokens per neighbour (the retrieved chunk + its
+continuation).
+
+Data flow (paper Fig. 2):
+  tokens -> embedding -> decoder blocks; at the first CCA layer the neighbour encoder runs
+  once: each neighbour [r] is encoded bidirectionally while cross-attending to the hidden
+  states of the chunk it was retrieved for, giving E [B, n, k, r, D]. Every CCA layer then
+  lets the tokens of chunk u+1 (shifted: positions u*m + m - 1 ... u*m + 2m - 2) attend to
+  E[u], the neighbours of chunk u. Chunk u is complete at position u*m + m - 1, so no token
+  ever sees neighbours retrieved with its own future, and the first m - 1 tokens see none.
+Positions are rotary everywhere (relative): within the sequence, within each neighbour, and
+in CCA between a token's place in its attending chunk and a neighbour token's place.
+
+Model directory: config.json ({"format": "ralm.retro/1", RetroConfig}), model.safetensors,
+tokenizer (models/lm.py writes and reads it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ralm.errors import RalmError
+from ralm.models.lm import Attention, Block, _init_weights, load_model_dir, model_dir, rotary, save_model_dir
+
+FORMAT = "ralm.retro/1"
+
+
+@dataclass
+class RetroConfig:
+    vocab_size: int = 30522  # the bundled MiniLM wordpiece vocabulary
+    dim: int = 256
+    layers: int = 4
+    heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    chunk_len: int = 64
+    neighbours: int = 2
+    cca_start: int = 1  # first decoder layer (0-based) followed by chunked cross-attention ...
+    cca_every: int = 3  # ... and every cca_every-th layer after it (the paper: every 3rd from layer 6)
+    encoder_layers: int = 2
+    max_len: int = 512
+
+    def __post_init__(self):
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise RalmError(f"dim {self.dim} must split into {self.heads} heads of even size")
+        if not 0 <= self.cca_start < self.layers or self.cca_every <= 0:
+            raise RalmError(f"--cca-start must be in [0, {self.layers}) and --cca-every positive, got {self.cca_start}, {self.cca_every}")
+        if self.max_len % self.chunk_len:
+            raise RalmError(f"sequence length {self.max_len} must be a multiple of the chunk length {self.chunk_len}")
+
+    @property
+    def cca_layers(self) -> list[int]:
+        return list(range(self.cca_start, self.layers, self.cca_every))
+
+
+def _safe_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Rows with no real key would give NaN attention; let them attend to padding instead
+    (their outputs are ignored or masked later)."""
+    return mask | ~mask.any(-1, keepdim=True)
+
+
+class EncoderLayer(nn.Module):
+    """Bidirectional self-attention over a neighbour, cross-attention to its query chunk, MLP."""
+
+    def __init__(self, cfg: RetroConfig):
+        super().__init__()
+        self.self_block = Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, causal=False)
+        self.ln_cross = nn.LayerNorm(cfg.dim)
+        self.cross = Attention(cfg.dim, cfg.heads, cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, chunk: torch.Tensor, pos) -> torch.Tensor:
+        # x [BNK, r, D], mask [BNK, r], chunk [BNK, m, D]
+        x = self.self_block(x, pos, key_mask=mask)
+        return x + self.cross(self.ln_cross(x), chunk)
+
+
+class NeighbourEncoder(nn.Module):
+    def __init__(self, cfg: RetroConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.ln = nn.LayerNorm(cfg.dim)
+
+    def forward(self, emb: torch.Tensor, mask: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+        """emb [B, n, k, r, D] neighbour token embeddings, mask [B, n, k, r], chunks [B, n, m, D]
+        hidden states of the chunks they were retrieved for -> E [B, n, k, r, D]."""
+        b, n, k, r, _ = emb.shape
+        x = rearrange(emb, "b n k r d -> (b n k) r d")
+        mask = _safe_mask(rearrange(mask, "b n k r -> (b n k) r"))
+        chunk = rearrange(chunks.unsqueeze(2).expand(-1, -1, k, -1, -1), "b n k m d -> (b n k) m d")
+        pos = rotary(torch.arange(r, device=emb.device), self.cfg.dim // self.cfg.heads)
+        for layer in self.layers:
+            x = layer(x, mask, chunk, pos)
+        return rearrange(self.ln(x), "(b n k) r d -> b n k r d", b=b, n=n)
+
+
+class ChunkedCrossAttention(nn.Module):
+    """Tokens of chunk u+1 (shifted by m - 1) attend to the encoded neighbours of chunk u."""
+
+    def __init__(self, cfg: RetroConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.ln = nn.LayerNorm(cfg.dim)
+        self.attn = Attention(cfg.dim, cfg.heads, cfg.dropout)
+
+    def forward(self, h: torch.Tensor, enc: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """h [B, T, D], enc [B, n, k, r, D], mask [B, n, k, r] -> residual update [B, T, D]."""
+        m, (b, n, k, r, _) = self.cfg.chunk_len, enc.shape
+        attending = h[:, m - 1 : m - 1 + n * m]  # [B, L, D]: positions m-1 ... , L <= n*m
+        length = attending.shape[1]
+        q = rearrange(F.pad(attending, (0, 0, 0, n * m - length)), "b (n m) d -> (b n) m d", n=n)
+        kv = rearrange(enc, "b n k r d -> (b n) (k r) d")
+        key_mask = rearrange(mask, "b n k r -> (b n) (k r)")
+        has_keys = key_mask.any(-1)  # [BN]: chunks whose neighbours were all missing get no update
+        head_dim = self.cfg.dim // self.cfg.heads
+        q_pos = rotary(torch.arange(m, device=h.device), head_dim)
+        k_pos = rotary(torch.arange(r, device=h.device).repeat(k), head_dim)
+        y = self.attn(self.ln(q), kv, key_mask=_safe_mask(key_mask), q_pos=q_pos, k_pos=k_pos)  # [BN, m, D]
+        y = rearrange(y * has_keys[:, None, None], "(b n) m d -> b (n m) d", b=b)[:, :length]
+        return F.pad(y, (0, 0, m - 1, h.shape[1] - (m - 1) - length))  # back to positions [B, T, D]
+
+
+class RetroLM(nn.Module):
+    def __init__(self, cfg: RetroConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.layers))
+        self.cca = nn.ModuleDict({str(i): ChunkedCrossAttention(cfg) for i in cfg.cca_layers})
+        self.encoder = NeighbourEncoder(cfg)
+        self.ln_f = nn.LayerNorm(cfg.dim)
+        self.apply(_init_weights)
+
+    def forward(self, ids: torch.Tensor, neighbours: torch.Tensor | None = None,
+                neighbour_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [B, T]; neighbours [B, n, k, r] token ids of the neighbours of the n = T // m
+        complete chunks (None: retrieval off) and their mask -> logits [B, T, V]."""
+        m = self.cfg.chunk_len
+        n = ids.shape[1] // m
+        if neighbours is not None:
+            if neighbours.shape[:2] != (ids.shape[0], n):
+                raise RalmError(f"neighbours must cover the {n} complete chunks of each sequence, got shape {tuple(neighbours.shape)}")
+            if neighbour_mask is None:
+                neighbour_mask = torch.ones_like(neighbours, dtype=torch.bool)
+        use_retrieval = neighbours is not None and n > 0
+        pos = rotary(torch.arange(ids.shape[1], device=ids.device), self.cfg.dim // self.cfg.heads)
+        h = self.drop(self.embed(ids))  # [B, T, D]
+        enc = None
+        for i, block in enumerate(self.blocks):
+            h = block(h, pos)
+            if use_retrieval and str(i) in self.cca:
+                if enc is None:  # encode the neighbours once, conditioned on this layer's chunk states
+                    chunks = rearrange(h[:, : n * m], "b (n m) d -> b n m d", m=m)
+                    enc = self.encoder(self.embed(neighbours), neighbour_mask, chunks)  # [B, n, k, r, D]
+                h = h + self.cca[str(i)](h, enc, neighbour_mask)
+        return self.ln_f(h) @ self.embed.weight.T  # [B, T, V]
+
+    def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
+        save_model_dir(out, self, tokenizer, FORMAT, asdict(self.cfg))
+
+
+def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:
+    """(model, tokenizer) from a RETRO model directory or a `ralm retro train` run."""
+    found = model_dir(path, FORMAT)
+    if found is None:
+        raise RalmError(f"{path}: not a RETRO model (train one with `ralm retro train`)")
+    return load_model_dir(found, RetroLM, RetroConfig)
+
+
+def neighbour_batch(db, neighbour_ids: np.ndarray, device: torch.device, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neighbour chunk ids [B, n, k] (-1: none) -> tokens [B, n, k, r], mask [B, n, k, r] on `device`."""
+    tokens, mask = db.values(neighbour_ids, pad_id)
+    return torch.from_numpy(tokens).to(device), torch.from_numpy(mask).to(device)
+
+
+@torch.inference_mode()
+def generate(model: RetroLM, db, tokenizer, prompt: str, max_new_tokens: int = 64, top_p: float | None = None,
+             temperature: float = 1.0, generator: torch.Generator | None = None,
+             device: torch.device | None = None) -> tuple[str, list[dict]]:
+    """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it
+    is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}]."""
+    device = device or torch.device("cpu")
+    m, k = model.cfg.chunk_len, model.cfg.neighbours
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise RalmError("the prompt is empty")
+    start, neighbours, used = len(ids), np.zeros((0, k), dtype=np.int64), []
+    for _ in range(max_new_tokens):
+        window = ids[-model.cfg.max_len :]
+        offset = len(ids) - len(window)
+        if offset % m:  # keep windows chunk-aligned so neighbours stay attached to their chunks
+            window, offset = window[m - offset % m :], offset + m - offset % m
+        n_complete = len(ids) // m
+        while len(neighbours) < n_complete:  # retrieve for newly completed chunks
+            c = len(neighbours)
+            chunk = np.asarray(ids[c * m : (c + 1) * m], dtype=np.int32)
+            got = db.search(db.embed(chunk, 1), k)
+            neighbours = np.concatenate([neighbours, got])
+            used.append({"chunk": tokenizer.decode(chunk.tolist()),
+                         "neighbours": [tokenizer.decode(db.values(got[0, j : j + 1])[0][0][: m].tolist()) for j in range(k) if got[0, j] >= 0]})
+        first = offset // m
+        nb, mask = neighbour_batch(db, neighbours[first : first + len(window) // m][None], device, tokenizer.pad_token_id or 0)
+        logits = model(torch.tensor([window], device=device), nb, mask)[0, -1].float()  # [V]
+        ids.append(_next_token(logits, top_p, temperature, generator))
+    return tokenizer.decode(ids[start:]), used
+
+
+def _next_token(logits: torch.Tensor, top_p: float | None, temperature: float, generator) -> int:
+    if top_p is None:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / temperature, dim=-1).cpu()
+    sorted_p, order = probs.sort(descending=True)
+    keep = sorted_p.cumsum(0) - sorted_p < top_p  # the smallest prefix holding top_p of the mass
+    sorted_p = sorted_p * keep
+    return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=generator)])

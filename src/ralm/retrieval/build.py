@@ -1,0 +1,161 @@
+"""Build an index version: corpus -> block store -> embeddings (dense) or BM25 -> publish."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, tokenizer_fingerprint
+from ralm.data.corpus import corpus_fingerprint
+from ralm.distributed import dist_env
+from ralm.errors import RalmError
+from ralm.progress import track
+from ralm.retrieval.bm25 import BM25Index
+from ralm.retrieval.encoders import Retriever, encode_rows, init_projection_pca, load_tokenizer
+from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.sharded import assemble_pieces, encode_pieces
+from ralm.retrieval.store import IndexDir, blocks_key
+
+
+def ensure_blocks(index: IndexDir, corpus: str | os.PathLike, tokenizer, cfg: BlockConfig,
+                  show_progress: bool = True) -> tuple[str, BlockStore]:
+    """The block store for this corpus + tokenizer + config, built once and reused."""
+    if not Path(corpus).exists():
+        raise RalmError(f"corpus not found: {corpus}")
+    key = blocks_key(corpus_fingerprint(corpus), tokenizer_fingerprint(tokenizer), asdict(cfg))
+    path = index.blocks_path(key)
+    if not (path / "manifest.json").is_file():
+        build_block_store(corpus, path, tokenizer, cfg, show_progress)
+    return key, BlockStore(path)
+
+
+def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
+    """Title + body of every block: what BM25 indexes."""
+    return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
+
+
+def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.device, sample: int = 4096,
+                    batch_size: int = 64, seed: int = 0, show_progress: bool = True) -> torch.Tensor | None:
+    """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
+
+    Returns the pooled vectors [N, H] when the sample was the whole corpus, so the caller can
+    project them instead of encoding every block a second time."""
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(len(blocks), size=min(sample, len(blocks)), replace=False))
+    hidden = retriever.doc.bert.config.hidden_size
+    pooled = np.zeros((len(rows), hidden), dtype=np.float32)
+    encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], pooled,
+                batch_size, device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
+                description="projection (PCA)")
+    init_projection_pca(retriever, torch.from_numpy(pooled))
+    return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
+
+
+def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device,
+                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None) -> np.ndarray:
+    """Document-tower embeddings of every block, streamed into `out` (a .npy memmap) [N, D].
+    `pooled` [N, H], when given, holds every block's pooled vector: only the projection runs."""
+    emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(blocks), retriever.dim))
+    if pooled is not None:
+        with torch.inference_mode():
+            doc = retriever.doc.cpu()
+            emb[:] = doc.norm(doc.proj(pooled)).numpy()
+            retriever.doc.to(device)
+    else:
+        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), emb, batch_size, device,
+                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks")
+    emb.flush()
+    return emb
+
+
+def _version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
+    return {"kind": kind, "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
+
+
+def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
+                dim: int | None = 128, faiss_spec: str | None = None, batch_size: int = 64,
+                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(),
+                show_progress: bool = True, piece_rows: int = 1 << 20) -> tuple[IndexDir, str]:
+    """Build (or add a new version to) the index at `out`; returns (index, version name).
+
+    Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py)."""
+    if kind not in ("dense", "bm25"):
+        raise RalmError(f"--retriever must be 'dense' or 'bm25', got {kind!r}")
+    if batch_size <= 0:
+        raise RalmError(f"batch size must be positive, got {batch_size}")
+    env = dist_env()
+    device = env.device(device or torch.device("cpu"))
+    if kind == "bm25":  # one process's job, even under torchrun
+        name = None
+        if env.is_main:
+            index = IndexDir.create(out, kind)
+            key, blocks = ensure_blocks(index, corpus, load_tokenizer(model), block_cfg, show_progress)
+
+            def write_bm25(tmp: Path) -> dict:
+                BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
+                return _version_manifest(kind, key, blocks)
+
+            name = index.publish(write_bm25)
+        env.barrier()
+        return IndexDir(out), env.broadcast_object(name)
+
+    retriever = Retriever.from_pretrained(model, dim=dim)
+    # Rank 0 creates the directory, the block store and the projection; the others follow.
+    if env.is_main:
+        index = IndexDir.create(out, kind)
+        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress)
+    env.barrier()
+    if not env.is_main:
+        index = IndexDir(out)
+        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress=False)
+    retriever.to(device).eval()
+    pooled = None
+    if env.is_main:
+        if not retriever.cfg.projection_ready:
+            pooled = init_projection(retriever, blocks, device, batch_size=batch_size, show_progress=show_progress)
+        rpath = index.retriever_path(retriever.doc_fingerprint())
+        if not (rpath / "config.json").is_file():
+            retriever.save_pretrained(rpath)
+    env.barrier()
+    rpath = Path(env.broadcast_object(str(index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
+    if not env.is_main and not retriever.cfg.projection_ready:
+        retriever = Retriever.from_pretrained(rpath).to(device).eval()
+    fingerprint = rpath.name
+
+    def manifest() -> dict:
+        return {**_version_manifest(kind, key, blocks), "dim": retriever.dim, "doc_fingerprint": fingerprint,
+                "retriever": str(rpath.relative_to(index.root)), "faiss": faiss_spec}
+
+    def finish(tmp: Path) -> dict:
+        if not faiss_spec:
+            return manifest()
+        ann = FaissIndex.build(np.load(tmp / "embeddings.npy", mmap_mode="r"), faiss_spec)
+        ann.save(tmp / "faiss.index")
+        return {**manifest(), "faiss_params": ann.default_search_params()}
+
+    if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
+        def write_projected(tmp: Path) -> dict:
+            embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, pooled)
+            return finish(tmp)
+
+        return index, index.publish(write_projected)
+
+    # Pieces written atomically per rank, so a killed (multi-process) build resumes.
+    staging = index.root / "versions" / f".pieces-{fingerprint}-{key}-w{env.world}"
+    encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
+                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress)
+    env.barrier()
+    name = None
+    if env.is_main:
+        def write_assembled(tmp: Path) -> dict:
+            assemble_pieces(staging, len(blocks), retriever.dim, tmp / "embeddings.npy", env.world, piece_rows)
+            return finish(tmp)
+
+        name = index.publish(write_assembled)
+        shutil.rmtree(staging, ignore_errors=True)
+    return index, env.broadcast_object(name)

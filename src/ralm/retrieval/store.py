@@ -1,0 +1,126 @@
+"""Index directories: versioned, published by atomic rename, safe to read while a new
+version is being written (by `ralm index build` or the pre-training refresher).
+
+  DIR/manifest.json         {"format", "retriever": "dense" | "bm25"}
+  DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
+  DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
+  DIR/versions/v000007/     manifest.json + embeddings.npy [+ faiss.index] | bm25/
+  DIR/LATEST                name of the newest complete version (replaced atomically)
+
+A version directory is complete before it gets its name, and LATEST moves only after that,
+so a reader never sees a partial version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from ralm.atomic import fsync_tree, read_json, write_json, write_text
+from ralm.data.blocks import BlockStore
+from ralm.errors import RalmError
+
+FORMAT = "ralm.index/1"
+_VERSION = re.compile(r"^v(\d{6})$")
+
+
+def blocks_key(corpus_fp: str, tokenizer_fp: str, block_cfg: dict) -> str:
+    raw = json.dumps([corpus_fp, tokenizer_fp, block_cfg], sort_keys=True).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class IndexDir:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        if not (self.root / "manifest.json").is_file():
+            raise RalmError(f"{self.root}: not an index directory (no manifest.json); build one with `ralm index build`")
+        self.manifest = read_json(self.root / "manifest.json")
+        if self.manifest.get("format") != FORMAT:
+            raise RalmError(f"{self.root}: unsupported index format {self.manifest.get('format')!r}")
+
+    @classmethod
+    def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
+        root = Path(root)
+        if (root / "manifest.json").is_file():
+            index = cls(root)
+            if index.kind != retriever:
+                raise RalmError(f"{root} holds a {index.kind} index; cannot add a {retriever} version (use another --out)")
+            return index
+        if root.exists() and any(root.iterdir()):
+            raise RalmError(f"{root} exists and is not an index directory; choose an empty or new --out")
+        root.mkdir(parents=True, exist_ok=True)
+        write_json(root / "manifest.json", {"format": FORMAT, "retriever": retriever})
+        return cls(root)
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["retriever"]
+
+    # -- versions ----------------------------------------------------------------------------
+    def versions(self) -> list[str]:
+        vdir = self.root / "versions"
+        return sorted(p.name for p in vdir.iterdir() if _VERSION.match(p.name)) if vdir.is_dir() else []
+
+    def latest(self) -> str:
+        f = self.root / "LATEST"
+        if not f.is_file():
+            raise RalmError(f"{self.root}: no complete index version yet")
+        return f.read_text().strip()
+
+    def version_path(self, name: str) -> Path:
+        return self.root / "versions" / name
+
+    def version_manifest(self, name: str) -> dict:
+        return read_json(self.version_path(name) / "manifest.json")
+
+    def publish(self, write: Callable[[Path], dict], keep: int = 3) -> str:
+        """Call `write(tmp_dir) -> manifest`, then give the folder the next version name and
+        point LATEST at it. Older versions beyond `keep` are removed."""
+        vdir = self.root / "versions"
+        vdir.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=vdir))
+        try:
+            manifest = write(tmp)
+            fsync_tree(tmp)
+            while True:
+                existing = self.versions()
+                name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
+                manifest = {**manifest, "version": name, "created": time.time()}
+                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+                try:
+                    os.rename(tmp, vdir / name)  # fails if a concurrent publisher took the name
+                    break
+                except OSError:
+                    if not (vdir / name).exists():
+                        raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        write_text(self.root / "LATEST", name + "\n")
+        self._prune(keep)
+        return name
+
+    def _prune(self, keep: int) -> None:
+        latest = self.latest()
+        for name in self.versions()[:-keep]:
+            if name != latest:
+                shutil.rmtree(self.version_path(name), ignore_errors=True)
+
+    # -- blocks and retrievers ---------------------------------------------------------------
+    def blocks_path(self, key: str) -> Path:
+        return self.root / "blocks" / key
+
+    def blocks(self, key: str) -> BlockStore:
+        path = self.blocks_path(key)
+        if not path.is_dir():
+            raise RalmError(f"{self.root}: block store {key} is missing; rebuild the index")
+        return BlockStore(path)
+
+    def retriever_path(self, fingerprint: str) -> Path:
+        return self.root / "retriever" / fingerprint

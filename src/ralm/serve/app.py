@@ -1,0 +1,196 @@
+"""The HTTP API and web page. Routes validate and translate; the Service does the work.
+
+Every bad request gets a 4xx with {"error": "..."} saying what is wrong; never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import AfterValidator, BaseModel, Field
+
+from ralm.data.corpus import Document
+from ralm.errors import RalmError
+from ralm.serve.batching import MicroBatcher
+from ralm.serve.service import Service
+
+
+def _not_blank(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty")
+    return v.strip()
+
+
+NonBlank = Annotated[str, AfterValidator(_not_blank)]
+Retriever = Literal["dense", "bm25", "hybrid"]
+
+
+class AskRequest(BaseModel):
+    question: NonBlank = Field(..., max_length=2000, description="the question")
+    k: int = Field(5, ge=1, le=100, description="number of passages to read")
+    retriever: Retriever | None = None
+
+
+class SearchRequest(BaseModel):
+    query: NonBlank = Field(..., max_length=2000)
+    k: int = Field(5, ge=1, le=100)
+    retriever: Retriever | None = None
+
+
+class DocumentIn(BaseModel):
+    id: NonBlank = Field(..., max_length=500)
+    title: str = Field("", max_length=1000)
+    text: NonBlank = Field(..., max_length=200_000)
+
+
+class DocumentsRequest(BaseModel):
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=1000)
+
+
+class Passage(BaseModel):
+    id: str
+    title: str
+    score: float
+    text: str
+
+
+class EvidenceOut(BaseModel):
+    id: str
+    title: str
+    text: str
+    retrieval_score: float
+    retrieval_prob: float | None = None
+    span_prob: float | None = None
+    answer: str | None = None
+    span: list[int] | None = None
+
+
+class AskResponse(BaseModel):
+    answer: str
+    score: float
+    evidence: list[EvidenceOut]
+    best: int | None = None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message})
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if start_watcher:
+            service.start()
+        yield
+        service.stop()
+
+    app = FastAPI(title="ralm", version=__import__("ralm").__version__, lifespan=lifespan,
+                  description="Retrieval-augmented question answering with evidence, live document updates and hot index swap.")
+    # Reads: concurrent /search and /ask requests with the same settings share one model call,
+    # one batch at a time, on snapshots that writes never disturb. Writes: one at a time.
+    lock = asyncio.Lock()
+
+    def run_batch(key, items):
+        endpoint, k, retriever = key
+        return (service.search if endpoint == "search" else service.ask)(items, k, retriever)
+
+    batcher = MicroBatcher(run_batch)
+
+    async def batched(endpoint: str, text: str, k: int, retriever: str | None):
+        start = time.perf_counter()
+        try:
+            return await batcher.submit((endpoint, k, retriever), text)
+        finally:
+            service.record_latency(endpoint, time.perf_counter() - start)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > service.cfg.max_body_bytes:
+            return _error(413, f"request body of {length} bytes exceeds the limit of {service.cfg.max_body_bytes}")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError):
+        return _error(422, _validation_message(exc))
+
+    @app.exception_handler(RalmError)
+    async def ralm_error(_: Request, exc: RalmError):
+        return _error(400, str(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    async def run(fn, *args):
+        async with lock:
+            return await asyncio.to_thread(fn, *args)
+
+    def require_key(x_api_key: str | None = Header(None), authorization: str | None = Header(None)):
+        if service.cfg.api_key is None:
+            return
+        given = x_api_key or (authorization[7:] if authorization and authorization.startswith("Bearer ") else None)
+        if given is None or not secrets.compare_digest(given, service.cfg.api_key):
+            raise HTTPException(401, "this server protects writes: send the API key in the X-API-Key header")
+
+    @app.post("/ask", response_model=AskResponse, summary="Answer a question with evidence")
+    async def ask(req: AskRequest):
+        if req.k > service.cfg.max_k:
+            raise HTTPException(422, f"k: must be at most {service.cfg.max_k}")
+        try:
+            return await batched("ask", req.question, req.k, req.retriever)
+        except LookupError as e:
+            raise HTTPException(409, str(e)) from None
+
+    @app.post("/search", response_model=list[Passage], summary="Retrieve passages")
+    async def search(req: SearchRequest):
+        hits = await batched("search", req.query, req.k, req.retriever)
+        return [h.to_json() for h in hits]
+
+    @app.post("/documents", dependencies=[Depends(require_key)], summary="Add or replace documents (durable, live)")
+    async def add_documents(req: DocumentsRequest):
+        docs = [Document(d.id, d.title.strip(), d.text.strip()) for d in req.documents]
+        ids = await run(service.add, docs)
+        return {"added": ids, "corpus_blocks": (await run(service.stats))["corpus_blocks"]}
+
+    @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document")
+    async def delete_document(doc_id: str):
+        if not await run(service.exists, doc_id):
+            raise HTTPException(404, f"no document with id {doc_id!r}")
+        await run(service.delete, doc_id)
+        return {"deleted": doc_id}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "index_version": service.searchers[service.default_retriever].current.name}
+
+    @app.get("/stats")
+    async def stats():
+        return await run(service.stats)
+
+    static = Path(str(resources.files("ralm.serve") / "static"))
+    app.mount("/static", StaticFiles(directory=static), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(static / "index.html")
+
+    return app

@@ -1,0 +1,174 @@
+"""DPR (Karpukhin et al. 2020): both towers trained contrastively from question/answer pairs.
+
+Supervision is distant, as DPR does for datasets without gold passages: a question's
+positive is the highest-ranked BM25 block that contains an answer string, its hard negatives
+the highest-ranked BM25 blocks that do not. Each question is scored against every positive
+and hard negative of the batch (in-batch negatives):
+    loss = CE(q · [p_1..p_B, n_1..n_{B*h}]ᵀ, target = own positive).
+
+A run: RUN/bm25/ (the BM25 index mined from; its block store is reused), RUN/mined.npz
+(question ordinals, positive rows, negative rows), RUN/checkpoints/, RUN/metrics.jsonl and
+RUN/final/retriever, ready for `ralm index build --model RUN/final/retriever`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ralm.atomic import atomic_path
+from ralm.data.blocks import BlockStore
+from ralm.data.qa import Question, has_answer, read_questions
+from ralm.errors import RalmError
+from ralm.progress import progress_bar
+from ralm.retrieval.build import build_index, init_projection
+from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.searcher import Searcher
+from ralm.runtime import compute_dtype, seed_everything
+from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+
+
+@dataclass
+class DPRConfig:
+    questions: str
+    corpus: str
+    model: str | None = None  # initial encoder: HF directory, retriever checkpoint, or the bundled MiniLM
+    dim: int | None = 128
+    steps: int = 1000
+    batch_size: int = 16
+    hard_negatives: int = 1  # BM25 negatives per question
+    bm25_depth: int = 50  # how deep to look for a positive and negatives
+    lr: float = 2e-5
+    warmup: float = 0.1
+    limit: int | None = None
+    seed: int = 0
+    save_every: int = 200
+    log_every: int = 10
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "bm25_depth", "save_every", "log_every"):
+            if getattr(self, name) <= 0:
+                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.hard_negatives < 0:
+            raise RalmError(f"--hard-negatives must be >= 0, got {self.hard_negatives}")
+        if self.limit is not None and self.limit <= 0:
+            raise RalmError(f"--limit must be positive, got {self.limit}")
+
+
+def in_batch_nll(q: torch.Tensor, passages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, D], passages [P, D] whose first B rows are the positives (row i for question i).
+    Returns (mean cross-entropy, accuracy of ranking the own positive first)."""
+    logits = q.float() @ passages.float().T  # [B, P]
+    target = torch.arange(q.shape[0], device=q.device)
+    return F.cross_entropy(logits, target), (logits.argmax(1) == target).float().mean()
+
+
+def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
+         show_progress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(question ordinals [M], positive rows [M], hard-negative rows [M, h]) for the M questions
+    with an answer-bearing block in BM25's top `depth` (and `h` negatives there)."""
+    blocks = searcher.current.blocks
+    keep, pos, neg = [], [], []
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("mining BM25 positives/negatives", total=len(questions))
+        for i in range(0, len(questions), 256):
+            chunk = questions[i : i + 256]
+            _, rows = searcher.search_rows([q.question for q in chunk], depth)
+            for j, (q, ranked) in enumerate(zip(chunk, rows)):
+                p, n = None, []
+                for r in ranked:
+                    if p is not None and len(n) == negatives:
+                        break
+                    if has_answer(blocks.record(int(r))["text"], q.answers):
+                        p = int(r) if p is None else p
+                    elif len(n) < negatives:
+                        n.append(int(r))
+                if p is not None and len(n) == negatives:
+                    keep.append(i + j)
+                    pos.append(p)
+                    neg.append(n)
+            bar.advance(task, len(chunk))
+    return np.array(keep, np.int64), np.array(pos, np.int64), np.array(neg, np.int64).reshape(len(keep), negatives)
+
+
+def _load_mined(run: Path, searcher: Searcher, questions: list[Question], cfg: DPRConfig, show_progress: bool):
+    path = run / "mined.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as f:
+            return f["questions"], f["positives"], f["negatives"]
+    keep, pos, neg = mine(searcher, questions, cfg.bm25_depth, cfg.hard_negatives, show_progress)
+    if len(keep) == 0:
+        raise RalmError(f"{cfg.questions}: no question has an answer-bearing block in BM25's top {cfg.bm25_depth}")
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, questions=keep, positives=pos, negatives=neg)
+    return keep, pos, neg
+
+
+def _encode_blocks(retriever: Retriever, blocks: BlockStore, rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    ids, mask = pad_rows([blocks.tokens[int(r)] for r in rows], retriever.tokenizer.pad_token_id or 0)
+    return retriever.doc(ids.to(device), mask.to(device))  # [P, D]
+
+
+def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | None = None,
+              show_progress: bool = True) -> dict:
+    device = device or torch.device("cpu")
+    run = Path(out)
+    questions = read_questions(cfg.questions)[: cfg.limit]
+    resume = prepare_run(run, cfg)
+    seed_everything(cfg.seed)
+    retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
+    if not (run / "bm25" / "LATEST").is_file():
+        build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)
+    searcher = Searcher.open(run / "bm25")
+    blocks = searcher.current.blocks
+    if not retriever.cfg.projection_ready:  # a fresh projection starts from PCA, as in `ralm index build`
+        init_projection(retriever, blocks, device, show_progress=show_progress)
+    keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
+
+    optimizer = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warm, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))))
+    step = 0
+    if resume is not None:
+        step = load_checkpoint(resume, retriever, optimizer, scheduler)["step"]
+    log = MetricsLog(run, step)
+    retriever.train()
+    cuda = device.type == "cuda"
+    start, first_step = time.perf_counter(), step
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("training DPR", total=cfg.steps, completed=step)
+        while step < cfg.steps:
+            idx = batch_indices(step, min(cfg.batch_size, len(keep)), len(keep), cfg.seed)
+            texts = [questions[int(keep[i])].question for i in idx]
+            rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
+                tok = {k: v.to(device) for k, v in retriever.tokenize_queries(texts).items()}
+                q = retriever.query(tok["input_ids"], tok["attention_mask"])  # [B, D]
+                p = _encode_blocks(retriever, blocks, rows, device)  # [B(1+h), D]
+            loss, acc = in_batch_nll(q, p)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            bar.advance(task)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                log.log({"step": step, "loss": round(loss.item(), 5), "accuracy": round(acc.item(), 4),
+                         "lr": scheduler.get_last_lr()[0],
+                         "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)})
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                save_checkpoint(run, step, retriever, optimizer, scheduler)
+    log.close()
+    retriever.save_pretrained(run / "final" / "retriever")
+    plot_metrics(run, ["loss", "accuracy"], smooth=10)
+    return {"run": str(run), "steps": step, "questions": len(questions), "trainable_questions": int(len(keep)),
+            "seconds": round(time.perf_counter() - start, 1)}

@@ -1,0 +1,204 @@
+"""Open-domain QA fine-tuning (ORQA/REALM): the reader and the query tower are trained on
+log Σ_{z in top-k} p(z|x) p(y|z,x) with the document index fixed.
+
+Each step retrieves the top-k blocks with the current query tower (a search over the fixed
+index), then scores them again *with gradients*: p(z|x) = softmax_z <query(x), E[z]> where
+E[z] are the rows of the index's embeddings.npy. With a BM25 index p(z|x) is the softmax of
+the BM25 scores and only the reader trains.
+
+A run: RUN/config.json, RUN/checkpoints/, RUN/metrics.jsonl (loss, answerable share, lr),
+RUN/final/reader (Reader checkpoint) and, for a dense index, RUN/final/retriever (the
+fine-tuned query tower with the index's unchanged document tower).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ralm.data.qa import Question, read_questions
+from ralm.errors import RalmError
+from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
+from ralm.progress import progress_bar
+from ralm.retrieval.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.searcher import Searcher
+from ralm.runtime import compute_dtype, seed_everything
+from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+
+
+@dataclass
+class FinetuneConfig:
+    questions: str
+    index: str
+    init: str | None = None  # a pre-training RUN, a retriever checkpoint, a reader or an HF encoder dir
+    steps: int = 1000
+    batch_size: int = 8
+    k: int = 5
+    lr: float = 3e-5
+    retriever_lr: float = 1e-5
+    train_retriever: bool = True  # fine-tune the query tower through p(z|x) (dense indexes)
+    warmup: float = 0.1  # share of steps with a linear learning-rate warm-up
+    max_len: int = 384
+    trainable_layers: int | None = None  # train only the reader's top N layers (+ span scorer)
+    limit: int | None = None  # first N questions only (a documented subset)
+    seed: int = 0
+    save_every: int = 200
+    log_every: int = 10
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "k", "save_every", "log_every", "max_len"):
+            if getattr(self, name) <= 0:
+                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.limit is not None and self.limit <= 0:
+            raise RalmError(f"--limit must be positive, got {self.limit}")
+        if not 0 <= self.warmup < 1:
+            raise RalmError(f"warmup must be in [0, 1), got {self.warmup}")
+
+
+def resolve_init(init: str | None) -> tuple[str | None, str | None]:
+    """(reader source, retriever source) from --init: a pre-training/fine-tuning RUN (uses
+    RUN/final/reader or RUN/final/encoder, and RUN/final/retriever), a retriever checkpoint,
+    a reader checkpoint, or an HF encoder directory. None means the defaults."""
+    if init is None:
+        return None, None
+    path = Path(init)
+    if not path.exists():
+        raise RalmError(f"--init {init}: no such run or model directory")
+    final = path / "final"
+    if final.is_dir():
+        reader = next((str(p) for p in (final / "reader", final / "encoder") if (p / "config.json").is_file()), None)
+        retriever = str(final / "retriever") if is_retriever_dir(final / "retriever") else None
+        if reader is None and retriever is None:
+            raise RalmError(f"--init {init}: RUN/final holds neither a reader/encoder nor a retriever")
+        return reader, retriever
+    if is_retriever_dir(path):
+        return None, str(path)
+    if (path / "config.json").is_file():
+        return str(path), None
+    raise RalmError(f"--init {init}: not a run, a retriever checkpoint or a Hugging Face model directory")
+
+
+def load_reader(source: str | None, max_len: int, trainable_layers: int | None = None) -> Reader:
+    if source is not None and is_reader_dir(source):
+        return Reader.from_pretrained(source)
+    return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
+
+
+class QAModel(torch.nn.Module):
+    """What a fine-tuning checkpoint holds: the reader and the (trainable) query tower."""
+
+    def __init__(self, reader: Reader, retriever: Retriever | None):
+        super().__init__()
+        self.reader = reader
+        self.query = retriever.query if retriever is not None else None
+
+
+def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int,
+                     device: torch.device) -> tuple[torch.Tensor, np.ndarray]:
+    """(logits [B, K] for p(z|x), block rows [B, K]). Dense: scores recomputed with gradients
+    from the query tower against the fixed document embeddings; BM25: the BM25 scores."""
+    if embeddings is None:
+        scores, rows = searcher.search_rows(questions, k)
+        return torch.from_numpy(scores).to(device), rows
+    retriever = searcher.retriever
+    tok = {key: v.to(device) for key, v in retriever.tokenize_queries(questions).items()}
+    q = retriever.query(tok["input_ids"], tok["attention_mask"]).float()  # [B, D]
+    _, rows = searcher.current.index.search(q.detach().cpu().numpy(), k)  # the fixed index
+    cand = torch.from_numpy(np.asarray(embeddings[rows.reshape(-1)], dtype=np.float32)).to(device)
+    cand = cand.view(len(questions), rows.shape[1], -1)  # [B, K, D]
+    return torch.einsum("bd,bkd->bk", q, cand), rows
+
+
+def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray,
+                    device: torch.device):
+    """Reader inputs for every (question, retrieved block): batch, valid [N, L, W], match [N, L, W]."""
+    blocks = searcher.current.blocks
+    k = rows.shape[1]
+    texts = [blocks.record(int(r))["text"] for r in rows.reshape(-1)]
+    batch = reader.featurize([q.question for q in questions for _ in range(k)], texts)
+    match = reader.answer_match(batch, [q.answers for q in questions for _ in range(k)])
+    batch = batch.to(device)
+    return batch, valid_spans(batch, reader.cfg.max_span_width), match.to(device)
+
+
+def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device | None = None,
+             show_progress: bool = True) -> dict:
+    """Train (or resume) the run at `out`; returns a summary."""
+    device = device or torch.device("cpu")
+    questions = read_questions(cfg.questions)[: cfg.limit]
+    resume = prepare_run(out, cfg)
+    seed_everything(cfg.seed)
+
+    reader_src, retriever_src = resolve_init(cfg.init)
+    searcher = Searcher.open(cfg.index, model=retriever_src, device=device)
+    dense = searcher.retriever is not None
+    embeddings = np.load(searcher.index.version_path(searcher.current.name) / "embeddings.npy", mmap_mode="r",
+                         allow_pickle=False) if dense else None
+    reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(device)
+    train_query = dense and cfg.train_retriever
+    model = QAModel(reader, searcher.retriever if dense else None).to(device)
+    groups = [{"params": [p for p in reader.parameters() if p.requires_grad], "lr": cfg.lr}]
+    if train_query:
+        groups.append({"params": searcher.retriever.query.parameters(), "lr": cfg.retriever_lr})
+    elif dense:
+        searcher.retriever.requires_grad_(False)
+    if dense:
+        searcher.retriever.doc.requires_grad_(False)  # the index is fixed; the doc tower must match it
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
+    warm = max(1, int(cfg.warmup * cfg.steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warm, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))))
+
+    step = 0
+    seen = answerable_total = 0
+    if resume is not None:
+        meta = load_checkpoint(resume, model, optimizer, scheduler)
+        step = meta["step"]
+        seen, answerable_total = meta["extra"]["seen"], meta["extra"]["answerable"]
+    log = MetricsLog(out, step)
+    model.train()
+    if dense and not train_query:
+        searcher.retriever.eval()
+    cuda = device.type == "cuda"
+    start, first_step = time.perf_counter(), step
+    with progress_bar(show_progress) as bar:
+        task = bar.add_task("fine-tuning", total=cfg.steps, completed=step)
+        while step < cfg.steps:
+            idx = batch_indices(step, cfg.batch_size, len(questions), cfg.seed)
+            qs = [questions[int(i)] for i in idx]
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
+                logits, rows = retrieval_logits(searcher, embeddings, [q.question for q in qs], cfg.k, device)
+                batch, valid, match = read_candidates(reader, searcher, qs, rows, device)
+                scores = reader(batch)  # [B*K, L, W]
+            shape = (len(qs), rows.shape[1], *scores.shape[1:])
+            loss, answerable = marginal_nll(scores.view(shape), valid.view(shape), match.view(shape), logits)
+            optimizer.zero_grad(set_to_none=True)
+            if answerable.any():  # else no gradients: the step leaves the weights alone
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            seen += len(qs)
+            answerable_total += int(answerable.sum())
+            bar.advance(task)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                log.log({"step": step, "loss": round(loss.item(), 5), "answerable": round(float(answerable.float().mean()), 4),
+                         "answerable_cumulative": round(answerable_total / seen, 4), "lr": scheduler.get_last_lr()[0],
+                         "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)})
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                save_checkpoint(out, step, model, optimizer, scheduler, extra={"seen": seen, "answerable": answerable_total})
+    log.close()
+    final = Path(out) / "final"
+    reader.save_pretrained(final / "reader")
+    if dense:
+        searcher.retriever.save_pretrained(final / "retriever")
+    plot_metrics(out, ["loss", "answerable"], smooth=10)
+    return {"run": str(out), "steps": step, "questions": len(questions), "dense": dense,
+            "trained_query_tower": train_query, "answerable_share": round(answerable_total / max(seen, 1), 4),
+            "seconds": round(time.perf_counter() - start, 1)}

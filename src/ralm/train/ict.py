@@ -1,0 +1,155 @@
+"""Inverse Cloze Task (ICT) warm start of both retriever towers (Lee et al., 2019).
+
+A pseudo-query is one sentence of a block; its positive is the block with that sentence
+removed (kept in 10% of examples, so the towers also learn word overlap); the other blocks of
+the batch are the negatives. The run exports RUN/final/retriever, which `ralm pretrain
+--init RUN` starts from.
+
+Shapes: B batch, D retrieval dim.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ralm.atomic import write_json
+from ralm.data.blocks import BlockConfig, BlockStore
+from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
+from ralm.errors import RalmError
+from ralm.retrieval.build import ensure_blocks, init_projection
+from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.store import IndexDir
+from ralm.runtime import compute_dtype, seed_everything
+from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+
+
+@dataclass
+class IctConfig:
+    corpus: str
+    model: str = "default"  # retriever checkpoint or HF BERT directory both towers start from
+    dim: int = 128
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-4
+    warmup: int = 100
+    keep_sentence: float = 0.1  # share of positives that still contain the pseudo-query
+    max_query_len: int = 64
+    block_len: int = 288  # wordpieces per evidence block ([CLS] title [SEP] body [SEP])
+    save_every: int = 200
+    log_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "save_every", "log_every", "max_query_len"):
+            if getattr(self, name) <= 0:
+                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.batch_size < 2:
+            raise RalmError("ICT needs --batch-size >= 2 (the other blocks of a batch are the negatives)")
+        if not 0 <= self.keep_sentence <= 1:
+            raise RalmError(f"keep_sentence must be in [0, 1], got {self.keep_sentence}")
+
+
+def corpus_sentences(run: Path, corpus: str, tokenizer, block_len: int = 288,
+                     show_progress: bool = True) -> tuple[IndexDir, str, BlockStore, SentenceTable]:
+    """RUN/index with the corpus' block store and its cached spaCy sentence pass."""
+    index = IndexDir.create(run / "index", "dense")
+    key, blocks = ensure_blocks(index, corpus, tokenizer, BlockConfig(max_len=block_len), show_progress)
+    table = find_sentences(blocks, tokenizer, index.root / "sentences" / key, SentenceConfig(), show_progress)
+    return index, key, blocks, table
+
+
+def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_id: int, sep_id: int,
+             max_query_len: int) -> tuple[list[int], list[int]]:
+    """(query `[CLS] sentence [SEP]`, context `[CLS] title [SEP] body-without-sentence [SEP]`)."""
+    row = int(table.rows[s])
+    tokens = blocks.tokens[row]
+    a = int(blocks.body_start[row]) + int(table.starts[s])
+    b = int(blocks.body_start[row]) + int(table.ends[s])
+    query = [cls_id, *tokens[a:b][: max_query_len - 2].tolist(), sep_id]
+    context = tokens.tolist() if keep else [*tokens[:a].tolist(), *tokens[b:].tolist()]
+    return query, context
+
+
+def ict_loss(query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """In-batch softmax cross-entropy: query i [B, D] should pick context i of [B, D]."""
+    scores = query.float() @ context.float().T  # [B, B]
+    return F.cross_entropy(scores, torch.arange(len(scores), device=scores.device))
+
+
+def export_retriever(run: Path, retriever: Retriever, step: int) -> None:
+    retriever.save_pretrained(run / "final" / "retriever")
+    write_json(run / "final" / "trainer.json", {"step": step, "kind": "ict"})
+
+
+def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
+              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+    run = Path(run)
+    notify = notify or (lambda _: None)
+    resume = prepare_run(run, cfg)
+    seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
+    _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+    # A block needs a second sentence, or its context would be empty without the query.
+    per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
+    examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)
+    if len(examples) < cfg.batch_size:
+        raise RalmError(f"{cfg.corpus}: only {len(examples)} ICT examples (sentences of multi-sentence blocks); need at least --batch-size {cfg.batch_size}")
+    retriever.to(device)
+    if not retriever.cfg.projection_ready and resume is None:
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
+    retriever.cfg.projection_ready = True
+    retriever.train()
+    opt = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    step = 0
+    if resume is not None:
+        step = load_checkpoint(resume, retriever, opt, sched)["step"]
+        notify(f"resuming from step {step}")
+    metrics = MetricsLog(run, step)
+    tok = retriever.tokenizer
+    pad = tok.pad_token_id or 0
+    window, t0 = [], time.perf_counter()
+    while step < cfg.steps:
+        idx = examples[batch_indices(step, cfg.batch_size, len(examples), cfg.seed)]
+        rng = np.random.default_rng([cfg.seed, step])
+        pairs = [ict_pair(blocks, table, int(s), bool(keep), tok.cls_token_id, tok.sep_token_id, cfg.max_query_len)
+                 for s, keep in zip(idx, rng.random(len(idx)) < cfg.keep_sentence)]
+        q_ids, q_mask = pad_rows([q for q, _ in pairs], pad)  # [B, Lq]
+        c_ids, c_mask = pad_rows([c for _, c in pairs], pad)  # [B, Lc]
+        with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+            q = retriever.query(q_ids.to(device), q_mask.to(device))  # [B, D]
+            c = retriever.doc(c_ids.to(device), c_mask.to(device))  # [B, D]
+        loss = ict_loss(q, c)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        step += 1
+        with torch.no_grad():
+            acc = ((q.float() @ c.float().T).argmax(-1) == torch.arange(len(q), device=q.device)).float().mean().item()
+        window.append((loss.item(), acc))
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            elapsed = time.perf_counter() - t0
+            record = {"step": step, "loss": float(np.mean([w[0] for w in window])),
+                      "in_batch_accuracy": float(np.mean([w[1] for w in window])),
+                      "lr": sched.get_last_lr()[0], "steps_per_s": round(len(window) / elapsed, 4)}
+            metrics.log(record)
+            if on_metrics:
+                on_metrics(record)
+            window, t0 = [], time.perf_counter()
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            save_checkpoint(run, step, retriever, opt, sched, extra={"retriever": asdict(retriever.cfg)})
+            export_retriever(run, retriever, step)
+    metrics.close()
+    plots = plot_metrics(run, ["loss", "in_batch_accuracy", "steps_per_s"])
+    return {"run": str(run), "steps": step, "examples": int(len(examples)), "retriever": str(run / "final" / "retriever"),
+            "plots": [str(p) for p in plots]}

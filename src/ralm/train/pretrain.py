@@ -1,0 +1,234 @@
+"""REALM pre-training: masked salient spans, retrieval over a refreshed index, marginal MLM.
+
+Each step: mask a batch of sentences (data.masking), let the model retrieve top-k blocks from
+the index version in use, compute the marginal loss (models.realm) and update the query tower,
+the document tower and the knowledge-augmented encoder together. Between steps the trainer
+swaps in the newest complete index version:
+
+  refresh="async"  every `refresh_every` steps the retriever is handed to a separate builder
+                   process (retrieval.refresh) that re-embeds the corpus; training never waits
+  refresh="sync"   the trainer itself re-embeds the corpus when its index is `refresh_every`
+                   steps stale (tests, tiny corpora); deterministic, so resumes reproduce
+  refresh="none"   the starting index is never refreshed (an ablation)
+
+A run directory holds, besides train.loop's checkpoints and metrics:
+  RUN/index/            its own versioned index (blocks, spaCy sentence cache, versions)
+  RUN/refresh/          retriever snapshots for the builder; RUN/refresh.log its log
+  RUN/final/retriever/  Retriever.save_pretrained (query + document towers)
+  RUN/final/encoder/    the knowledge-augmented encoder as a Hugging Face BertForMaskedLM
+  RUN/final/trainer.json  {"step", "kind"}
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ralm.atomic import write_json
+from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.errors import RalmError
+from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, trivial_margin
+from ralm.retrieval.build import init_projection
+from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
+from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
+from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.store import IndexDir
+from ralm.runtime import compute_dtype, seed_everything
+from ralm.train.ict import corpus_sentences
+from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+
+REFRESH_MODES = ("async", "sync", "none")
+
+
+@dataclass
+class PretrainConfig:
+    corpus: str
+    init: str | None = None  # an ICT run (its final/retriever) or a retriever checkpoint for both towers
+    model: str = "default"  # HF BERT directory for the encoder (and for the towers without --init/--index)
+    index: str | None = None  # an existing dense index over the same corpus to start from
+    dim: int = 128
+    steps: int = 1000
+    batch_size: int = 8
+    k: int = 8
+    lr: float = 5e-5
+    warmup: int = 100
+    masking: str = "salient"
+    random_prob: float = 0.15
+    refresh: str = "async"
+    refresh_every: int = 100
+    max_len: int = 352
+    max_query_len: int = 64
+    block_len: int = 288  # wordpieces per evidence block (a --index must have been built with the same)
+    save_every: int = 200
+    log_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "k", "refresh_every", "save_every", "log_every"):
+            if getattr(self, name) <= 0:
+                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.refresh not in REFRESH_MODES:
+            raise RalmError(f"--refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
+        MaskingConfig(self.masking, self.random_prob)
+        RealmConfig(self.k, self.max_len, self.max_query_len)
+
+
+# -- set-up ---------------------------------------------------------------------------------
+
+def _retriever_source(cfg: PretrainConfig) -> str | None:
+    """Where the towers come from: --init, else the --index's retriever, else None (fresh)."""
+    if cfg.init:
+        init = Path(cfg.init)
+        for candidate in (init / "final" / "retriever", init):
+            if is_retriever_dir(candidate):
+                return str(candidate)
+        raise RalmError(f"--init {cfg.init}: neither an ICT run (no final/retriever) nor a retriever checkpoint")
+    if cfg.index:
+        src = IndexDir(cfg.index)
+        return str(src.root / src.version_manifest(src.latest())["retriever"])
+    return None
+
+
+def _import_version(src_path: str, index: IndexDir, key: str) -> str:
+    """Publish the latest version of another dense index over the same blocks as version 1
+    of this run's index (step 0), with the retriever that built it."""
+    src = IndexDir(src_path)
+    if src.kind != "dense":
+        raise RalmError(f"--index {src_path} is a {src.kind} index; pre-training needs a dense one")
+    manifest = src.version_manifest(src.latest())
+    if manifest["blocks"] != key:
+        raise RalmError(f"--index {src_path} was built over another corpus, tokenizer or block size than --corpus")
+    if manifest.get("faiss"):
+        raise RalmError(f"--index {src_path} is a faiss index; pre-training searches exact embeddings")
+    rpath = index.root / manifest["retriever"]
+    if not rpath.is_dir():
+        shutil.copytree(src.root / manifest["retriever"], rpath)
+
+    def write(tmp: Path) -> dict:
+        shutil.copyfile(src.version_path(src.latest()) / "embeddings.npy", tmp / "embeddings.npy")
+        return {**{k: v for k, v in manifest.items() if k not in ("version", "created")}, "step": 0, "source": str(src.root)}
+
+    return index.publish(write)
+
+
+def _export(run: Path, model: Realm, step: int) -> None:
+    model.retriever.save_pretrained(run / "final" / "retriever")
+    model.encoder.save_pretrained(run / "final" / "encoder")
+    write_json(run / "final" / "trainer.json", {"step": step, "kind": "realm"})
+
+
+def _clean_partial_versions(index: IndexDir) -> None:
+    """Remove the temporary folder of a version the (now stopped) builder was writing."""
+    for tmp in (index.root / "versions").glob(".building-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- training -------------------------------------------------------------------------------
+
+def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
+             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+    run = Path(run)
+    notify = notify or (lambda _: None)
+    resume = prepare_run(run, cfg)
+    seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    source = _retriever_source(cfg)
+    retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
+    encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
+    index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+    margin = trivial_margin(blocks.doc_index)
+    if len(blocks) < cfg.k + margin:
+        raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for -k {cfg.k} (need at least {cfg.k + margin})")
+    masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
+    examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
+    if len(examples) == 0:
+        raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try --masking random")
+
+    model = Realm(retriever, encoder, RealmConfig(cfg.k, cfg.max_len, cfg.max_query_len)).to(device)
+    if not retriever.cfg.projection_ready and resume is None:
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
+    retriever.cfg.projection_ready = True
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    step = 0
+    if resume is not None:
+        step = load_checkpoint(resume, model, opt, sched)["step"]
+        notify(f"resuming from step {step}")
+    if not (index.root / "LATEST").is_file():
+        notify("building the starting index")
+        if cfg.index:
+            _import_version(cfg.index, index, key)
+        else:
+            publish_embeddings(index, retriever, key, blocks, 0, device, show_progress=show_progress)
+    searcher = Searcher(index, None, device, check_model=False)
+    snapshots = Snapshots(run / "refresh")
+    refresher = None
+    if cfg.refresh == "async":
+        refresher = start_refresher(index.root, snapshots.root, run / "refresh.log",
+                                    device="cpu" if device.type == "cpu" else str(device))
+        notify(f"index builder started (pid {refresher.pid}, log {run / 'refresh.log'})")
+
+    metrics = MetricsLog(run, step)
+    mask_id = retriever.tokenizer.mask_token_id
+    model.train()
+    window, t0 = [], time.perf_counter()
+    try:
+        while step < cfg.steps:
+            if cfg.refresh == "sync" and step - searcher.current.manifest.get("step", 0) >= cfg.refresh_every:
+                publish_embeddings(index, retriever, key, blocks, step, device)
+            if cfg.refresh != "none" and searcher.refresh():
+                m = searcher.current.manifest
+                notify(f"step {step}: index {searcher.current.name} (built at step {m.get('step')}, {m.get('seconds')} s)")
+            version = searcher.current
+
+            def search(q: torch.Tensor, n: int) -> np.ndarray:
+                return version.index.search(q, n)[1]
+
+            idx = examples[batch_indices(step, cfg.batch_size, len(examples), cfg.seed)]
+            batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, step)
+            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+                out = model(batch, blocks, search)
+            loss = out.nll.sum() / out.tokens.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            window.append({"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),
+                           "p_null": out.log_pz[:, -1].exp().mean().item(),
+                           "staleness": step - version.manifest.get("step", 0)})
+            step += 1
+            if cfg.refresh == "async" and step % cfg.refresh_every == 0 and step < cfg.steps:
+                snapshots.write(retriever, step)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                elapsed = time.perf_counter() - t0
+                record = {"step": step, **{k: float(np.mean([w[k] for w in window])) for k in window[0]},
+                          "steps_per_s": round(len(window) / elapsed, 4), "lr": sched.get_last_lr()[0],
+                          "index_version": version.name, "index_step": version.manifest.get("step", 0),
+                          "refresh_s": version.manifest.get("seconds")}
+                metrics.log(record)
+                if on_metrics:
+                    on_metrics(record)
+                window, t0 = [], time.perf_counter()
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                save_checkpoint(run, step, model, opt, sched,
+                                extra={"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg), "index_version": version.name})
+                _export(run, model, step)
+    finally:
+        if refresher is not None:
+            refresher.terminate()
+            refresher.wait()
+            _clean_partial_versions(index)
+        metrics.close()
+    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null"])
+    versions = [index.version_manifest(v) for v in index.versions()]
+    return {"run": str(run), "steps": step, "examples": int(len(examples)), "blocks": len(blocks),
+            "index_version": searcher.current.name, "refreshes_kept": [{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")} for v in versions],
+            "retriever": str(run / "final" / "retriever"), "encoder": str(run / "final" / "encoder"),
+            "plots": [str(p) for p in plots]}

@@ -1,0 +1,68 @@
+"""Shared fixtures: a tiny random BERT (2 layers, hidden 32) with the bundled MiniLM
+wordpiece vocabulary, and a tiny self-made corpus. Everything runs on CPU in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("RALM_NO_PROGRESS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+DOCS = [
+    {"id": "paris", "title": "Paris", "text": "Paris is the capital of France. It lies on the Seine river. The Eiffel Tower was finished in 1889."},
+    {"id": "tokyo", "title": "Tokyo", "text": "Tokyo is the capital of Japan. It is one of the largest cities in the world."},
+    {"id": "nile", "title": "Nile", "text": "The Nile is a long river in Africa. It flows north into the Mediterranean Sea."},
+    {"id": "everest", "title": "Mount Everest", "text": "Mount Everest is the highest mountain above sea level. It stands on the border of Nepal and China."},
+    {"id": "python", "title": "Python (language)", "text": "Python is a programming language created by Guido van Rossum. Its first release came in 1991."},
+    {"id": "moon", "title": "Moon", "text": "The Moon orbits the Earth. Neil Armstrong walked on the Moon in 1969 during the Apollo 11 mission."},
+]
+
+
+def make_tiny_bert(path: Path, seed: int = 0) -> Path:
+    """Save a random 2-layer, hidden-32 BERT with the MiniLM tokenizer as an HF directory."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from ralm.retrieval.encoders import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=512)
+    torch.manual_seed(seed)
+    BertModel(cfg).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def other_tiny_bert(tmp_path_factory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert-2"), seed=1)
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_index(tmp_path_factory, tiny_bert) -> Path:
+    """A dense index over DOCS built with the tiny BERT (dim 16, PCA-initialised projection)."""
+    from ralm.retrieval.build import build_index
+
+    root = tmp_path_factory.mktemp("idx")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    build_index(corpus, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
+    return root / "dense"

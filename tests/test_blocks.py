@@ -1,0 +1,78 @@
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
+from ralm.data.corpus import Document
+from ralm.errors import RalmError
+from ralm.retrieval.encoders import default_model_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(default_model_path())
+
+
+LONG = " ".join(f"Sentence number {i} talks about the river {i} and its {i % 7} bridges." for i in range(120))
+
+
+@pytest.mark.parametrize("max_len", [40, 288])
+def test_blocking_keeps_every_body_token_once_and_respects_max_len(tokenizer, max_len):
+    doc = Document("long", "A fairly long title about rivers", LONG)
+    [(_, blocks)] = list(iter_blocks([doc], tokenizer, BlockConfig(max_len=max_len)))
+    assert len(blocks) > 1
+    body = wordpiece_tokenizer(tokenizer).encode(LONG, add_special_tokens=False).ids
+    joined = [t for b in blocks for t in b.token_ids[b.body_start : -1]]
+    assert joined == body  # every wordpiece exactly once, in order
+    for b in blocks:
+        assert len(b.token_ids) <= max_len
+        assert b.token_ids[0] == tokenizer.cls_token_id and b.token_ids[-1] == tokenizer.sep_token_id
+        assert b.token_ids[b.body_start - 1] == tokenizer.sep_token_id
+    assert [b.id for b in blocks] == [f"long:{j}" for j in range(len(blocks))]
+
+
+def test_blocks_end_on_sentence_boundaries(tokenizer):
+    doc = Document("d", "T", LONG)
+    [(_, blocks)] = list(iter_blocks([doc], tokenizer, BlockConfig(max_len=64)))
+    for b in blocks:
+        assert LONG[b.char_span[0]:b.char_span[1]].endswith("bridges.")
+
+
+def test_a_sentence_longer_than_a_block_is_cut_between_wordpieces(tokenizer):
+    text = "word " * 500 + "end."
+    [(_, blocks)] = list(iter_blocks([Document("d", "", text)], tokenizer, BlockConfig(max_len=64)))
+    body = wordpiece_tokenizer(tokenizer).encode(text, add_special_tokens=False).ids
+    assert [t for b in blocks for t in b.token_ids[b.body_start:-1]] == body
+    assert max(len(b.token_ids) for b in blocks) == 64
+
+
+def test_block_store_round_trip_is_memory_mapped(tmp_path, tokenizer):
+    corpus = tmp_path / "c.jsonl"
+    docs = [{"id": "a", "title": "Alpha", "text": LONG}, {"id": "b", "title": "Beta", "text": "Short text here."}]
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    store = build_block_store(corpus, tmp_path / "blocks", tokenizer, BlockConfig(max_len=100), show_progress=False)
+    assert isinstance(store.tokens.values, np.memmap)
+    assert store.manifest["documents"] == 2 and len(store) > 2
+    last = store.record(len(store) - 1)
+    assert last == {"id": "b:0", "doc_id": "b", "title": "Beta", "text": "Short text here."}
+    assert int(store.doc_index[len(store) - 1]) == 1 and int(store.doc_index[0]) == 0
+    assert tokenizer.decode(store.body(len(store) - 1)) == "short text here."
+    texts = " ".join(store.record(i)["text"] for i in range(len(store) - 1))
+    assert texts.split() == LONG.split()
+
+
+def test_duplicate_document_ids_are_rejected(tmp_path, tokenizer):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "x", "text": "one"}\n{"id": "y", "text": "two"}\n{"id": "x", "text": "three"}\n')
+    with pytest.raises(RalmError, match="'x' appears more than once"):
+        build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False)
+    assert not (tmp_path / "blocks").exists()  # nothing half-built is left under the name
+
+
+def test_join_query_evidence_layout():
+    ids, types, start = join_query_evidence([5, 6, 7], np.array([8, 9, 10, 11]), 101, 102, max_len=9)
+    assert ids == [101, 5, 6, 7, 102, 8, 9, 10, 102]
+    assert types == [0, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert start == 5 and ids[start] == 8

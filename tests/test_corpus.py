@@ -1,0 +1,66 @@
+import json
+
+import pytest
+
+from ralm.data.corpus import corpus_fingerprint, read_corpus
+from ralm.errors import RalmError
+
+
+def test_jsonl_tsv_and_txt_folder_read_the_same_documents(tmp_path):
+    docs = [{"id": "a", "title": "Alpha", "text": "First text."}, {"id": "b", "title": "Beta", "text": "Second text."}]
+    jl = tmp_path / "c.jsonl"
+    jl.write_text("".join(json.dumps(d) + "\n" for d in docs) + "\n")  # a blank line is skipped
+    tsv = tmp_path / "c.tsv"
+    tsv.write_text("id\ttext\ttitle\n" + "".join(f"{d['id']}\t{d['text']}\t{d['title']}\n" for d in docs))
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    (folder / "Alpha.txt").write_text("First text.\n")
+    (folder / "Beta.txt").write_text("Second text.")
+    assert [(d.id, d.title, d.text) for d in read_corpus(jl)] == [("a", "Alpha", "First text."), ("b", "Beta", "Second text.")]
+    assert [(d.id, d.title, d.text) for d in read_corpus(tsv)] == [("a", "Alpha", "First text."), ("b", "Beta", "Second text.")]
+    assert [(d.id, d.title, d.text) for d in read_corpus(folder)] == [("Alpha.txt", "Alpha", "First text."), ("Beta.txt", "Beta", "Second text.")]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"id": "a", "text": "ok"}\n{"id": "b", "text": \n', "c.jsonl:2: malformed JSON"),
+        (b'{"id": "a", "title": "t"}\n', "c.jsonl:1: missing field 'text'"),
+        (b'{"id": "a", "text": 3}\n', "c.jsonl:1: field 'text' must be a string"),
+        (b'[1, 2]\n', "c.jsonl:1: expected a JSON object"),
+        (b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "caf\xe9"}\n', "c.jsonl:2: not valid UTF-8"),
+        (b"\n\n", "the corpus is empty"),
+        (b'{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', None),  # duplicates are found when blocking
+    ],
+)
+def test_bad_corpus_lines_name_file_and_line(tmp_path, content, message):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(content)
+    if message is None:
+        assert len(list(read_corpus(path))) == 2
+        return
+    with pytest.raises(RalmError, match=message):
+        list(read_corpus(path))
+
+
+def test_missing_corpus_and_unknown_format(tmp_path):
+    with pytest.raises(RalmError, match="corpus not found"):
+        list(read_corpus(tmp_path / "nope.jsonl"))
+    (tmp_path / "c.csv").write_text("x")
+    with pytest.raises(RalmError, match="unknown corpus format"):
+        list(read_corpus(tmp_path / "c.csv"))
+
+
+def test_tsv_needs_id_and_text_columns(tmp_path):
+    path = tmp_path / "c.tsv"
+    path.write_text("title\tbody\nA\tb\n")
+    with pytest.raises(RalmError, match=r"c.tsv:1: TSV header"):
+        list(read_corpus(path))
+
+
+def test_fingerprint_changes_with_content(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n')
+    before = corpus_fingerprint(path)
+    path.write_text('{"id": "a", "text": "y"}\n')
+    assert corpus_fingerprint(path) != before

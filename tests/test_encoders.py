@@ -1,0 +1,113 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from ralm.errors import RalmError
+from ralm.retrieval.encoders import (
+    Retriever,
+    encode_rows,
+    init_projection_pca,
+    is_retriever_dir,
+    length_sorted_batches,
+    pool,
+)
+
+
+def test_mean_pooling_ignores_padding():
+    h = torch.tensor([[[1.0, 1.0], [3.0, 3.0], [100.0, 100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert pool(h, mask, "mean").tolist() == [[2.0, 2.0]]
+    assert pool(h, mask, "cls").tolist() == [[1.0, 1.0]]
+
+
+def test_pca_projection_with_full_dim_preserves_inner_products(tiny_bert):
+    r = Retriever.from_pretrained(tiny_bert, dim=32)
+    x = torch.randn(50, 32)
+    init_projection_pca(r, x)
+    y = r.doc.proj(x).detach()
+    torch.testing.assert_close(y @ y.T, x @ x.T, atol=1e-3, rtol=1e-4)
+    assert r.cfg.projection_ready
+    torch.testing.assert_close(r.query.proj.weight, r.doc.proj.weight)
+
+
+def test_pca_projection_keeps_the_top_directions(tiny_bert):
+    r = Retriever.from_pretrained(tiny_bert, dim=2)
+    x = torch.zeros(20, 32)
+    x[:, 5] = torch.linspace(-3, 3, 20) * 10
+    x[:, 9] = torch.linspace(1, 2, 20)
+    init_projection_pca(r, x)
+    kept = r.doc.proj(x).detach()
+    torch.testing.assert_close((kept @ kept.T), x @ x.T, atol=1e-2, rtol=1e-3)
+
+
+def test_save_and_load_round_trip_gives_identical_embeddings(tiny_bert, tmp_path):
+    r = Retriever.from_pretrained(tiny_bert, dim=8).eval()
+    init_projection_pca(r, torch.randn(40, 32))
+    r.save_pretrained(tmp_path / "ckpt")
+    assert is_retriever_dir(tmp_path / "ckpt") and not is_retriever_dir(tiny_bert)
+    again = Retriever.from_pretrained(tmp_path / "ckpt").eval()
+    q = ["where is paris", "capital of japan"]
+    torch.testing.assert_close(r.encode_queries(q), again.encode_queries(q))
+    assert r.doc_fingerprint() == again.doc_fingerprint()
+    assert again.cfg.projection_ready and again.dim == 8
+
+
+def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
+    st = tmp_path / "st"
+    shutil.copytree(tiny_bert, st)
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (st / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Normalize"}]))
+    r = Retriever.from_pretrained(st, dim=None)
+    assert (r.cfg.pooling, r.cfg.normalize) == ("mean", True)
+    assert Retriever.from_pretrained(tiny_bert, dim=None).cfg.pooling == "cls"
+    v = r.encode_queries(["hello world"])
+    assert abs(float(v.norm()) - 1.0) < 1e-5  # normalised, no projection
+
+
+def test_default_model_is_the_bundled_minilm_with_mean_pooling():
+    r = Retriever.from_pretrained(None, dim=None)
+    assert r.cfg.pooling == "mean" and r.cfg.normalize and r.dim == 384
+
+
+def test_model_loading_errors_are_clear(tmp_path):
+    with pytest.raises(RalmError, match="model directory not found"):
+        Retriever.from_pretrained(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RalmError, match="not a Hugging Face model directory"):
+        Retriever.from_pretrained(tmp_path / "empty")
+
+
+def test_length_sorted_batches_cover_every_row_once():
+    lengths = np.random.default_rng(0).integers(1, 300, size=1000)
+    batches = length_sorted_batches(lengths, 32, window=4)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(1000))
+    assert all(len(b) <= 32 for b in batches)
+    first = batches[0]
+    assert lengths[first].min() >= np.sort(lengths[:128])[::-1][31]  # longest of the window first
+
+
+def test_bucketed_encoding_equals_one_by_one(tiny_bert):
+    r = Retriever.from_pretrained(tiny_bert, dim=None).eval()
+    rng = np.random.default_rng(0)
+    rows = [np.concatenate([[101], rng.integers(1000, 2000, size=n), [102]]) for n in rng.integers(3, 40, size=23)]
+    lengths = np.array([len(x) for x in rows])
+    out = encode_rows(r.doc, rows, lengths, np.zeros((23, 32), np.float32), batch_size=5, show_progress=False)
+    with torch.inference_mode():
+        single = torch.cat([r.doc(torch.from_numpy(x[None]), torch.ones(1, len(x), dtype=torch.long)) for x in rows]).numpy()
+    np.testing.assert_allclose(out, single, atol=1e-5)
+
+
+def test_encoding_errors_surface_from_the_prefetch_thread(tiny_bert):
+    r = Retriever.from_pretrained(tiny_bert, dim=None).eval()
+
+    class Broken:
+        def __getitem__(self, i):
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        encode_rows(r.doc, Broken(), np.array([3, 4]), np.zeros((2, 32), np.float32), show_progress=False)

@@ -1,0 +1,128 @@
+import numpy as np
+import pytest
+import torch
+
+from ralm.errors import RalmError
+from ralm.retrieval.bm25 import BM25Index
+from ralm.retrieval.exact import ExactIndex, merge_topk
+from ralm.retrieval.faiss_index import FaissIndex
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((1000, 16)).astype(np.float32), rng.standard_normal((7, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize("chunk_size", [64, 1000, 5000])
+def test_exact_search_equals_brute_force_argsort(data, chunk_size):
+    emb, q = data
+    scores, ids = ExactIndex(emb, chunk_size=chunk_size).search(q, 10)
+    full = q @ emb.T
+    expected = np.argsort(-full, axis=1, kind="stable")[:, :10]
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_allclose(scores, np.take_along_axis(full, expected, 1), rtol=1e-5)
+
+
+def test_exact_search_reads_a_memory_map_chunk_by_chunk(tmp_path, data):
+    emb, q = data
+    np.save(tmp_path / "e.npy", emb)
+    mm = np.load(tmp_path / "e.npy", mmap_mode="r")
+    np.testing.assert_array_equal(ExactIndex(mm, chunk_size=100).search(q, 5)[1], ExactIndex(emb).search(q, 5)[1])
+
+
+def test_exact_k_larger_than_corpus_and_bad_k(data):
+    emb, q = data
+    scores, ids = ExactIndex(emb[:3]).search(q, 10)
+    assert ids.shape == (7, 3) and sorted(ids[0]) == [0, 1, 2]
+    for bad in (0, -1):
+        with pytest.raises(RalmError, match="k must be a positive integer"):
+            ExactIndex(emb).search(q, bad)
+    with pytest.raises(RalmError, match=r"queries must have shape \[Q, 16\]"):
+        ExactIndex(emb).search(q[:, :8], 3)
+
+
+def test_merge_topk_breaks_ties_by_lower_id():
+    scores = torch.tensor([[1.0, 2.0, 2.0, 0.5]])
+    ids = torch.tensor([[7, 9, 3, 1]])
+    s, i = merge_topk(scores, ids, 3)
+    assert i.tolist() == [[3, 9, 7]] and s.tolist() == [[2.0, 2.0, 1.0]]
+
+
+def test_faiss_flat_equals_exact_and_round_trips(tmp_path, data):
+    emb, q = data
+    exact_s, exact_i = ExactIndex(emb).search(q, 10)
+    index = FaissIndex.build(emb, "Flat")
+    s, i = index.search(q, 10)
+    np.testing.assert_array_equal(i, exact_i)
+    np.testing.assert_allclose(s, exact_s, rtol=1e-4)
+    index.save(tmp_path / "f.index")
+    np.testing.assert_array_equal(FaissIndex.load(tmp_path / "f.index", "Flat").search(q, 10)[1], exact_i)
+
+
+def test_faiss_ivf_and_hnsw_find_most_exact_neighbours(data):
+    emb, q = data
+    _, exact = ExactIndex(emb).search(q, 10)
+    for spec in ("IVF16,Flat", "HNSW16"):
+        index = FaissIndex.build(emb, spec)
+        index.set_search_params(nprobe=16, ef_search=128)
+        _, got = index.search(q, 10)
+        overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, exact)])
+        assert overlap >= 0.9, spec
+
+
+def test_bad_faiss_spec_is_a_clear_error(data):
+    with pytest.raises(RalmError, match="bad faiss spec"):
+        FaissIndex.build(data[0], "NoSuchIndex42")
+
+
+def test_bm25_ranks_the_exact_term_match_first(tmp_path):
+    texts = ["the cat sat on the mat", "dogs chase cars in the street", "a zebra named Quagga lives here", "stocks fell sharply"]
+    index = BM25Index.build(texts, show_progress=False)
+    scores, ids = index.search(["where does quagga live", "dogs and cars"], 2)
+    assert ids[0, 0] == 2 and ids[1, 0] == 1
+    assert scores[0, 0] > scores[0, 1]
+    index.save(tmp_path / "bm25")
+    again = BM25Index.load(tmp_path / "bm25", len(texts))
+    np.testing.assert_array_equal(again.search(["where does quagga live"], 2)[1], ids[:1])
+
+
+def test_bm25_query_without_known_terms_scores_zero():
+    index = BM25Index.build(["alpha beta", "gamma delta"], show_progress=False)
+    scores, ids = index.search(["zzzz", "the of"], 2)
+    assert (scores == 0).all() and ids.shape == (2, 2)
+
+
+@pytest.mark.parametrize("n, k, group", [(5000, 8, 16), (4099, 3, 64), (100, 8, 64), (70_000, 20, 32)])
+def test_grouped_topk_equals_full_topk(n, k, group):
+    from ralm.retrieval.exact import grouped_topk
+
+    scores = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
+    vals, cols = grouped_topk(scores, k, group)
+    ref = torch.topk(scores, min(k, n), dim=1)
+    torch.testing.assert_close(vals, ref.values)
+    torch.testing.assert_close(torch.gather(scores, 1, cols), vals)
+    assert (torch.sort(cols, 1).values == torch.sort(ref.indices, 1).values).all()
+
+
+def test_grouped_topk_when_the_top_k_share_one_group():
+    from ralm.retrieval.exact import grouped_topk
+
+    scores = torch.zeros(1, 4096)
+    scores[0, 100:108] = torch.arange(8, 0, -1).float()  # all eight winners in one group of 64
+    vals, cols = grouped_topk(scores, 8, 64)
+    assert cols.tolist() == [list(range(100, 108))]
+
+
+def test_bf16_matrix_search_matches_fp32_except_near_ties(data):
+    """The CUDA layout (bf16 matrix) run on CPU: same ids as fp32 unless scores nearly tie."""
+    emb, q = data
+    index = ExactIndex(emb)
+    index._matrix = torch.from_numpy(emb).to(torch.bfloat16)  # what __init__ does on CUDA
+    s16, i16 = index.search(q, 8)
+    s32, i32 = ExactIndex(emb).search(q, 8)
+    full = q @ emb.T
+    for row in range(len(q)):
+        for a, b in zip(i16[row], i32[row]):
+            if a != b:
+                assert abs(full[row, a] - full[row, b]) < 0.05 * abs(full[row]).max()

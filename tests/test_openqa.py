@@ -1,0 +1,110 @@
+"""Open-domain QA inference and evaluation: best span per block, p(z|x)·p(s|z,x), EM/F1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ralm.data.qa import Question
+from ralm.errors import RalmError
+from ralm.eval.openqa import OpenQA, evaluate_qa, open_searcher, resolve_reader
+from ralm.models.reader import Reader
+from ralm.retrieval.searcher import Searcher
+
+QUESTIONS = [
+    Question("q1", "What is the capital of France?", ("Paris",)),
+    Question("q2", "When did Armstrong walk on the Moon?", ("1969",)),
+    Question("q3", "Which river flows into the Mediterranean?", ("the Nile",)),
+]
+TARGETS = {"france": "Paris", "moon": "1969", "mediterranean": "Nile"}  # question word -> the span to score high
+
+
+@pytest.fixture(scope="module")
+def oracle_reader(tiny_bert) -> Reader:
+    """A reader whose span scores are 10 on spans equal to its question's target, 0 elsewhere."""
+    torch.manual_seed(0)
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16)
+
+    def forward(batch):
+        questions = [reader.tokenizer.decode(ids[: int(s)]) for ids, s in zip(batch.input_ids, batch.evidence_start)]
+        targets = [[t for w, t in TARGETS.items() if w in q] for q in questions]
+        return 10.0 * reader.answer_match(batch, targets).float()
+
+    reader.forward = forward
+    return reader
+
+
+def test_answers_come_from_evidence_with_consistent_scores(oracle_reader, tiny_dense_index):
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6)
+    (a,) = qa.answer(["What is the capital of France?"])
+    best = a.evidence[a.best]
+    assert best.title == "Paris" and a.answer == best.span_text
+    start, end = best.span
+    assert best.text[start:end] == a.answer == "Paris"
+    joint = [e.retrieval_prob * e.span_prob for e in a.evidence]
+    assert a.score == pytest.approx(max(joint))
+    assert sum(e.retrieval_prob for e in a.evidence) == pytest.approx(1.0, abs=1e-5)
+    assert json.loads(json.dumps(a.to_json()))["evidence"][a.best]["span"] == [start, end]
+
+
+def test_evaluate_qa_with_an_oracle_reader(oracle_reader, tiny_dense_index, tmp_path):
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6)  # reads every block
+    result = evaluate_qa(qa, QUESTIONS, ks=(1, 6), predictions=tmp_path / "pred.jsonl", show_progress=False)
+    # q1 "Paris" and q2 "1969" are unique in the corpus; q3's gold "the Nile" normalises to "nile"
+    assert result["em"] == pytest.approx(100.0) and result["f1"] == pytest.approx(100.0)
+    assert result["recall@6"] == 100.0 and result["questions"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2", "q3"] and all(r["em"] == 1.0 for r in rows)
+
+
+def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
+    reader = Reader.from_encoder(tiny_bert, max_len=96)
+    reader.save_pretrained(tmp_path / "run" / "final" / "reader")
+    assert resolve_reader(tmp_path / "run") == tmp_path / "run" / "final" / "reader"
+    with pytest.raises(RalmError, match="ralm finetune"):
+        resolve_reader(tmp_path)
+    with pytest.raises(RalmError, match="k must be"):
+        OpenQA(reader, Searcher.open(tiny_dense_index), k=0)
+    # no fine-tuned retriever in the run: the index's own retriever answers
+    assert open_searcher(tiny_dense_index, model=tmp_path / "run").retriever is not None
+
+
+def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, capsys, monkeypatch):
+    import sys
+
+    from ralm.cli import main
+
+    def ralm(*args):
+        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        return code, capsys.readouterr()
+
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": list(q.answers)}) + "\n" for q in QUESTIONS))
+    run = tmp_path / "run"
+    code, cap = ralm("finetune", "--questions", qfile, "--index", tiny_dense_index, "--out", run, "--init", tiny_bert,
+                     "--steps", 2, "--batch-size", 2, "-k", 2, "--max-len", 96, "--json")
+    assert code == 0, cap.err
+    assert json.loads(cap.out)["steps"] == 2
+    code, cap = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "-k", 2, "--json")
+    assert code == 0, cap.err
+    result = json.loads(cap.out)
+    assert {"em", "f1", "recall@1", "recall@5", "recall@20"} <= set(result) and result["questions"] == 3
+    assert len((run / "predictions" / f"q-{tiny_dense_index.name}.jsonl").read_text().splitlines()) == 3
+    code, cap = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
+    assert code == 0, cap.err
+    answer = json.loads(cap.out)
+    assert set(answer) >= {"answer", "score", "evidence"} and len(answer["evidence"]) == 2
+    for e in answer["evidence"]:
+        assert {"id", "title", "text", "retrieval_score", "span"} <= set(e)
+        assert e["text"][e["span"][0]:e["span"][1]] == e["answer"]
+    code, cap = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
+    assert code == 0 and "A:" in cap.out
+    code, cap = ralm("ask", "Who?", "--model", tmp_path, "--index", tiny_dense_index)
+    assert code == 2 and "ralm finetune" in cap.err

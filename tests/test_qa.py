@@ -1,0 +1,38 @@
+import pytest
+
+from ralm.data.qa import has_answer, normalize_answer, read_questions
+from ralm.errors import RalmError
+from ralm.eval.metrics import recall_at_k
+
+
+def test_squad_normalisation():
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+    assert normalize_answer("an apple, a pear") == "apple pear"
+    assert normalize_answer("Theatre") == "theatre"  # articles only as whole words
+
+
+def test_has_answer_matches_normalised_words_only():
+    assert has_answer("Built in 1889 by Gustave Eiffel.", ["gustave eiffel"])
+    assert has_answer("It opened in (1889).", ["1889"])
+    assert not has_answer("In 18890 nothing happened.", ["1889"])
+    assert not has_answer("anything", ["", "the"])
+
+
+def test_recall_at_k_hand_computed():
+    hits = [[False, True, False], [False, False, False], [True, False, False], [False, False, True]]
+    assert recall_at_k(hits, [1, 2, 3]) == {"recall@1": 25.0, "recall@2": 50.0, "recall@3": 75.0}
+
+
+def test_question_file_errors_name_the_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "a?", "answers": ["x"]}\n{"question": "b?", "answers": "y"}\n{"question": "", "answers": []}\n')
+    with pytest.raises(RalmError, match="q.jsonl:3: field 'question' must be a non-empty string"):
+        read_questions(path)
+    path.write_text('{"question": "a?", "answers": ["x"], "doc_id": "d"}\n{"question": "b?", "answers": "y"}\n')
+    qs = read_questions(path)
+    assert qs[1].answers == ("y",) and qs[0].extra == {"doc_id": "d"} and qs[0].id == "q-1"
+    path.write_text('{"question": "a?", "answers": [1]}\n')
+    with pytest.raises(RalmError, match="q.jsonl:1: field 'answers' must be a list of strings"):
+        read_questions(path)
+    with pytest.raises(RalmError, match="question file not found"):
+        read_questions(tmp_path / "none.jsonl")

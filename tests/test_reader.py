@@ -1,0 +1,184 @@
+"""The span reader: span scores, the marginal likelihood against brute force, masking."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ralm.errors import RalmError
+from ralm.models.reader import (
+    Reader,
+    ReaderConfig,
+    SpanScorer,
+    best_spans,
+    is_reader_dir,
+    marginal_nll,
+    span_log_probs,
+    valid_spans,
+)
+
+
+@pytest.fixture(scope="module")
+def reader(tiny_bert) -> Reader:
+    torch.manual_seed(0)
+    return Reader.from_encoder(tiny_bert, max_len=64, max_query_len=16).eval()
+
+
+def test_span_scorer_is_an_mlp_over_concatenated_endpoints():
+    torch.manual_seed(0)
+    scorer = SpanScorer(hidden=6, span_hidden=5, max_width=3)
+    h = torch.randn(2, 7, 6)
+    got = scorer(h)  # [2, 7, 3]
+    w1 = torch.cat([scorer.start.weight, scorer.end.weight], 1)  # the first layer of MLP([h_s; h_e])
+    for n in range(2):
+        for i in range(7):
+            for w in range(3):
+                if i + w >= 7:
+                    continue
+                x = torch.cat([h[n, i], h[n, i + w]])
+                want = scorer.out(torch.relu(w1 @ x + scorer.start.bias))
+                assert torch.allclose(got[n, i, w], want.squeeze(), atol=1e-5)
+
+
+def _brute_force_nll(scores, valid, match, logits):
+    total, count = 0.0, 0
+    B, K, L, W = scores.shape
+    for b in range(B):
+        pz = torch.softmax(logits[b].double(), 0)
+        p_y, answerable = 0.0, False
+        for k in range(K):
+            norm = sum(math.exp(scores[b, k, i, w]) for i in range(L) for w in range(W) if valid[b, k, i, w])
+            hit = sum(math.exp(scores[b, k, i, w]) for i in range(L) for w in range(W) if valid[b, k, i, w] and match[b, k, i, w])
+            answerable |= hit > 0
+            p_y += float(pz[k]) * hit / norm
+        if answerable:
+            total += -math.log(p_y)
+            count += 1
+    return total / max(count, 1), count
+
+
+def test_marginal_equals_brute_force_sum_over_matching_spans():
+    g = torch.Generator().manual_seed(0)
+    B, K, L, W = 3, 4, 6, 3
+    scores = torch.randn(B, K, L, W, generator=g) * 2
+    valid = torch.rand(B, K, L, W, generator=g) > 0.2
+    match = torch.rand(B, K, L, W, generator=g) > 0.8
+    match[2] = False  # question 2: no answer anywhere
+    logits = torch.randn(B, K, generator=g)
+    loss, answerable = marginal_nll(scores, valid, match, logits)
+    want, count = _brute_force_nll(scores, valid, match, logits)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert answerable.tolist() == [True, True, False] and count == 2
+
+
+def test_unanswerable_question_contributes_nothing_and_is_counted():
+    g = torch.Generator().manual_seed(1)
+    B, K, L, W = 2, 3, 5, 2
+    scores = torch.randn(B, K, L, W, generator=g, requires_grad=True)
+    logits = torch.randn(B, K, generator=g, requires_grad=True)
+    valid = torch.ones(B, K, L, W, dtype=torch.bool)
+    match = torch.zeros(B, K, L, W, dtype=torch.bool)
+    match[0, 1, 2, 0] = True  # only question 0 is answerable
+    loss, answerable = marginal_nll(scores, valid, match, logits)
+    alone, _ = marginal_nll(scores[:1], valid[:1], match[:1], logits[:1])
+    assert loss.item() == pytest.approx(alone.item())
+    assert answerable.tolist() == [True, False]
+    loss.backward()
+    assert torch.all(scores.grad[1] == 0) and torch.all(logits.grad[1] == 0)
+    assert scores.grad[0].abs().sum() > 0 and logits.grad[0].abs().sum() > 0
+    none, flags = marginal_nll(scores, valid, torch.zeros_like(match), logits)
+    assert none.item() == 0.0 and not flags.any()
+
+
+def test_spans_never_start_in_the_question(reader):
+    # the answer word appears in the question too; only the evidence copy may match
+    batch = reader.featurize(["where is paris located ?"], ["paris is in france , not in spain ."])
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    ev = int(batch.evidence_start[0])
+    assert not valid[0, :ev].any()  # no span starts in [CLS] question [SEP]
+    assert not valid[0, int(batch.evidence_end[0]):].any()  # nor at/after the final [SEP]
+    match = reader.answer_match(batch, [["Paris"]])
+    starts = match[0].nonzero()[:, 0].tolist()
+    assert starts == [ev]
+    # even when the question wordpieces score highest, the best span lies in the evidence
+    scores = torch.zeros(1, batch.input_ids.shape[1], reader.cfg.max_span_width)
+    scores[0, 1:ev] = 100.0
+    start, width, _ = best_spans(scores, valid)
+    assert int(start) >= ev and int(start + width) < int(batch.evidence_end[0])
+
+
+def test_answer_match_respects_word_boundaries_and_width(reader):
+    batch = reader.featurize(["when ?"], ["built in 1889s and finished in 1889 ."])
+    match = reader.answer_match(batch, [["1889"]])
+    hits = match[0].nonzero().tolist()
+    assert len(hits) == 1  # "1889s" is not "1889"
+    text, (a, b) = reader.span_text(batch, 0, hits[0][0], hits[0][1])
+    assert text == "1889" and batch.texts[0][a:b] == "1889" and a == batch.texts[0].index("1889 ")
+    long_answer = " ".join(["word"] * (reader.cfg.max_span_width + 1))
+    assert not reader.answer_match(batch, [[long_answer]]).any()
+
+
+def test_span_log_probs_normalise_over_valid_spans():
+    scores = torch.randn(2, 5, 3)
+    valid = torch.rand(2, 5, 3) > 0.3
+    valid[:, 0, 0] = True
+    p = span_log_probs(scores, valid).exp()
+    assert torch.allclose((p * valid).sum((1, 2)), torch.ones(2), atol=1e-5)
+    assert torch.all(p[~valid] == 0)
+
+
+def test_gradients_reach_the_encoder_and_scorer(reader):
+    batch = reader.featurize(["who built it ?", "who built it ?"], ["eiffel built the tower .", "nobody knows ."])
+    reader.train()
+    scores = reader(batch)
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    match = reader.answer_match(batch, [["Eiffel"], ["Eiffel"]])
+    L, W = scores.shape[1:]
+    loss, answerable = marginal_nll(scores.view(1, 2, L, W), valid.view(1, 2, L, W), match.view(1, 2, L, W), torch.zeros(1, 2))
+    loss.backward()
+    assert answerable.item()
+    assert reader.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert reader.spans.out.weight.grad.abs().sum() > 0
+    reader.zero_grad()
+    reader.eval()
+
+
+def test_save_and_load_round_trip(reader, tmp_path):
+    reader.save_pretrained(tmp_path / "r")
+    assert is_reader_dir(tmp_path / "r")
+    again = Reader.from_pretrained(tmp_path / "r").eval()
+    batch = reader.featurize(["q ?"], ["some evidence text ."])
+    with torch.no_grad():
+        assert torch.allclose(reader(batch), again(batch))
+    assert (again.cfg.max_span_width, again.cfg.span_hidden, again.cfg.max_len) == (reader.cfg.max_span_width, reader.cfg.span_hidden, reader.cfg.max_len)
+    with pytest.raises(RalmError, match="not a reader checkpoint"):
+        Reader.from_pretrained(tmp_path)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(RalmError, match="max_span_width"):
+        ReaderConfig(max_span_width=0)
+    with pytest.raises(RalmError, match="no room"):
+        ReaderConfig(max_len=20, max_query_len=64)
+
+
+def test_partial_reader_trains_and_saves_only_its_top_layers(tiny_bert, tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    reader = Reader.from_encoder(tiny_bert, max_len=64, max_query_len=16, trainable_layers=1)
+    trained = {n for n, p in reader.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith(("spans.", "bert.encoder.layer.1.")) for n in trained)
+    with torch.no_grad():
+        reader.bert.encoder.layer[1].output.dense.weight.add_(0.5)  # as if fine-tuned
+    reader.save_pretrained(tmp_path / "r")
+    saved = load_file(str(tmp_path / "r" / "model.safetensors"))
+    assert set(saved) == {n for n in reader.state_dict() if n.startswith(("spans.", "bert.encoder.layer.1."))}
+    again = Reader.from_pretrained(tmp_path / "r").eval()
+    batch = reader.eval().featurize(["q ?"], ["some evidence text ."])
+    with torch.no_grad():
+        assert torch.allclose(reader(batch), again(batch), atol=1e-6)
+    with pytest.raises(RalmError, match="exceeds"):
+        Reader.from_encoder(tiny_bert, trainable_layers=3)

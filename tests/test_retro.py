@@ -1,0 +1,181 @@
+"""RETRO: chunked cross-attention is causal, neighbours matter, training and generation run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ralm.errors import RalmError
+from ralm.models.lm import lm_loss
+from ralm.models.retro import RetroConfig, RetroLM, generate, load_retro
+
+M, K, V = 4, 2, 50
+
+
+def tiny_retro(**kw) -> RetroLM:
+    torch.manual_seed(0)
+    cfg = RetroConfig(vocab_size=V, dim=16, layers=3, heads=2, chunk_len=M, neighbours=K, cca_start=0, cca_every=2,
+                      encoder_layers=1, max_len=16, **kw)
+    return RetroLM(cfg).eval()
+
+
+def batch(seed: int = 0, t: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (2, t), generator=g)
+    nb = torch.randint(0, V, (2, t // M, K, 2 * M), generator=g)
+    return ids, nb
+
+
+def test_cca_layers_follow_start_and_every():
+    assert RetroConfig(layers=12, cca_start=5, cca_every=3).cca_layers == [5, 8, 11]
+    with pytest.raises(RalmError, match="cca-start"):
+        RetroConfig(layers=4, cca_start=4)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 2, 3])
+def test_cca_never_sees_neighbours_of_its_own_future(chunk):
+    """Perturbing the neighbours of chunk u changes nothing before position u*m + m - 1 (the
+    last token of chunk u, the first that may see them) and does change later logits."""
+    model = tiny_retro()
+    ids, nb = batch()
+    base = model(ids, nb)
+    other = nb.clone()
+    other[:, chunk] = (other[:, chunk] + 7) % V
+    changed = model(ids, other)
+    first_allowed = chunk * M + M - 1
+    torch.testing.assert_close(changed[:, :first_allowed], base[:, :first_allowed], rtol=0, atol=0)
+    assert (changed[:, first_allowed:] - base[:, first_allowed:]).abs().amax() > 1e-6
+
+
+def test_partial_last_chunk_and_masked_neighbours():
+    """A sequence ending mid-chunk uses neighbours of its complete chunks only; a chunk whose
+    neighbours are all missing gets no CCA update (and no NaN)."""
+    model = tiny_retro()
+    ids, nb = batch(t=14)  # 3 complete chunks + 2 tokens
+    assert nb.shape[1] == 3
+    mask = torch.ones_like(nb, dtype=torch.bool)
+    mask[:, 1] = False
+    out = model(ids, nb, mask)
+    assert torch.isfinite(out).all()
+    nb2 = nb.clone()
+    nb2[:, 1] = 0  # the masked chunk's tokens must not matter
+    torch.testing.assert_close(model(ids, nb2, mask), out, rtol=0, atol=0)
+    with pytest.raises(RalmError, match="complete chunks"):
+        model(ids, nb[:, :2])
+
+
+def test_retrieval_off_is_the_plain_decoder():
+    """Without neighbours the CCA layers and the encoder are skipped; with them they are used."""
+    model = tiny_retro()
+    ids, nb = batch()
+    off = model(ids)
+    assert not torch.allclose(off, model(ids, nb))
+    # prefix positions before any chunk completes are identical with retrieval on and off
+    torch.testing.assert_close(model(ids, nb)[:, : M - 1], off[:, : M - 1], rtol=0, atol=0)
+
+
+def test_gradients_reach_encoder_and_cca_and_loss_drops():
+    model = tiny_retro().train()
+    ids, nb = batch()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        logits = model(ids[:, :-1], nb[:, :3])  # T = 15: 3 complete chunks
+        loss = lm_loss(logits, ids[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        if not losses:
+            for name in ("encoder.layers.0.cross.q.weight", "cca.0.attn.kv.weight", "cca.2.attn.q.weight"):
+                assert dict(model.named_parameters())[name].grad.abs().sum() > 0, name
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] * 0.7
+
+
+class _ToyDB:
+    """Neighbour i of any chunk is chunk i of a fixed token list."""
+
+    chunk_len = M
+
+    def __init__(self):
+        self.tokens = np.arange(40, dtype=np.int32) % V
+        self.calls = 0
+
+    def embed(self, tokens, count):
+        self.calls += 1
+        return np.zeros((count, 3), dtype=np.float32)
+
+    def search(self, queries, k):
+        return np.tile(np.arange(k), (len(queries), 1))
+
+    def values(self, ids, pad_id=0):
+        from ralm.data.chunks import chunk_values
+
+        return chunk_values(self.tokens, ids, M, pad_id)
+
+
+def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    torch.manual_seed(0)
+    model = RetroLM(RetroConfig(vocab_size=tok.vocab_size, dim=16, layers=2, heads=2, chunk_len=M, neighbours=K,
+                                cca_start=1, encoder_layers=1, max_len=16)).eval()
+    db = _ToyDB()
+    text, used = generate(model, db, tok, "the river flows north into the sea", max_new_tokens=10)
+    n_prompt = len(tok("the river flows north into the sea", add_special_tokens=False)["input_ids"])
+    assert db.calls == (n_prompt + 9) // M == len(used)  # the last token is sampled, never fed back
+    assert all(len(u["neighbours"]) == K for u in used)
+    again, _ = generate(model, db, tok, "the river flows north into the sea", max_new_tokens=10)
+    assert again == text  # greedy is deterministic
+    short, used = generate(model, db, tok, "river", max_new_tokens=2)  # no chunk completes: no retrieval
+    assert short and used == []
+    model.save_pretrained(tmp_path / "m", tok)
+    loaded, _ = load_retro(tmp_path / "m")
+    ids, nb = batch()
+    torch.testing.assert_close(loaded(ids % V, nb % V), model(ids % V, nb % V))
+
+
+def _cli(capsys, monkeypatch, *args):
+    import sys
+
+    from ralm.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_build_db_train_eval_generate(tmp_path, tiny_bert, corpus_file, capsys, monkeypatch):
+    import json
+
+    run = lambda *a: _cli(capsys, monkeypatch, *a)  # noqa: E731
+    db, model = tmp_path / "db", tmp_path / "run"
+    rc, out, err = run("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert, "--chunk-len", 8, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["chunks"] > 4
+    rc, out, err = run("retro", "train", "--db", db, "--text", corpus_file, "--out", model, "--dim", 16, "--layers", 2,
+                       "--heads", 2, "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["steps"] == 3
+    ppl = {}
+    for flag in ([], ["--no-retrieval"]):
+        rc, out, err = run("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 8, "--json", *flag)
+        assert rc == 0, err
+        ppl[bool(flag)] = json.loads(out)
+    assert ppl[False]["retrieval"] and not ppl[True]["retrieval"]
+    assert ppl[False]["retro"]["tokens"] == ppl[True]["retro (retrieval off)"]["tokens"]
+    rc, out, err = run("retro", "generate", "--model", model, "--db", db, "The Nile is a long river in Africa", "--json",
+                       "--max-new-tokens", 4)
+    assert rc == 0, err
+    assert json.loads(out)["retrieved"]
+    rc, _, err = run("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 5)
+    assert rc == 2 and "multiple of the chunk length" in err
+    rc, _, err = run("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert)
+    assert rc == 2 and "already exists" in err
