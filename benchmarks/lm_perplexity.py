@@ -1,7 +1,7 @@
 """Perplexity on WikiText-2 (valid, test) of the base LM, the kNN-LM and RETRO with and without
 retrieval, plus the WikiText/training-text article overlap. Figures for benchmarks/RESULTS.md.
 
-The models come from the commands in benchmarks/RESULTS_retro_knnlm.md (`ralm lm train`,
+The models come from the commands in benchmarks/RESULTS.md (RETRO and kNN-LM) (`ralm lm train`,
 `ralm knnlm build`, `ralm retro build-db`, `ralm retro train`); this script only evaluates:
 
   python benchmarks/lm_perplexity.py --lm RUN_LM --store STORE --retro RUN_RETRO --db DB \

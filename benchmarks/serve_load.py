@@ -56,7 +56,6 @@ def main() -> None:
     deadline = time.perf_counter() + args.max_seconds
 
     async def run() -> float:
-        nonlocal errors
         counter = iter(range(args.requests))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             async def worker():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,21 @@ def tiny_dense_index(tmp_path_factory, tiny_bert) -> Path:
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     build_index(corpus, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
     return root / "dense"
+
+
+@pytest.fixture
+def ralm(capsys, monkeypatch):
+    """Run the CLI in-process (as `ralm ARGS...`) -> (exit code, stdout, stderr)."""
+    from ralm.cli import main
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
+        try:
+            main()
+            code = 0
+        except SystemExit as e:
+            code = e.code or 0
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
+from ralm.data.blocks import BlockConfig, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import default_model_path

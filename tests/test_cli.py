@@ -5,27 +5,10 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from conftest import DOCS
-from ralm.cli import main
 
 
-@pytest.fixture
-def ralm(capsys, monkeypatch):
-    """Run the CLI in-process (as `ralm ARGS...`) -> (exit code, stdout, stderr)."""
-
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
 
 
 def test_index_build_search_and_eval_retrieval(ralm, tiny_bert, corpus_file, tmp_path):

@@ -87,7 +87,6 @@ def test_sharded_build_equals_one_process_and_sharded_search_equals_exact(tmp_pa
 
 
 def test_a_restarted_build_encodes_only_missing_pieces(tmp_path, corpus, tiny_bert, monkeypatch):
-    from ralm.distributed import DistEnv
     from ralm.retrieval import sharded
     from ralm.retrieval.build import build_index
     from ralm.retrieval.encoders import Retriever

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import DOCS
-from ralm.cli import main
 from ralm.errors import RalmError
 from ralm.models.hf_realm import convert_hf_realm
 from ralm.models.reader import Reader, ReaderConfig, SpanScorer, valid_spans
@@ -251,17 +249,7 @@ def test_default_span_scorer_and_pooling_are_unchanged():
     assert set(SpanScorer(H, S, W).state_dict()) == {"start.weight", "start.bias", "end.weight", "out.weight", "out.bias"}
 
 
-def test_cli_convert_then_index_and_search(tiny_bert, tmp_path, gen, capsys, monkeypatch, corpus_file):
-    def ralm(*args):
-        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
+def test_cli_convert_then_index_and_search(tiny_bert, tmp_path, gen, ralm, corpus_file):
     src = write_dir(tmp_path / "scorer", "RealmScorer", embedder("embedder.", gen) | embedder("query_embedder.", gen), tiny_bert)
     rc, out, err = ralm("convert", "hf-realm", src, "--out", tmp_path / "run", "--json")
     assert rc == 0, err

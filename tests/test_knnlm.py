@@ -138,37 +138,24 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     assert grid[0.5, 1.0]["ppl"] < 0.5 * lm["ppl"] and grid[0.5, 1.0]["ppl"] <= grid[0.5, 10.0]["ppl"]
 
 
-def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, capsys, monkeypatch):
+def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, ralm):
     import json
-    import sys
-
-    from ralm.cli import main
-
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
 
     lm, store = tmp_path / "lm", tmp_path / "store"
-    rc, out, err = run("lm", "train", "--text", corpus_file, "--out", lm, "--dim", 16, "--layers", 1, "--heads", 2,
+    rc, out, err = ralm("lm", "train", "--text", corpus_file, "--out", lm, "--dim", 16, "--layers", 1, "--heads", 2,
                        "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1, "--tokenizer", tiny_bert, "--json")
     assert rc == 0, err
-    rc, out, err = run("knnlm", "build", "--model", lm, "--text", corpus_file, "--out", store, "--json")
+    rc, out, err = ralm("knnlm", "build", "--model", lm, "--text", corpus_file, "--out", store, "--json")
     assert rc == 0, err
     built = json.loads(out)
     assert built["faiss"] == "Flat" and built["entries"] > 50
-    rc, out, err = run("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "0.25,0.5",
+    rc, out, err = ralm("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "0.25,0.5",
                        "--temperature", "1,5", "-k", 8, "--json")
     assert rc == 0, err
     res = json.loads(out)
     assert res["knn-lm (λ=0.5, T=1.0, k=8)"]["ppl"] < res["lm"]["ppl"]  # its own text is in the store
     assert "knn-lm (λ=0.25, T=5.0, k=8)" in res
-    rc, out, err = run("lm", "eval", "--model", lm, "--text", corpus_file, "--json")
+    rc, out, err = ralm("lm", "eval", "--model", lm, "--text", corpus_file, "--json")
     assert rc == 0 and json.loads(out)["lm"] == res["lm"]
-    rc, _, err = run("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "2")
+    rc, _, err = ralm("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "2")
     assert rc == 2 and "--lmbda" in err

@@ -71,40 +71,27 @@ def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
     assert open_searcher(tiny_dense_index, model=tmp_path / "run").retriever is not None
 
 
-def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, capsys, monkeypatch):
-    import sys
-
-    from ralm.cli import main
-
-    def ralm(*args):
-        monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
-        try:
-            main()
-            code = 0
-        except SystemExit as e:
-            code = e.code or 0
-        return code, capsys.readouterr()
-
+def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": list(q.answers)}) + "\n" for q in QUESTIONS))
     run = tmp_path / "run"
-    code, cap = ralm("finetune", "--questions", qfile, "--index", tiny_dense_index, "--out", run, "--init", tiny_bert,
-                     "--steps", 2, "--batch-size", 2, "-k", 2, "--max-len", 96, "--json")
-    assert code == 0, cap.err
-    assert json.loads(cap.out)["steps"] == 2
-    code, cap = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "-k", 2, "--json")
-    assert code == 0, cap.err
-    result = json.loads(cap.out)
+    code, out, err = ralm("finetune", "--questions", qfile, "--index", tiny_dense_index, "--out", run, "--init", tiny_bert,
+                          "--steps", 2, "--batch-size", 2, "-k", 2, "--max-len", 96, "--json")
+    assert code == 0, err
+    assert json.loads(out)["steps"] == 2
+    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "-k", 2, "--json")
+    assert code == 0, err
+    result = json.loads(out)
     assert {"em", "f1", "recall@1", "recall@5", "recall@20"} <= set(result) and result["questions"] == 3
     assert len((run / "predictions" / f"q-{tiny_dense_index.name}.jsonl").read_text().splitlines()) == 3
-    code, cap = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
-    assert code == 0, cap.err
-    answer = json.loads(cap.out)
+    code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
+    assert code == 0, err
+    answer = json.loads(out)
     assert set(answer) >= {"answer", "score", "evidence"} and len(answer["evidence"]) == 2
     for e in answer["evidence"]:
         assert {"id", "title", "text", "retrieval_score", "span"} <= set(e)
         assert e["text"][e["span"][0]:e["span"][1]] == e["answer"]
-    code, cap = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
-    assert code == 0 and "A:" in cap.out
-    code, cap = ralm("ask", "Who?", "--model", tmp_path, "--index", tiny_dense_index)
-    assert code == 2 and "ralm finetune" in cap.err
+    code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
+    assert code == 0 and "A:" in out
+    code, out, err = ralm("ask", "Who?", "--model", tmp_path, "--index", tiny_dense_index)
+    assert code == 2 and "ralm finetune" in err

@@ -137,45 +137,30 @@ def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):
     torch.testing.assert_close(loaded(ids % V, nb % V), model(ids % V, nb % V))
 
 
-def _cli(capsys, monkeypatch, *args):
-    import sys
 
-    from ralm.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["ralm", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_cli_build_db_train_eval_generate(tmp_path, tiny_bert, corpus_file, capsys, monkeypatch):
+def test_cli_build_db_train_eval_generate(tmp_path, tiny_bert, corpus_file, ralm):
     import json
 
-    run = lambda *a: _cli(capsys, monkeypatch, *a)  # noqa: E731
     db, model = tmp_path / "db", tmp_path / "run"
-    rc, out, err = run("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert, "--chunk-len", 8, "--json")
+    rc, out, err = ralm("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert, "--chunk-len", 8, "--json")
     assert rc == 0, err
     assert json.loads(out)["chunks"] > 4
-    rc, out, err = run("retro", "train", "--db", db, "--text", corpus_file, "--out", model, "--dim", 16, "--layers", 2,
+    rc, out, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", model, "--dim", 16, "--layers", 2,
                        "--heads", 2, "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1, "--json")
     assert rc == 0, err
     assert json.loads(out)["steps"] == 3
     ppl = {}
     for flag in ([], ["--no-retrieval"]):
-        rc, out, err = run("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 8, "--json", *flag)
+        rc, out, err = ralm("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 8, "--json", *flag)
         assert rc == 0, err
         ppl[bool(flag)] = json.loads(out)
     assert ppl[False]["retrieval"] and not ppl[True]["retrieval"]
     assert ppl[False]["retro"]["tokens"] == ppl[True]["retro (retrieval off)"]["tokens"]
-    rc, out, err = run("retro", "generate", "--model", model, "--db", db, "The Nile is a long river in Africa", "--json",
+    rc, out, err = ralm("retro", "generate", "--model", model, "--db", db, "The Nile is a long river in Africa", "--json",
                        "--max-new-tokens", 4)
     assert rc == 0, err
     assert json.loads(out)["retrieved"]
-    rc, _, err = run("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 5)
+    rc, _, err = ralm("retro", "eval", "--model", model, "--db", db, "--text", corpus_file, "--stride", 5)
     assert rc == 2 and "multiple of the chunk length" in err
-    rc, _, err = run("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert)
+    rc, _, err = ralm("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert)
     assert rc == 2 and "already exists" in err

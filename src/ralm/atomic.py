@@ -65,6 +65,19 @@ def write_json(target: str | os.PathLike, obj) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict) -> None:
+    """A model directory (config.json with its format tag, model.safetensors, tokenizer),
+    published atomically: what every ralm model's `save_pretrained` writes."""
+    from safetensors.torch import save_file
+
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": fmt})
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
+
+
 def read_json(path: str | os.PathLike):
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -242,12 +242,9 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: st
 # -- building our modules ----------------------------------------------------------------------
 
 def _bert(config: dict):
-    from transformers import AutoConfig, AutoModel
+    from ralm.retrieval.encoders import bert_from_config
 
-    enc = bert_config(config)
-    cfg = AutoConfig.for_model(enc.pop("model_type"), **enc)
-    cfg._attn_implementation = "sdpa"
-    return AutoModel.from_config(cfg)
+    return bert_from_config(bert_config(config))
 
 
 def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, query_prefix: str, doc_prefix: str | None,

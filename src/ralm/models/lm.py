@@ -12,7 +12,6 @@ Model directory: config.json ({"format": "ralm.lm/1", LMConfig}), model.safetens
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import atomic_path, read_json
+from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
 
 FORMAT = "ralm.lm/1"
@@ -153,7 +152,7 @@ class TransformerLM(nn.Module):
         return self.head(self.features(ids))  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        save_model_dir(out, self, tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -170,18 +169,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -10
 
 # -- directories --------------------------------------------------------------------------
 
-def save_model_dir(out: str | os.PathLike, model: nn.Module, tokenizer, fmt: str, config: dict) -> None:
-    """config.json + model.safetensors + tokenizer, published atomically (LM and RETRO share it)."""
-    from safetensors.torch import save_file
-
-    with atomic_path(out) as tmp:
-        tmp.mkdir()
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": fmt})
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
-
-
 def model_dir(path: str | os.PathLike, fmt: str) -> Path | None:
     """The model directory of `path` in format `fmt`: the path itself, or RUN/model of a training run."""
     for cand in (Path(path), Path(path) / "model"):
@@ -192,7 +179,7 @@ def model_dir(path: str | os.PathLike, fmt: str) -> Path | None:
 
 
 def load_model_dir(path: Path, model_cls, config_cls):
-    """(model, tokenizer) from a directory written by save_model_dir."""
+    """(model, tokenizer) from a directory written by write_model_dir."""
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 

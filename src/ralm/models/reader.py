@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import atomic_path
+from ralm.atomic import write_model_dir
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import default_model_path, load_hf_encoder, pad_rows
+from ralm.retrieval.encoders import bert_from_config, default_model_path, load_hf_encoder, pad_rows
 
 FORMAT = "ralm.reader/1"
 # Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.
@@ -222,16 +222,8 @@ class Reader(nn.Module):
 
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
-
-        with atomic_path(out) as tmp:
-            tmp.mkdir()
-            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items() if self._is_trained(k)}
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
-            self.tokenizer.save_pretrained(str(tmp))
-            cfg = asdict(self.cfg)
-            cfg["format"] = FORMAT
-            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        state = {k: v for k, v in self.state_dict().items() if self._is_trained(k)}
+        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg))
 
     @classmethod
     def from_encoder(cls, path: str | os.PathLike | None = None, **overrides) -> "Reader":
@@ -246,7 +238,7 @@ class Reader(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike) -> "Reader":
         """A reader checkpoint directory written by `save_pretrained`."""
         from safetensors.torch import load_file
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         path = Path(path)
         if not is_reader_dir(path):
@@ -258,10 +250,7 @@ class Reader(nn.Module):
             base = cfg.base_model
             bert, _ = load_hf_encoder(default_model_path() if base == "default" else base)
         else:
-            enc = dict(cfg.encoder)
-            bert_cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
-            bert_cfg._attn_implementation = "sdpa"
-            bert = AutoModel.from_config(bert_cfg)
+            bert = bert_from_config(cfg.encoder)
         model = cls(bert, AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
         missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         missing = [k for k in missing if not k.endswith("position_ids") and model._is_trained(k)]

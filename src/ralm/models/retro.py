@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from ralm.atomic import write_model_dir
 from ralm.errors import RalmError
-from ralm.models.lm import Attention, Block, _init_weights, load_model_dir, model_dir, rotary, save_model_dir
+from ralm.models.lm import Attention, Block, _init_weights, load_model_dir, model_dir, rotary
 
 FORMAT = "ralm.retro/1"
 
@@ -168,7 +169,7 @@ class RetroLM(nn.Module):
         return self.ln_f(h) @ self.embed.weight.T  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        save_model_dir(out, self, tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
 
 
 def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:

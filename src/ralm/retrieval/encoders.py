@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ralm.atomic import atomic_path, read_json
+from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.runtime import compute_dtype
@@ -135,16 +135,7 @@ class Retriever(nn.Module):
 
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
-
-        with atomic_path(out) as tmp:
-            tmp.mkdir()
-            state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": FORMAT})
-            self.tokenizer.save_pretrained(str(tmp))
-            cfg = asdict(self.cfg)
-            cfg["format"] = FORMAT
-            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        write_model_dir(out, self.state_dict(), self.tokenizer, FORMAT, asdict(self.cfg))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = 128,
@@ -241,17 +232,25 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
     return Retriever(query, doc, tokenizer, cfg)
 
 
+def bert_from_config(encoder: dict) -> nn.Module:
+    """An untrained HF encoder (SDPA attention) of the architecture recorded in a checkpoint's
+    config; its weights come from the checkpoint."""
+    from transformers import AutoConfig, AutoModel
+
+    enc = dict(encoder)
+    cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
+    cfg._attn_implementation = "sdpa"
+    return AutoModel.from_config(cfg)
+
+
 def _load_ralm(path: Path) -> Retriever:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     raw = read_json(path / "config.json")
     raw.pop("format")
     cfg = RetrieverConfig(**raw)
-    enc = dict(cfg.encoder)
-    bert_cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
-    bert_cfg._attn_implementation = "sdpa"
-    towers = [Tower(AutoModel.from_config(bert_cfg), cfg) for _ in range(2)]
+    towers = [Tower(bert_from_config(cfg.encoder), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
     state = load_file(str(path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ralm.data.blocks import BlockStore, iter_blocks
 from ralm.data.corpus import Document
