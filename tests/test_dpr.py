@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from ralm.data.qa import has_answer, read_questions
+from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.retrieval.build import build_index
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.searcher import Searcher
-from ralm.train.dpr import DPRConfig, in_batch_nll, mine, train_dpr
+from ralm.train.dpr import DPRConfig, mine, train_dpr
+from ralm.train.parallel import in_batch_contrastive
 
 QUESTIONS = [
     {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"]},
@@ -35,7 +37,7 @@ def questions_file(tmp_path):
 def test_in_batch_loss_matches_a_hand_computed_softmax():
     q = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     p = torch.tensor([[1.0, 1.0], [0.0, 1.0], [3.0, 0.0]])  # 2 positives, then a hard negative
-    loss, acc = in_batch_nll(q, p)
+    loss, acc = in_batch_contrastive(q, p, DistEnv())
     logits = [[1.0, 0.0, 3.0], [2.0, 2.0, 0.0]]
     want = sum(-row[i] + math.log(sum(math.exp(x) for x in row)) for i, row in enumerate(logits)) / 2
     assert loss.item() == pytest.approx(want) and acc.item() == 0.0  # q1 prefers its hard negative

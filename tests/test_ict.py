@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
+from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import Retriever
-from ralm.train.ict import IctConfig, corpus_sentences, ict_loss, ict_pair, train_ict
+from ralm.train.ict import IctConfig, corpus_sentences, ict_pair, train_ict
+from ralm.train.parallel import in_batch_contrastive
 
 
 def test_ict_pair_removes_the_sentence_unless_kept(tiny_bert, corpus_file, tmp_path):
@@ -25,12 +27,12 @@ def test_ict_pair_removes_the_sentence_unless_kept(tiny_bert, corpus_file, tmp_p
     assert kept == blocks.tokens[int(table.rows[s])].tolist()
 
 
-def test_ict_loss_is_in_batch_cross_entropy():
+def test_in_batch_loss_is_cross_entropy():
     g = torch.Generator().manual_seed(0)
     q, c = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
     s = (q @ c.T).tolist()
     want = -sum(s[i][i] - math.log(sum(math.exp(v) for v in s[i])) for i in range(3)) / 3
-    assert ict_loss(q, c).item() == pytest.approx(want, rel=1e-5)
+    assert in_batch_contrastive(q, c, DistEnv())[0].item() == pytest.approx(want, rel=1e-5)
 
 
 def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_file, tmp_path):

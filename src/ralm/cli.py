@@ -212,7 +212,7 @@ def ict(
     model: str = typer.Option("default", "--model", help="retriever checkpoint or HF BERT directory (default: bundled MiniLM)"),
     dim: int = typer.Option(128, "--dim", help="retrieval dimension of a fresh projection"),
     steps: int = typer.Option(1000, "--steps"),
-    batch_size: int = typer.Option(32, "--batch-size", help="queries per step; the other blocks of the batch are the negatives"),
+    batch_size: int = typer.Option(32, "--batch-size", help="queries per step and rank; the other blocks of all ranks' batches are the negatives"),
     lr: float = typer.Option(1e-4, "--lr"),
     warmup: int = typer.Option(100, "--warmup", help="linear learning-rate warm-up steps"),
     keep_sentence: float = typer.Option(0.1, "--keep-sentence", help="share of positives that keep the pseudo-query sentence"),
@@ -231,7 +231,8 @@ def ict(
                     keep_sentence=keep_sentence, block_len=block_len, save_every=save_every, log_every=log_every, seed=seed)
     summary = train_ict(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                         on_metrics=_print_train_metrics)
-    _print_train_summary(summary, as_json)
+    if _main_rank():  # under torchrun every rank trains; rank 0 reports
+        _print_train_summary(summary, as_json)
 
 
 @app.command()
@@ -243,7 +244,7 @@ def pretrain(
     index: Optional[Path] = typer.Option(None, "--index", help="an existing dense index over --corpus to start from (else one is built in RUN/index)"),
     dim: int = typer.Option(128, "--dim", help="retrieval dimension of a fresh projection"),
     steps: int = typer.Option(1000, "--steps"),
-    batch_size: int = typer.Option(8, "--batch-size"),
+    batch_size: int = typer.Option(8, "--batch-size", help="masked sentences per step and rank (under torchrun)"),
     k: int = typer.Option(8, "-k", "--k", help="retrieved blocks per example (the null document is added)"),
     lr: float = typer.Option(5e-5, "--lr"),
     warmup: int = typer.Option(100, "--warmup", help="linear learning-rate warm-up steps"),
@@ -270,7 +271,8 @@ def pretrain(
                          log_every=log_every, seed=seed)
     summary = run_pretrain(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                            on_metrics=_print_train_metrics)
-    _print_train_summary(summary, as_json)
+    if _main_rank():  # under torchrun every rank trains; rank 0 reports
+        _print_train_summary(summary, as_json)
 
 
 # -- language models: `ralm lm`, `ralm retro`, `ralm knnlm` (models/lm.py, retro.py, knnlm.py) --
@@ -613,7 +615,7 @@ def finetune(
     run: Path = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)"),
     init: Optional[str] = typer.Option(None, "--init", help="ICT/pre-training RUN, retriever checkpoint, reader, or HF encoder dir"),
     steps: int = typer.Option(1000, "--steps"),
-    batch_size: int = typer.Option(8, "--batch-size", help="questions per step"),
+    batch_size: int = typer.Option(8, "--batch-size", help="questions per step and rank (under torchrun)"),
     k: int = typer.Option(5, "-k", "--k", help="retrieved blocks read per question"),
     lr: float = typer.Option(3e-5, "--lr", help="reader learning rate"),
     retriever_lr: float = typer.Option(1e-5, "--retriever-lr", help="query-tower learning rate"),
@@ -637,6 +639,8 @@ def finetune(
                          trainable_layers=trainable_layers, limit=limit,
                          save_every=save_every, log_every=log_every, seed=seed)
     summary = run_finetune(cfg, run, _device(device))
+    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
+        return
     if as_json:
         print(json.dumps(summary))
     else:
@@ -652,7 +656,7 @@ def dpr(
     model: Optional[str] = typer.Option(None, "--model", help="initial encoder: HF dir or retriever checkpoint (default: bundled MiniLM)"),
     dim: int = typer.Option(128, "--dim", help="retrieval dimension of a fresh projection"),
     steps: int = typer.Option(1000, "--steps"),
-    batch_size: int = typer.Option(16, "--batch-size", help="questions per step (in-batch negatives)"),
+    batch_size: int = typer.Option(16, "--batch-size", help="questions per step and rank (in-batch negatives from all ranks)"),
     hard_negatives: int = typer.Option(1, "--hard-negatives", help="BM25 hard negatives per question"),
     bm25_depth: int = typer.Option(50, "--bm25-depth", help="BM25 depth searched for positives and negatives"),
     lr: float = typer.Option(2e-5, "--lr"),
@@ -671,6 +675,8 @@ def dpr(
                     hard_negatives=hard_negatives, bm25_depth=bm25_depth, lr=lr, limit=limit, save_every=save_every,
                     log_every=log_every, seed=seed)
     summary = train_dpr(cfg, run, _device(device))
+    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
+        return
     if as_json:
         print(json.dumps(summary))
     else:

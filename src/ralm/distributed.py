@@ -54,6 +54,8 @@ def dist_env(backend: str | None = None) -> DistEnv:
         return DistEnv()
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":  # each rank's barriers and broadcasts on its own GPU, not all on GPU 0
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend)
     return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 

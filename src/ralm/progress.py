@@ -19,7 +19,7 @@ from rich.progress import (
 T = TypeVar("T")
 
 
-def _enabled(enabled: bool) -> bool:
+def progress_enabled(enabled: bool = True) -> bool:
     return enabled and os.environ.get("RALM_NO_PROGRESS", "") in ("", "0")
 
 
@@ -35,7 +35,7 @@ def progress_bar(enabled: bool = True) -> Progress:
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=Console(file=sys.stderr),
-        disable=not _enabled(enabled),
+        disable=not progress_enabled(enabled),
         transient=False,
     )
 

@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ralm.errors import RalmError
+from ralm.progress import progress_enabled
 from ralm.retrieval.exact import check_k
 
 
@@ -28,6 +29,7 @@ class BM25Index:
         """Pyserini's defaults (k1=0.9, b=0.4), which are strong for passage retrieval."""
         import bm25s
 
+        show_progress = progress_enabled(show_progress)  # bm25s draws its own (tqdm) bars
         model = bm25s.BM25(k1=k1, b=b)
         model.index(_tokens(texts, show_progress), show_progress=show_progress)
         return cls(model, len(texts))

@@ -20,18 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
+from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, wrap_ddp
 
 
 @dataclass
@@ -59,14 +60,6 @@ class DPRConfig:
             raise RalmError(f"--hard-negatives must be >= 0, got {self.hard_negatives}")
         if self.limit is not None and self.limit <= 0:
             raise RalmError(f"--limit must be positive, got {self.limit}")
-
-
-def in_batch_nll(q: torch.Tensor, passages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B, D], passages [P, D] whose first B rows are the positives (row i for question i).
-    Returns (mean cross-entropy, accuracy of ranking the own positive first)."""
-    logits = q.float() @ passages.float().T  # [B, P]
-    target = torch.arange(q.shape[0], device=q.device)
-    return F.cross_entropy(logits, target), (logits.argmax(1) == target).float().mean()
 
 
 def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
@@ -111,26 +104,43 @@ def _load_mined(run: Path, searcher: Searcher, questions: list[Question], cfg: D
     return keep, pos, neg
 
 
-def _encode_blocks(retriever: Retriever, blocks: BlockStore, rows: np.ndarray, device: torch.device) -> torch.Tensor:
+def _block_inputs(retriever: Retriever, blocks: BlockStore, rows: np.ndarray, device: torch.device):
     ids, mask = pad_rows([blocks.tokens[int(r)] for r in rows], retriever.tokenizer.pad_token_id or 0)
-    return retriever.doc(ids.to(device), mask.to(device))  # [P, D]
+    return ids.to(device), mask.to(device)  # [P, L] each
+
+
+def _per_rank_batch(cfg: DPRConfig, trainable: int, world: int) -> int:
+    """--batch-size, or fewer when there are not enough questions: a question twice in one
+    global batch would have its own positive as a negative."""
+    if trainable < world:
+        raise RalmError(f"{cfg.questions}: {trainable} trainable questions are too few for {world} ranks")
+    return min(cfg.batch_size, trainable // world)
 
 
 def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | None = None,
               show_progress: bool = True) -> dict:
-    device = device or torch.device("cpu")
+    """Train (or resume) the run at `out`. Under torchrun every rank trains on its
+    `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
+    env = dist_env()
+    device = env.device(device or torch.device("cpu"))
+    show_progress = show_progress and env.is_main
     run = Path(out)
     questions = read_questions(cfg.questions)[: cfg.limit]
-    resume = prepare_run(run, cfg)
+    with main_first(env):
+        resume = prepare_run(run, cfg) if env.is_main else None
+    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     seed_everything(cfg.seed)
     retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
-    if not (run / "bm25" / "LATEST").is_file():
-        build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)
+    if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):
+        build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)  # rank 0 builds
     searcher = Searcher.open(run / "bm25")
     blocks = searcher.current.blocks
-    if not retriever.cfg.projection_ready:  # a fresh projection starts from PCA, as in `ralm index build`
+    if env.is_main and not retriever.cfg.projection_ready and resume is None:  # PCA, as in `ralm index build`
         init_projection(retriever, blocks, device, show_progress=show_progress)
-    keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
+    retriever.cfg.projection_ready = True
+    with main_first(env):
+        keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
+    batch_size = _per_rank_batch(cfg, len(keep), env.world)
 
     optimizer = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
     warm = max(1, int(cfg.warmup * cfg.steps))
@@ -139,21 +149,22 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
     step = 0
     if resume is not None:
         step = load_checkpoint(resume, retriever, optimizer, scheduler)["step"]
-    log = MetricsLog(run, step)
+    model = wrap_ddp(retriever, env, device)  # broadcasts rank 0's weights (its PCA projection)
+    log = MetricsLog(run, step) if env.is_main else None
     retriever.train()
     cuda = device.type == "cuda"
     start, first_step = time.perf_counter(), step
     with progress_bar(show_progress) as bar:
         task = bar.add_task("training DPR", total=cfg.steps, completed=step)
         while step < cfg.steps:
-            idx = batch_indices(step, min(cfg.batch_size, len(keep)), len(keep), cfg.seed)
+            idx = rank_batch(step, batch_size, len(keep), cfg.seed, env)
             texts = [questions[int(keep[i])].question for i in idx]
             rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
+            tok = retriever.tokenize_queries(texts)
             with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
-                tok = {k: v.to(device) for k, v in retriever.tokenize_queries(texts).items()}
-                q = retriever.query(tok["input_ids"], tok["attention_mask"])  # [B, D]
-                p = _encode_blocks(retriever, blocks, rows, device)  # [B(1+h), D]
-            loss, acc = in_batch_nll(q, p)
+                q, p = model(tok["input_ids"].to(device), tok["attention_mask"].to(device),
+                             *_block_inputs(retriever, blocks, rows, device))  # [B, D], [B(1+h), D]
+            loss, acc = in_batch_contrastive(q, p, env)  # every rank's passages are negatives
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
@@ -162,13 +173,18 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
             step += 1
             bar.advance(task)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                log.log({"step": step, "loss": round(loss.item(), 5), "accuracy": round(acc.item(), 4),
-                         "lr": scheduler.get_last_lr()[0],
-                         "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)})
+                record = {"step": step, "loss": round(all_mean(loss.item(), env), 5),
+                          "accuracy": round(all_mean(acc.item(), env), 4), "lr": scheduler.get_last_lr()[0],
+                          "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)}
+                if env.is_main:
+                    log.log(record)
             if step % cfg.save_every == 0 or step == cfg.steps:
-                save_checkpoint(run, step, retriever, optimizer, scheduler)
-    log.close()
-    retriever.save_pretrained(run / "final" / "retriever")
-    plot_metrics(run, ["loss", "accuracy"], smooth=10)
+                if env.is_main:
+                    save_checkpoint(run, step, retriever, optimizer, scheduler)
+                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
+    if env.is_main:
+        log.close()
+        retriever.save_pretrained(run / "final" / "retriever")
+        plot_metrics(run, ["loss", "accuracy"], smooth=10)
     return {"run": str(run), "steps": step, "questions": len(questions), "trainable_questions": int(len(keep)),
             "seconds": round(time.perf_counter() - start, 1)}

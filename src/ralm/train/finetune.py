@@ -22,13 +22,15 @@ import numpy as np
 import torch
 
 from ralm.data.qa import Question, read_questions
+from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
 from ralm.progress import progress_bar
-from ralm.retrieval.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, wrap_ddp
 
 
 @dataclass
@@ -89,17 +91,8 @@ def load_reader(source: str | None, max_len: int, trainable_layers: int | None =
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
-class QAModel(torch.nn.Module):
-    """What a fine-tuning checkpoint holds: the reader and the (trainable) query tower."""
-
-    def __init__(self, reader: Reader, retriever: Retriever | None):
-        super().__init__()
-        self.reader = reader
-        self.query = retriever.query if retriever is not None else None
-
-
 def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int,
-                     device: torch.device) -> tuple[torch.Tensor, np.ndarray]:
+                     device: torch.device, env: DistEnv) -> tuple[torch.Tensor, np.ndarray]:
     """(logits [B, K] for p(z|x), block rows [B, K]). Dense: scores recomputed with gradients
     from the query tower against the fixed document embeddings; BM25: the BM25 scores."""
     if embeddings is None:
@@ -108,7 +101,7 @@ def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, question
     retriever = searcher.retriever
     tok = {key: v.to(device) for key, v in retriever.tokenize_queries(questions).items()}
     q = retriever.query(tok["input_ids"], tok["attention_mask"]).float()  # [B, D]
-    _, rows = searcher.current.index.search(q.detach().cpu().numpy(), k)  # the fixed index
+    _, rows = search_rank_queries(searcher.current.index, q, k, env)  # the fixed index
     cand = torch.from_numpy(np.asarray(embeddings[rows.reshape(-1)], dtype=np.float32)).to(device)
     cand = cand.view(len(questions), rows.shape[1], -1)  # [B, K, D]
     return torch.einsum("bd,bkd->bk", q, cand), rows
@@ -126,12 +119,37 @@ def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question
     return batch, valid_spans(batch, reader.cfg.max_span_width), match.to(device)
 
 
+class QAModel(torch.nn.Module):
+    """What a fine-tuning checkpoint holds: the reader and the (trainable) query tower. Its
+    forward is a step's retrieval and reading, so DDP sees every parameter that trains."""
+
+    def __init__(self, reader: Reader, searcher: Searcher, embeddings: np.ndarray | None, env: DistEnv):
+        super().__init__()
+        self.reader = reader
+        self.query = searcher.retriever.query if embeddings is not None else None
+        self.searcher, self.embeddings, self.env = searcher, embeddings, env
+
+    def forward(self, questions: list[Question], k: int) -> tuple[torch.Tensor, ...]:
+        """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W]."""
+        device = self.reader.device
+        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device, self.env)
+        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device)
+        scores = self.reader(batch)  # [B*K, L, W]
+        shape = (len(questions), rows.shape[1], *scores.shape[1:])
+        return logits, scores.view(shape), valid.view(shape), match.view(shape)
+
+
 def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device | None = None,
              show_progress: bool = True) -> dict:
-    """Train (or resume) the run at `out`; returns a summary."""
-    device = device or torch.device("cpu")
+    """Train (or resume) the run at `out`; returns a summary. Under torchrun every rank trains
+    on its `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
+    env = dist_env()
+    device = env.device(device or torch.device("cpu"))
+    show_progress = show_progress and env.is_main
     questions = read_questions(cfg.questions)[: cfg.limit]
-    resume = prepare_run(out, cfg)
+    with main_first(env):
+        resume = prepare_run(out, cfg) if env.is_main else None
+    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     seed_everything(cfg.seed)
 
     reader_src, retriever_src = resolve_init(cfg.init)
@@ -141,7 +159,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
                          allow_pickle=False) if dense else None
     reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(device)
     train_query = dense and cfg.train_retriever
-    model = QAModel(reader, searcher.retriever if dense else None).to(device)
+    model = QAModel(reader, searcher, embeddings, env).to(device)
     groups = [{"params": [p for p in reader.parameters() if p.requires_grad], "lr": cfg.lr}]
     if train_query:
         groups.append({"params": searcher.retriever.query.parameters(), "lr": cfg.retriever_lr})
@@ -160,7 +178,8 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
         meta = load_checkpoint(resume, model, optimizer, scheduler)
         step = meta["step"]
         seen, answerable_total = meta["extra"]["seen"], meta["extra"]["answerable"]
-    log = MetricsLog(out, step)
+    ddp = wrap_ddp(model, env, device)  # broadcasts rank 0's weights (a fresh span scorer)
+    log = MetricsLog(out, step) if env.is_main else None
     model.train()
     if dense and not train_query:
         searcher.retriever.eval()
@@ -169,36 +188,40 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     with progress_bar(show_progress) as bar:
         task = bar.add_task("fine-tuning", total=cfg.steps, completed=step)
         while step < cfg.steps:
-            idx = batch_indices(step, cfg.batch_size, len(questions), cfg.seed)
-            qs = [questions[int(i)] for i in idx]
+            qs = [questions[int(i)] for i in rank_batch(step, cfg.batch_size, len(questions), cfg.seed, env)]
             with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
-                logits, rows = retrieval_logits(searcher, embeddings, [q.question for q in qs], cfg.k, device)
-                batch, valid, match = read_candidates(reader, searcher, qs, rows, device)
-                scores = reader(batch)  # [B*K, L, W]
-            shape = (len(qs), rows.shape[1], *scores.shape[1:])
-            loss, answerable = marginal_nll(scores.view(shape), valid.view(shape), match.view(shape), logits)
+                logits, scores, valid, match = ddp(qs, cfg.k)
+            loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable
+            mine = int(answerable.sum())
+            loss, answerable_now = global_mean(loss * mine, mine, env)
             optimizer.zero_grad(set_to_none=True)
-            if answerable.any():  # else no gradients: the step leaves the weights alone
-                loss.backward()
+            if answerable_now:  # else no rank has gradients: the step leaves the weights alone
+                loss.backward()  # on every rank, even one without an answerable question (zeros)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             step += 1
-            seen += len(qs)
-            answerable_total += int(answerable.sum())
+            seen += len(qs) * env.world
+            answerable_total += answerable_now
             bar.advance(task)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                log.log({"step": step, "loss": round(loss.item(), 5), "answerable": round(float(answerable.float().mean()), 4),
-                         "answerable_cumulative": round(answerable_total / seen, 4), "lr": scheduler.get_last_lr()[0],
-                         "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)})
+                record = {"step": step, "loss": round(all_mean(loss.item(), env), 5),
+                          "answerable": round(answerable_now / (len(qs) * env.world), 4),
+                          "answerable_cumulative": round(answerable_total / seen, 4), "lr": scheduler.get_last_lr()[0],
+                          "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)}
+                if env.is_main:
+                    log.log(record)
             if step % cfg.save_every == 0 or step == cfg.steps:
-                save_checkpoint(out, step, model, optimizer, scheduler, extra={"seen": seen, "answerable": answerable_total})
-    log.close()
-    final = Path(out) / "final"
-    reader.save_pretrained(final / "reader")
-    if dense:
-        searcher.retriever.save_pretrained(final / "retriever")
-    plot_metrics(out, ["loss", "answerable"], smooth=10)
+                if env.is_main:
+                    save_checkpoint(out, step, model, optimizer, scheduler, extra={"seen": seen, "answerable": answerable_total})
+                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
+    if env.is_main:
+        log.close()
+        final = Path(out) / "final"
+        reader.save_pretrained(final / "reader")
+        if dense:
+            searcher.retriever.save_pretrained(final / "retriever")
+        plot_metrics(out, ["loss", "answerable"], smooth=10)
     return {"run": str(out), "steps": step, "questions": len(questions), "dense": dense,
             "trained_query_tower": train_query, "answerable_share": round(answerable_total / max(seen, 1), 4),
             "seconds": round(time.perf_counter() - start, 1)}

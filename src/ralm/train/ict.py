@@ -18,17 +18,18 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ralm.atomic import write_json
 from ralm.data.blocks import BlockConfig, BlockStore
 from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
+from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.retrieval.build import ensure_blocks, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, rank_slice, wrap_ddp
 
 
 @dataclass
@@ -78,12 +79,6 @@ def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_i
     return query, context
 
 
-def ict_loss(query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """In-batch softmax cross-entropy: query i [B, D] should pick context i of [B, D]."""
-    scores = query.float() @ context.float().T  # [B, B]
-    return F.cross_entropy(scores, torch.arange(len(scores), device=scores.device))
-
-
 def export_retriever(run: Path, retriever: Retriever, step: int) -> None:
     retriever.save_pretrained(run / "final" / "retriever")
     write_json(run / "final" / "trainer.json", {"step": step, "kind": "ict"})
@@ -91,19 +86,27 @@ def export_retriever(run: Path, retriever: Retriever, step: int) -> None:
 
 def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
               notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+    """Train (or resume) the run at `run`. Under torchrun every rank trains on its
+    `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     run = Path(run)
-    notify = notify or (lambda _: None)
-    resume = prepare_run(run, cfg)
+    env = dist_env()
+    device = env.device(device)
+    show_progress = show_progress and env.is_main
+    notify = notify if notify and env.is_main else (lambda _: None)
     seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
-    retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
-    _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+    with main_first(env):
+        resume = prepare_run(run, cfg) if env.is_main else None
+        retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
+        _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     # A block needs a second sentence, or its context would be empty without the query.
     per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)
-    if len(examples) < cfg.batch_size:
-        raise RalmError(f"{cfg.corpus}: only {len(examples)} ICT examples (sentences of multi-sentence blocks); need at least --batch-size {cfg.batch_size}")
+    if len(examples) < cfg.batch_size * env.world:
+        raise RalmError(f"{cfg.corpus}: only {len(examples)} ICT examples (sentences of multi-sentence blocks); "
+                        f"need at least --batch-size x ranks = {cfg.batch_size * env.world}")
     retriever.to(device)
-    if not retriever.cfg.projection_ready and resume is None:
+    if env.is_main and not retriever.cfg.projection_ready and resume is None:
         init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
     retriever.cfg.projection_ready = True
     retriever.train()
@@ -113,43 +116,47 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     if resume is not None:
         step = load_checkpoint(resume, retriever, opt, sched)["step"]
         notify(f"resuming from step {step}")
-    metrics = MetricsLog(run, step)
+    model = wrap_ddp(retriever, env, device)  # broadcasts rank 0's weights (its PCA projection)
+    metrics = MetricsLog(run, step) if env.is_main else None
     tok = retriever.tokenizer
     pad = tok.pad_token_id or 0
     window, t0 = [], time.perf_counter()
     while step < cfg.steps:
-        idx = examples[batch_indices(step, cfg.batch_size, len(examples), cfg.seed)]
-        rng = np.random.default_rng([cfg.seed, step])
-        pairs = [ict_pair(blocks, table, int(s), bool(keep), tok.cls_token_id, tok.sep_token_id, cfg.max_query_len)
-                 for s, keep in zip(idx, rng.random(len(idx)) < cfg.keep_sentence)]
+        idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
+        # drawn for the global batch, so the positives do not depend on the number of ranks
+        keep = np.random.default_rng([cfg.seed, step]).random(cfg.batch_size * env.world) < cfg.keep_sentence
+        pairs = [ict_pair(blocks, table, int(s), bool(k), tok.cls_token_id, tok.sep_token_id, cfg.max_query_len)
+                 for s, k in zip(idx, keep[rank_slice(cfg.batch_size, env)])]
         q_ids, q_mask = pad_rows([q for q, _ in pairs], pad)  # [B, Lq]
         c_ids, c_mask = pad_rows([c for _, c in pairs], pad)  # [B, Lc]
         with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
-            q = retriever.query(q_ids.to(device), q_mask.to(device))  # [B, D]
-            c = retriever.doc(c_ids.to(device), c_mask.to(device))  # [B, D]
-        loss = ict_loss(q, c)
+            q, c = model(q_ids.to(device), q_mask.to(device), c_ids.to(device), c_mask.to(device))  # [B, D] each
+        loss, acc = in_batch_contrastive(q, c, env)  # every rank's contexts are negatives
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
         opt.step()
         sched.step()
         step += 1
-        with torch.no_grad():
-            acc = ((q.float() @ c.float().T).argmax(-1) == torch.arange(len(q), device=q.device)).float().mean().item()
-        window.append((loss.item(), acc))
+        window.append((loss.item(), acc.item()))
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - t0
-            record = {"step": step, "loss": float(np.mean([w[0] for w in window])),
-                      "in_batch_accuracy": float(np.mean([w[1] for w in window])),
+            record = {"step": step, "loss": all_mean(float(np.mean([w[0] for w in window])), env),
+                      "in_batch_accuracy": all_mean(float(np.mean([w[1] for w in window])), env),
                       "lr": sched.get_last_lr()[0], "steps_per_s": round(len(window) / elapsed, 4)}
-            metrics.log(record)
-            if on_metrics:
-                on_metrics(record)
+            if env.is_main:
+                metrics.log(record)
+                if on_metrics:
+                    on_metrics(record)
             window, t0 = [], time.perf_counter()
         if step % cfg.save_every == 0 or step == cfg.steps:
-            save_checkpoint(run, step, retriever, opt, sched, extra={"retriever": asdict(retriever.cfg)})
-            export_retriever(run, retriever, step)
-    metrics.close()
-    plots = plot_metrics(run, ["loss", "in_batch_accuracy", "steps_per_s"])
+            if env.is_main:
+                save_checkpoint(run, step, retriever, opt, sched, extra={"retriever": asdict(retriever.cfg)})
+                export_retriever(run, retriever, step)
+            env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
+    plots = []
+    if env.is_main:
+        metrics.close()
+        plots = plot_metrics(run, ["loss", "in_batch_accuracy", "steps_per_s"])
     return {"run": str(run), "steps": step, "examples": int(len(examples)), "retriever": str(run / "final" / "retriever"),
             "plots": [str(p) for p in plots]}

@@ -8,6 +8,9 @@ negatives, with gradients flowing back to the rank that encoded them.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -19,27 +22,62 @@ from ralm.distributed import DistEnv
 from ralm.train.loop import batch_indices
 
 
+def rank_slice(batch_size: int, env: DistEnv) -> slice:
+    """This rank's rows of a global batch of `batch_size x world` rows."""
+    return slice(env.rank * batch_size, (env.rank + 1) * batch_size)
+
+
 def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> np.ndarray:
     """Example indices of this rank's part of global batch `step` (batch_size per rank)."""
-    idx = batch_indices(step, batch_size * env.world, n, seed)
-    return idx[env.rank * batch_size : (env.rank + 1) * batch_size]
+    return batch_indices(step, batch_size * env.world, n, seed)[rank_slice(batch_size, env)]
+
+
+@contextmanager
+def main_first(env: DistEnv) -> Iterator[None]:
+    """Run the block on rank 0, then on the other ranks: they find the files rank 0 prepared
+    (run directory, block store, caches) instead of writing them at the same time.
+    The block must not call collectives itself."""
+    if not env.is_main:
+        env.barrier()
+    yield
+    if env.is_main:
+        env.barrier()
 
 
 def wrap_ddp(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
-    """DDP around `model` when several ranks train (gradients are averaged across ranks)."""
+    """DDP around `model` when several ranks train (gradients are averaged across ranks).
+
+    Some parameters never get a gradient (the BERT pooler under [CLS]/mean pooling), so DDP
+    must look for unused parameters; their gradients stay None, as in one process."""
     if not env.active:
         return model
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   find_unused_parameters=False)
+                                   find_unused_parameters=True)
+
+
+class _GatherRows(torch.autograd.Function):
+    """all_gather whose backward hands each rank the gradient of its rows summed over every
+    rank's loss (an all_reduce: gloo has no reduce_scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        ctx.rows = slice(rank * len(x), (rank + 1) * len(x))
+        return torch.cat(parts, 0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad[ctx.rows], None, None
 
 
 def gather_with_grad(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
     """[B, D] on each rank -> [B * world, D], rank order, differentiable."""
     if not env.active:
         return x
-    import torch.distributed.nn.functional as dist_fn
-
-    return torch.cat(dist_fn.all_gather(x), 0)
+    return _GatherRows.apply(x.contiguous(), env.rank, env.world)
 
 
 def in_batch_contrastive(query: torch.Tensor, passages: torch.Tensor, env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,16 +86,37 @@ def in_batch_contrastive(query: torch.Tensor, passages: torch.Tensor, env: DistE
     query [B, D]; passages [B + extra, D] (positives first, then hard negatives).
     Returns (mean NLL over this rank's queries, accuracy).
     """
-    everyone = gather_with_grad(passages.contiguous(), env)  # [W * P, D]
-    scores = query @ everyone.T  # [B, W * P]
+    everyone = gather_with_grad(passages.float(), env)  # [W * P, D]
+    scores = query.float() @ everyone.T  # [B, W * P]
     target = torch.arange(len(query), device=query.device) + env.rank * len(passages)
     return F.cross_entropy(scores, target), (scores.argmax(1) == target).float().mean()
+
+
+def global_mean(local_sum: torch.Tensor, local_count: int, env: DistEnv) -> tuple[torch.Tensor, int]:
+    """(this rank's term of the mean over every rank's items, the number of items on all ranks).
+
+    The term is local_sum x world / total count: DDP averages gradients over ranks, so the
+    averaged gradient is that of sum / count over the global batch, however the items (answerable
+    questions, masked wordpieces) fall on the ranks."""
+    total = round(all_mean(float(local_count), env) * env.world)
+    return local_sum * (env.world / max(total, 1)), total
+
+
+def search_rank_queries(index, queries: torch.Tensor, k: int, env: DistEnv) -> tuple[np.ndarray, np.ndarray]:
+    """`index.search` for this rank's queries [B, D] -> (scores, rows) [B, k]. Under torchrun
+    the index is sharded and answers one query batch on all ranks at once, so every rank
+    searches all ranks' queries and keeps its own rows."""
+    everyone = gather_with_grad(queries.detach().float(), env)  # [W * B, D]
+    scores, rows = index.search(everyone.cpu().numpy(), k)
+    part = rank_slice(len(queries), env)
+    return scores[part], rows[part]
 
 
 def all_mean(value: float, env: DistEnv) -> float:
     """The mean of a logged scalar over ranks (for metrics printed by rank 0)."""
     if not env.active:
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    nccl = dist.get_backend() == "nccl"  # NCCL reduces GPU tensors only
+    t = torch.tensor([value], dtype=torch.float64, device=torch.cuda.current_device() if nccl else "cpu")
     dist.all_reduce(t)
     return float(t.item() / env.world)

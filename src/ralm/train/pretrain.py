@@ -33,16 +33,18 @@ import torch
 
 from ralm.atomic import write_json
 from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, trivial_margin
 from ralm.retrieval.build import init_projection
 from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import compute_dtype, seed_everything
 from ralm.train.ict import corpus_sentences
-from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, wrap_ddp
 
 REFRESH_MODES = ("async", "sync", "none")
 
@@ -130,18 +132,33 @@ def _clean_partial_versions(index: IndexDir) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _newest_version(index: IndexDir, version: LoadedVersion, device: torch.device, env: DistEnv) -> LoadedVersion:
+    """The newest complete index version, the same on every rank (rank 0 reads LATEST: a
+    sharded index must not mix the shards of two versions)."""
+    name = env.broadcast_object(index.latest())
+    return version if name == version.name else load_version(index, name, device)
+
+
 # -- training -------------------------------------------------------------------------------
 
 def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+    """Train (or resume) the run at `run`. Under torchrun every rank trains on its
+    `batch_size` share of a `batch_size x world` global batch and searches its shard of the
+    index; rank 0 writes the run, refreshes the index and runs the async builder."""
     run = Path(run)
-    notify = notify or (lambda _: None)
-    resume = prepare_run(run, cfg)
+    env = dist_env()
+    device = env.device(device)
+    show_progress = show_progress and env.is_main
+    notify = notify if notify and env.is_main else (lambda _: None)
     seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
-    source = _retriever_source(cfg)
-    retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
+    with main_first(env):
+        resume = prepare_run(run, cfg) if env.is_main else None
+        source = _retriever_source(cfg)
+        retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
+        index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
-    index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for -k {cfg.k} (need at least {cfg.k + margin})")
@@ -151,7 +168,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
         raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try --masking random")
 
     model = Realm(retriever, encoder, RealmConfig(cfg.k, cfg.max_len, cfg.max_query_len)).to(device)
-    if not retriever.cfg.projection_ready and resume is None:
+    if env.is_main and not retriever.cfg.projection_ready and resume is None:
         init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
     retriever.cfg.projection_ready = True
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -160,41 +177,45 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     if resume is not None:
         step = load_checkpoint(resume, model, opt, sched)["step"]
         notify(f"resuming from step {step}")
-    if not (index.root / "LATEST").is_file():
+    if env.is_main and not (index.root / "LATEST").is_file():
         notify("building the starting index")
         if cfg.index:
             _import_version(cfg.index, index, key)
         else:
             publish_embeddings(index, retriever, key, blocks, 0, device, show_progress=show_progress)
-    searcher = Searcher(index, None, device, check_model=False)
+    env.barrier()
+    version = load_version(index, env.broadcast_object(index.latest()), device)
+    ddp = wrap_ddp(model, env, device)  # broadcasts rank 0's weights (its PCA projection, fresh MLM head)
     snapshots = Snapshots(run / "refresh")
     refresher = None
-    if cfg.refresh == "async":
+    if cfg.refresh == "async" and env.is_main:
         refresher = start_refresher(index.root, snapshots.root, run / "refresh.log",
                                     device="cpu" if device.type == "cpu" else str(device))
         notify(f"index builder started (pid {refresher.pid}, log {run / 'refresh.log'})")
 
-    metrics = MetricsLog(run, step)
+    metrics = MetricsLog(run, step) if env.is_main else None
     mask_id = retriever.tokenizer.mask_token_id
     model.train()
     window, t0 = [], time.perf_counter()
     try:
         while step < cfg.steps:
-            if cfg.refresh == "sync" and step - searcher.current.manifest.get("step", 0) >= cfg.refresh_every:
-                publish_embeddings(index, retriever, key, blocks, step, device)
-            if cfg.refresh != "none" and searcher.refresh():
-                m = searcher.current.manifest
-                notify(f"step {step}: index {searcher.current.name} (built at step {m.get('step')}, {m.get('seconds')} s)")
-            version = searcher.current
+            if cfg.refresh == "sync" and step - version.manifest.get("step", 0) >= cfg.refresh_every:
+                if env.is_main:
+                    publish_embeddings(index, retriever, key, blocks, step, device)
+                env.barrier()
+            if cfg.refresh != "none" and (newest := _newest_version(index, version, device, env)) is not version:
+                version = newest
+                m = version.manifest
+                notify(f"step {step}: index {version.name} (built at step {m.get('step')}, {m.get('seconds')} s)")
 
             def search(q: torch.Tensor, n: int) -> np.ndarray:
-                return version.index.search(q, n)[1]
+                return search_rank_queries(version.index, q, n, env)[1]
 
-            idx = examples[batch_indices(step, cfg.batch_size, len(examples), cfg.seed)]
+            idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
             batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, step)
             with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
-                out = model(batch, blocks, search)
-            loss = out.nll.sum() / out.tokens.sum()
+                out = ddp(batch, blocks, search)
+            loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -204,31 +225,35 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
                            "p_null": out.log_pz[:, -1].exp().mean().item(),
                            "staleness": step - version.manifest.get("step", 0)})
             step += 1
-            if cfg.refresh == "async" and step % cfg.refresh_every == 0 and step < cfg.steps:
+            if refresher is not None and step % cfg.refresh_every == 0 and step < cfg.steps:
                 snapshots.write(retriever, step)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 elapsed = time.perf_counter() - t0
-                record = {"step": step, **{k: float(np.mean([w[k] for w in window])) for k in window[0]},
+                record = {"step": step, **{k: all_mean(float(np.mean([w[k] for w in window])), env) for k in window[0]},
                           "steps_per_s": round(len(window) / elapsed, 4), "lr": sched.get_last_lr()[0],
                           "index_version": version.name, "index_step": version.manifest.get("step", 0),
                           "refresh_s": version.manifest.get("seconds")}
-                metrics.log(record)
-                if on_metrics:
-                    on_metrics(record)
+                if env.is_main:
+                    metrics.log(record)
+                    if on_metrics:
+                        on_metrics(record)
                 window, t0 = [], time.perf_counter()
             if step % cfg.save_every == 0 or step == cfg.steps:
-                save_checkpoint(run, step, model, opt, sched,
-                                extra={"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg), "index_version": version.name})
-                _export(run, model, step)
+                if env.is_main:
+                    save_checkpoint(run, step, model, opt, sched,
+                                    extra={"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg), "index_version": version.name})
+                    _export(run, model, step)
+                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
     finally:
         if refresher is not None:
             refresher.terminate()
             refresher.wait()
             _clean_partial_versions(index)
-        metrics.close()
-    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null"])
+        if metrics is not None:
+            metrics.close()
+    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null"]) if env.is_main else []
     versions = [index.version_manifest(v) for v in index.versions()]
     return {"run": str(run), "steps": step, "examples": int(len(examples)), "blocks": len(blocks),
-            "index_version": searcher.current.name, "refreshes_kept": [{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")} for v in versions],
+            "index_version": version.name, "refreshes_kept": [{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")} for v in versions],
             "retriever": str(run / "final" / "retriever"), "encoder": str(run / "final" / "encoder"),
             "plots": [str(p) for p in plots]}
