@@ -67,6 +67,13 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
 
 # -- checkpoints --------------------------------------------------------------------------
 
+def world_size() -> int:
+    """Processes training together (torchrun), 1 without a process group."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _plain(config) -> dict:
     return asdict(config) if is_dataclass(config) else dict(config)
 
@@ -79,7 +86,7 @@ def save_checkpoint(run: str | os.PathLike, step: int, model: torch.nn.Module, o
     with atomic_path(ckdir / name) as tmp:
         tmp.mkdir()
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-        meta = {"step": step, "extra": extra or {}, "torch_rng": torch.get_rng_state().tolist()}
+        meta = {"step": step, "extra": extra or {}, "torch_rng": torch.get_rng_state().tolist(), "world": world_size()}
         if optimizer is not None:
             tensors, opt_meta = _optimizer_tensors(optimizer)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
@@ -106,6 +113,11 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: 
     """Restore model (+ optimizer, scheduler, torch RNG) in place; returns trainer.json."""
     path = Path(path)
     meta = read_json(path / "trainer.json")
+    # The global batch is per-rank batch x ranks: another count would silently change the run.
+    saved, now = meta.get("world", 1), world_size()
+    if saved != now:
+        raise RalmError(f"{path} was saved by {saved} process(es) but this run has {now}; resume with "
+                        f"`torchrun --nproc_per_node {saved}` (or without torchrun for 1), or use a new --out")
     model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
     if optimizer is not None and "optimizer" in meta:
         optimizer.load_state_dict(_optimizer_state(load_file(str(path / "optimizer.safetensors")), meta["optimizer"]))
