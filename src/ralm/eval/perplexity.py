@@ -42,22 +42,34 @@ def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.
 
 def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
                seq_len: int = 512, stride: int = 256, device: torch.device | None = None, batch_size: int = 16,
-               exact_distances: bool = True, show_progress: bool = True) -> dict:
+               exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048) -> dict:
     """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
-    neighbours are searched once, so a grid costs no more than one setting."""
+    neighbours are searched once, so a grid costs no more than one setting. Hidden states are
+    searched `search_batch` at a time: faiss is several times faster on large query blocks."""
     device = device or torch.device("cpu")
     n = len(stream.tokens) - 1
     p_lm, p_knn = np.empty(n, dtype=np.float64), np.empty((len(temperatures), n), dtype=np.float64)
     start = time.perf_counter()
+    pending: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def flush() -> None:
+        pos = np.concatenate([p for p, _ in pending])
+        dist, values = store.search(np.concatenate([h for _, h in pending]), k, exact_distances)
+        targets = torch.from_numpy(stream.tokens[pos + 1].astype(np.int64))
+        for i, t in enumerate(temperatures):
+            p_knn[i, pos] = knn_target_prob(torch.from_numpy(dist), torch.from_numpy(values), targets, t).double().numpy()
+        bar.advance(task, len(pos))
+        pending.clear()
+
     with progress_bar(show_progress) as bar:
         task = bar.add_task("kNN-LM scoring", total=n)
         for pos, hidden, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size):
-            dist, values = store.search(hidden.cpu().numpy(), k, exact_distances)
-            targets = torch.from_numpy(stream.tokens[pos + 1].astype(np.int64))
-            for i, t in enumerate(temperatures):
-                p_knn[i, pos] = knn_target_prob(torch.from_numpy(dist), torch.from_numpy(values), targets, t).double().numpy()
             p_lm[pos] = logp.double().cpu().numpy()
-            bar.advance(task, len(pos))
+            pending.append((np.asarray(pos), hidden.float().cpu().numpy()))
+            if sum(len(p) for p, _ in pending) >= search_batch:
+                flush()
+        if pending:
+            flush()
     result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
     for i, t in enumerate(temperatures):
         for lmbda in lambdas:
