@@ -48,37 +48,41 @@ def _same_checkpoint(one, two, step: int, prefix: str = "", atol: float = 1e-5) 
         torch.testing.assert_close(b[key], a[key], atol=atol, rtol=0, msg=key)
 
 
+def _train(rank, trainer: str, cfg, run) -> None:
+    """One rank of a run (a module-level function, so spawned ranks can import it)."""
+    import importlib
+
+    module, name = trainer.rsplit(".", 1)
+    getattr(importlib.import_module(module), name)(cfg, run, CPU, show_progress=False)
+
+
+def _two_ranks_and_one(trainer: str, cfg, tmp_path, batch_size: int) -> tuple:
+    """Train `cfg` on 2 ranks into tmp/two and with the doubled batch in one process into tmp/one."""
+    run_ranks(_train, trainer, cfg, tmp_path / "two")
+    _train(0, trainer, replace(cfg, batch_size=2 * batch_size), tmp_path / "one")
+    return tmp_path / "one", tmp_path / "two"
+
+
 def _losses(run) -> list[float]:
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _ict_rank(rank, cfg, run):
-    from ralm.train.ict import train_ict
-
-    train_ict(cfg, run, CPU, show_progress=False)
-
 
 def test_ict_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, corpus_file, tmp_path):
-    from ralm.train.ict import IctConfig, train_ict
+    from ralm.train.ict import IctConfig
 
     cfg = IctConfig(str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=2, lr=1e-3, warmup=1,
                     keep_sentence=0.5, save_every=2, log_every=1)
-    run_ranks(_ict_rank, cfg, tmp_path / "two")
-    train_ict(replace(cfg, batch_size=4), tmp_path / "one", CPU, show_progress=False)
+    _two_ranks_and_one("ralm.train.ict.train_ict", cfg, tmp_path, 2)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     # the logged loss is the softmax over all 4 contexts (rank 1's are rank 0's negatives), not over 2
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
     assert (tmp_path / "two" / "final" / "retriever" / "model.safetensors").is_file()
 
 
-def _dpr_rank(rank, cfg, run):
-    from ralm.train.dpr import train_dpr
-
-    train_dpr(cfg, run, CPU, show_progress=False)
-
 
 def test_dpr_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, corpus_file, tmp_path):
-    from ralm.train.dpr import DPRConfig, train_dpr
+    from ralm.train.dpr import DPRConfig
 
     from test_dpr import QUESTIONS
 
@@ -86,23 +90,17 @@ def test_dpr_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, 
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))  # 4 with a BM25 positive
     cfg = DPRConfig(str(questions), str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=2,
                     hard_negatives=1, bm25_depth=6, lr=1e-3, warmup=0.0, save_every=2, log_every=1)
-    run_ranks(_dpr_rank, cfg, tmp_path / "two")
-    train_dpr(replace(cfg, batch_size=4), tmp_path / "one", CPU, show_progress=False)
+    _two_ranks_and_one("ralm.train.dpr.train_dpr", cfg, tmp_path, 2)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     # each question is scored against all 8 passages of the global batch, not only its rank's 4
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
     assert (tmp_path / "two" / "final" / "retriever" / "model.safetensors").is_file()
 
 
-def _finetune_rank(rank, cfg, run):
-    from ralm.train.finetune import finetune
-
-    finetune(cfg, run, CPU, show_progress=False)
-
 
 def test_finetune_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, corpus_file, tmp_path):
     from ralm.retrieval.build import build_index
-    from ralm.train.finetune import FinetuneConfig, finetune
+    from ralm.train.finetune import FinetuneConfig
 
     from test_finetune import QUESTIONS
 
@@ -111,25 +109,18 @@ def test_finetune_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     build_index(corpus_file, tmp_path / "dense", model=str(still_bert), dim=16, show_progress=False)
     cfg = FinetuneConfig(str(questions), str(tmp_path / "dense"), init=str(still_bert), steps=2, batch_size=2, k=2,
                          lr=1e-3, retriever_lr=1e-3, max_len=96, warmup=0.0, save_every=2, log_every=1)
-    run_ranks(_finetune_rank, cfg, tmp_path / "two")  # searches the index sharded over the 2 ranks
-    finetune(replace(cfg, batch_size=4), tmp_path / "one", CPU, show_progress=False)
+    _two_ranks_and_one("ralm.train.finetune.finetune", cfg, tmp_path, 2)  # 2 ranks search the index sharded
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
 
 
-def _pretrain_rank(rank, cfg, run):
-    from ralm.train.pretrain import pretrain
-
-    pretrain(cfg, run, CPU, show_progress=False)
-
 
 def test_pretrain_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, corpus_file, tmp_path):
-    from ralm.train.pretrain import PretrainConfig, pretrain
+    from ralm.train.pretrain import PretrainConfig
 
     cfg = PretrainConfig(str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=1, k=2, lr=1e-3, warmup=1,
                          refresh="sync", refresh_every=1, save_every=2, log_every=1, max_len=96, seed=3)
-    run_ranks(_pretrain_rank, cfg, tmp_path / "two")  # rank 0 refreshes the index, both search its shards
-    pretrain(replace(cfg, batch_size=2), tmp_path / "one", CPU, show_progress=False)
+    _two_ranks_and_one("ralm.train.pretrain.pretrain", cfg, tmp_path, 1)  # rank 0 refreshes, both search its shards
     # With a random encoder every block helps equally little (retrieval utility ~1e-4): the
     # towers' gradients are float noise that Adam scales up to +-lr, so only the encoder compares.
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2, prefix="encoder.", atol=5e-5)
