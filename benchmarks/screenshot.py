@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
-import threading
-import time
 
 import torch
 
@@ -23,11 +20,10 @@ def main() -> None:
     ap.add_argument("--question", default="Who created the Python programming language?")
     args = ap.parse_args()
 
-    import uvicorn
     from playwright.sync_api import sync_playwright
 
     from ralm.demo import demo_file, demo_index
-    from ralm.serve.app import create_app
+    from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -35,19 +31,12 @@ def main() -> None:
         raise SystemExit("no Chromium found (Debian: apt-get install chromium)")
     index, _ = demo_index(torch.device("cpu"))
     svc = Service(ServeConfig(index=str(index), model=str(demo_file("reader"))))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-    with sync_playwright() as p:
+    with serve_in_background(svc) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=flags)
         page = browser.new_page(viewport={"width": 1100, "height": 900})
-        page.goto(f"http://127.0.0.1:{port}")
+        page.goto(url)
         page.wait_for_function("document.querySelector('#status').textContent.includes('blocks')")
         page.fill("#question", args.question)
         page.click("#ask-button")
@@ -55,7 +44,6 @@ def main() -> None:
         print("answer:", page.inner_text("#answer-text"))
         page.screenshot(path=args.out, full_page=True)
         browser.close()
-    server.should_exit = True
     print("wrote", args.out)
 
 

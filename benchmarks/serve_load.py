@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import threading
 import time
 
 import numpy as np
@@ -35,29 +33,20 @@ def main() -> None:
     args = ap.parse_args()
 
     import httpx
-    import uvicorn
 
     from ralm.data.qa import read_questions
-    from ralm.serve.app import create_app
+    from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 
     svc = Service(ServeConfig(index=args.index, model=args.model, bm25=args.bm25))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-
     questions = [q.question for q in read_questions(args.questions)]
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + args.max_seconds
 
-    async def run() -> float:
+    async def run(url: str) -> float:
         counter = iter(range(args.requests))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
             async def worker():
                 nonlocal errors
                 for i in counter:
@@ -79,8 +68,8 @@ def main() -> None:
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))
             return time.perf_counter() - start
 
-    wall = asyncio.run(run())
-    server.should_exit = True
+    with serve_in_background(svc) as url:
+        wall = asyncio.run(run(url))
     lat = np.array(latencies) * 1000
     print(json.dumps({
         "endpoint": args.endpoint, "index": args.index, "blocks": svc.stats()["corpus_blocks"],

@@ -4,9 +4,6 @@ or Playwright is not installed; `.ci/run` installs both."""
 
 import json
 import shutil
-import socket
-import threading
-import time
 
 import pytest
 
@@ -18,19 +15,11 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(tmp_path, tiny_bert):
-    import uvicorn
-
     from ralm.models.reader import Reader
     from ralm.retrieval.build import build_index
-    from ralm.serve.app import create_app
+    from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 
     from conftest import DOCS
@@ -41,15 +30,8 @@ def server(tmp_path, tiny_bert):
     build_index(corpus, tmp_path / "bm25", kind="bm25", show_progress=False)
     Reader.from_encoder(tiny_bert).save_pretrained(tmp_path / "reader")
     svc = Service(ServeConfig(index=str(tmp_path / "dense"), model=str(tmp_path / "reader"), bm25=str(tmp_path / "bm25")))
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with serve_in_background(svc) as url:
+        yield url
 
 
 def test_page_asks_and_shows_highlighted_evidence_then_adds_a_document(server, tmp_path):

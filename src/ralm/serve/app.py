@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Iterator, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -194,3 +194,29 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         return FileResponse(static / "index.html")
 
     return app
+
+
+@contextmanager
+def serve_in_background(service: Service) -> Iterator[str]:
+    """Serve `service` on a free loopback port from a background thread (load tests, browser
+    tests, screenshots); yields the base URL and stops the server on exit."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the server did not start on 127.0.0.1:{port}")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
