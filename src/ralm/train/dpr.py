@@ -31,8 +31,8 @@ from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, wrap_ddp
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, prepare_shared_run, rank_batch, wrap_ddp
 
 
 @dataclass
@@ -126,9 +126,7 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
     show_progress = show_progress and env.is_main
     run = Path(out)
     questions = read_questions(cfg.questions)[: cfg.limit]
-    with main_first(env):
-        resume = prepare_run(run, cfg) if env.is_main else None
-    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
+    resume = prepare_shared_run(run, cfg, env)
     seed_everything(cfg.seed)
     retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
     if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):

@@ -29,8 +29,8 @@ from ralm.progress import progress_bar
 from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, wrap_ddp
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.parallel import all_mean, global_mean, prepare_shared_run, rank_batch, search_rank_queries, wrap_ddp
 
 
 @dataclass
@@ -147,9 +147,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     device = env.device(device or torch.device("cpu"))
     show_progress = show_progress and env.is_main
     questions = read_questions(cfg.questions)[: cfg.limit]
-    with main_first(env):
-        resume = prepare_run(out, cfg) if env.is_main else None
-    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
+    resume = prepare_shared_run(out, cfg, env)
     seed_everything(cfg.seed)
 
     reader_src, retriever_src = resolve_init(cfg.init)

@@ -28,8 +28,8 @@ from ralm.retrieval.build import ensure_blocks, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, rank_slice, wrap_ddp
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, prepare_shared_run, rank_batch, rank_slice, wrap_ddp
 
 
 @dataclass
@@ -94,11 +94,10 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     show_progress = show_progress and env.is_main
     notify = notify if notify and env.is_main else (lambda _: None)
     seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    resume = prepare_shared_run(run, cfg, env)
     with main_first(env):
-        resume = prepare_run(run, cfg) if env.is_main else None
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
         _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
-    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     # A block needs a second sentence, or its context would be empty without the query.
     per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)

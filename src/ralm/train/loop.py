@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ralm.atomic import atomic_path, read_json, write_json, write_text
+from ralm.distributed import dist_env
 from ralm.errors import RalmError
 
 
@@ -68,10 +69,8 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
 # -- checkpoints --------------------------------------------------------------------------
 
 def world_size() -> int:
-    """Processes training together (torchrun), 1 without a process group."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    """Processes training together (torchrun), 1 without it."""
+    return dist_env().world
 
 
 def _plain(config) -> dict:

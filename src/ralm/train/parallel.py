@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ralm.distributed import DistEnv
-from ralm.train.loop import batch_indices
+from ralm.train.loop import batch_indices, prepare_run
 
 
 def rank_slice(batch_size: int, env: DistEnv) -> slice:
@@ -30,6 +30,12 @@ def rank_slice(batch_size: int, env: DistEnv) -> slice:
 def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> np.ndarray:
     """Example indices of this rank's part of global batch `step` (batch_size per rank)."""
     return batch_indices(step, batch_size * env.world, n, seed)[rank_slice(batch_size, env)]
+
+
+def prepare_shared_run(run, config, env: DistEnv):
+    """Rank 0 creates RUN (or checks that its config matches, see `prepare_run`); every rank
+    gets the checkpoint to resume from, rank 0's LATEST."""
+    return env.broadcast_object(prepare_run(run, config) if env.is_main else None)
 
 
 @contextmanager

@@ -43,8 +43,8 @@ from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import compute_dtype, seed_everything
 from ralm.train.ict import corpus_sentences
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, wrap_ddp
+from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.parallel import all_mean, global_mean, main_first, prepare_shared_run, rank_batch, search_rank_queries, wrap_ddp
 
 REFRESH_MODES = ("async", "sync", "none")
 
@@ -152,12 +152,11 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     show_progress = show_progress and env.is_main
     notify = notify if notify and env.is_main else (lambda _: None)
     seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    resume = prepare_shared_run(run, cfg, env)
     with main_first(env):
-        resume = prepare_run(run, cfg) if env.is_main else None
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
-    resume = env.broadcast_object(resume)  # every rank resumes from rank 0's LATEST
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
