@@ -7,6 +7,7 @@ import torch
 
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import (
+    SCORE_SCALE,
     Retriever,
     encode_rows,
     init_projection_pca,
@@ -23,12 +24,14 @@ def test_mean_pooling_ignores_padding():
     assert pool(h, mask, "cls").tolist() == [[1.0, 1.0]]
 
 
-def test_pca_projection_with_full_dim_preserves_inner_products(tiny_bert):
+def test_pca_projection_with_full_dim_preserves_inner_products_up_to_the_score_scale(tiny_bert):
     r = Retriever.from_pretrained(tiny_bert, dim=32)
     x = torch.randn(50, 32)
     init_projection_pca(r, x)
     y = r.doc.proj(x).detach()
-    torch.testing.assert_close(y @ y.T, x @ x.T, atol=1e-3, rtol=1e-4)
+    scale = SCORE_SCALE / x.square().sum(-1).mean()  # one factor for every pair: rankings are unchanged
+    torch.testing.assert_close(y @ y.T, scale * (x @ x.T), atol=1e-3, rtol=1e-4)
+    assert y.square().sum(-1).mean().item() == pytest.approx(SCORE_SCALE, rel=1e-4)
     assert r.cfg.projection_ready
     torch.testing.assert_close(r.query.proj.weight, r.doc.proj.weight)
 
@@ -40,7 +43,8 @@ def test_pca_projection_keeps_the_top_directions(tiny_bert):
     x[:, 9] = torch.linspace(1, 2, 20)
     init_projection_pca(r, x)
     kept = r.doc.proj(x).detach()
-    torch.testing.assert_close((kept @ kept.T), x @ x.T, atol=1e-2, rtol=1e-3)
+    scale = SCORE_SCALE / x.square().sum(-1).mean()
+    torch.testing.assert_close((kept @ kept.T), scale * (x @ x.T), atol=1e-2, rtol=1e-3)
 
 
 def test_save_and_load_round_trip_gives_identical_embeddings(tiny_bert, tmp_path):

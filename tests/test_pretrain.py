@@ -109,3 +109,34 @@ def test_starting_from_an_existing_index(tiny_bert, tiny_dense_index, corpus_fil
     with pytest.raises(RalmError, match="another corpus"):
         pretrain(_cfg(corpus_file, tiny_bert, steps=1, refresh="none", index=str(tiny_dense_index), block_len=64),
                  tmp_path / "other", torch.device("cpu"), show_progress=False)
+
+
+def test_retriever_warmup_trains_the_encoder_alone_first(tiny_bert, corpus_file, tmp_path):
+    from ralm.retrieval.store import IndexDir
+
+    def weights(path) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in Retriever.from_pretrained(path).state_dict().items()}
+
+    run = tmp_path / "run"
+    cpu = torch.device("cpu")
+    pretrain(_cfg(corpus_file, tiny_bert, steps=2, refresh="none", retriever_warmup=2), run, cpu, show_progress=False)
+    index = IndexDir(run / "index")
+    start = weights(index.root / index.version_manifest(index.latest())["retriever"])  # the towers at step 0
+    frozen = weights(run / "final" / "retriever")
+    assert all(torch.equal(start[k], frozen[k]) for k in start)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["retriever_lr"] == 0.0 and rows[0]["lr"] > 0  # the rate for the next step: the towers start at step 3
+    encoder = _first_layer_weight(run / "final" / "encoder")
+    assert not torch.equal(encoder, _first_layer_weight(tiny_bert))  # the encoder did train
+
+    pretrain(_cfg(corpus_file, tiny_bert, steps=3, refresh="none", retriever_warmup=2), run, cpu, show_progress=False)
+    trained = weights(run / "final" / "retriever")
+    assert any(not torch.equal(start[k], trained[k]) for k in start)  # step 3: the towers train too
+    with pytest.raises(RalmError, match="--retriever-warmup"):
+        PretrainConfig(str(corpus_file), retriever_warmup=-1)
+
+
+def _first_layer_weight(path) -> torch.Tensor:
+    from transformers import BertForMaskedLM
+
+    return BertForMaskedLM.from_pretrained(str(path)).bert.encoder.layer[0].output.dense.weight.detach().clone()

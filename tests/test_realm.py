@@ -20,6 +20,7 @@ from ralm.models.realm import (
     relevance_log_probs,
     retrieval_utility,
     select_candidates,
+    span_in_top_block,
 )
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.searcher import load_version
@@ -153,6 +154,18 @@ def test_retrieval_utility_compares_top_block_with_null():
     log_py = torch.tensor([[[-3.0, -1.0], [-0.5, -0.25], [-2.0, -2.0]]])
     mask = torch.tensor([[True, True]])
     assert retrieval_utility(log_pz, log_py, mask).item() == pytest.approx(-0.75 - (-4.0))
+
+
+def test_span_in_top_block_looks_only_at_the_most_relevant_block():
+    class Bodies:
+        def body(self, i: int) -> np.ndarray:
+            return np.array({0: [5, 6, 7], 1: [6, 9], 2: [8]}[i])
+
+    examples = [MaskedSentence([1, 103, 103], [1, 2], labels, 0) for labels in ([5, 6], [6, 9], [8, 8])]
+    rows = np.array([[1, 0], [1, 0], [0, 1]])
+    log_pz = torch.tensor([[0.2, 0.7, 0.1], [0.6, 0.3, 0.1], [0.1, 0.1, 0.8]]).log()  # null last, never z*
+    # z* = block 0 (holds 5 and 6), block 1 (holds 6 and 9), block 0 (no 8, although block 2 has it)
+    assert span_in_top_block(examples, Bodies(), rows, log_pz).tolist() == [True, True, False]
 
 
 def test_relevance_and_token_log_probs_are_normalised():

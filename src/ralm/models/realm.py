@@ -126,6 +126,14 @@ def retrieval_utility(log_pz: torch.Tensor, log_py: torch.Tensor, label_mask: to
     return (log_py.gather(1, top.unsqueeze(1)).squeeze(1) - log_py[:, -1]).detach()
 
 
+def span_in_top_block(examples: Sequence[MaskedSentence], blocks: BlockStore, rows: np.ndarray,
+                      log_pz: torch.Tensor) -> np.ndarray:
+    """Whether z*, the most relevant retrieved block, holds every masked wordpiece of x [B]:
+    the encoder can only copy what the evidence holds, so this bounds the retrieval utility."""
+    top = log_pz[:, :-1].argmax(-1).tolist()  # [B]
+    return np.array([set(e.labels) <= set(blocks.body(int(r[t])).tolist()) for e, r, t in zip(examples, rows, top)])
+
+
 def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequence[int], k: int) -> np.ndarray:
     """The first k search results per example that do not come from the example's own
     document (a trivial retrieval would let the encoder copy the masked span).

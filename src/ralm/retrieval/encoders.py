@@ -263,9 +263,18 @@ def _load_ralm(path: Path) -> Retriever:
 
 # -- projection initialisation ------------------------------------------------------------
 
+# Mean squared norm of a projected document vector after initialisation. Relevance scores are
+# raw inner products and p(z|x) their softmax: unit-norm sentence vectors (MiniLM) would give
+# scores within [-1, 1] and a near-uniform p(z|x), and contrastive training (ICT, DPR) would
+# then spend its first steps growing the norms, scrambling the pretrained geometry on the way.
+# 20 is the logit scale sentence-transformers models are trained with (20 x cosine).
+SCORE_SCALE = 20.0
+
+
 def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None:
     """Set both towers' projection to the top-`dim` right singular vectors of the pooled
-    document vectors [N, H] (uncentred: that best preserves inner products)."""
+    document vectors [N, H] (uncentred: that best preserves inner products), scaled so that a
+    projected document has a mean squared norm of SCORE_SCALE."""
     cfg = retriever.cfg
     if cfg.dim is None:
         cfg.projection_ready = True
@@ -273,6 +282,8 @@ def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None
     x = pooled_docs.float()
     _, _, vt = torch.linalg.svd(x, full_matrices=True)  # vt [H, H]: a full orthonormal basis
     w = vt[: cfg.dim]  # [D, H]
+    energy = (x @ w.T).square().sum(-1).mean()  # mean squared norm of the projected documents
+    w = w * (SCORE_SCALE / energy.clamp_min(1e-12)).sqrt()
     for tower in (retriever.query, retriever.doc):
         with torch.no_grad():
             tower.proj.weight.copy_(w)

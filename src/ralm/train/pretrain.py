@@ -35,7 +35,7 @@ from ralm.atomic import write_json
 from ralm.data.masking import MaskingConfig, masked_batch
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
-from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, trivial_margin
+from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.build import init_projection
 from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
@@ -61,6 +61,7 @@ class PretrainConfig:
     k: int = 8
     lr: float = 5e-5
     warmup: int = 100
+    retriever_warmup: int = 0  # steps before the towers train (see _schedules)
     masking: str = "salient"
     random_prob: float = 0.15
     refresh: str = "async"
@@ -76,6 +77,8 @@ class PretrainConfig:
         for name in ("steps", "batch_size", "k", "refresh_every", "save_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.retriever_warmup < 0:
+            raise RalmError(f"--retriever-warmup must be >= 0, got {self.retriever_warmup}")
         if self.refresh not in REFRESH_MODES:
             raise RalmError(f"--refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
@@ -139,6 +142,17 @@ def _newest_version(index: IndexDir, version: LoadedVersion, device: torch.devic
     return version if name == version.name else load_version(index, name, device)
 
 
+def _schedules(cfg: PretrainConfig) -> list[Callable[[int], float]]:
+    """Learning-rate multipliers for [encoder, towers]. The towers may wait `retriever_warmup`
+    steps: an encoder whose MLM head starts fresh (MiniLM ships none) cannot yet use evidence,
+    so every retrieved block looks worse than the null document and, left to train from step 0,
+    the towers learn to rank near-empty blocks first, after which no evidence is ever read."""
+    def ramp(s: int) -> float:
+        return min(1.0, (s + 1) / max(cfg.warmup, 1))
+
+    return [ramp, lambda s: 0.0 if s < cfg.retriever_warmup else ramp(s - cfg.retriever_warmup)]
+
+
 # -- training -------------------------------------------------------------------------------
 
 def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
@@ -170,8 +184,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     if env.is_main and not retriever.cfg.projection_ready and resume is None:
         init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
     retriever.cfg.projection_ready = True
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
+    opt = torch.optim.AdamW([{"params": model.encoder.parameters()}, {"params": model.retriever.parameters()}],
+                            lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedules(cfg))
     step = 0
     if resume is not None:
         step = load_checkpoint(resume, model, opt, sched)["step"]
@@ -222,6 +237,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
             sched.step()
             window.append({"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),
                            "p_null": out.log_pz[:, -1].exp().mean().item(),
+                           "span_in_top": float(span_in_top_block(batch, blocks, out.rows, out.log_pz).mean()),
                            "staleness": step - version.manifest.get("step", 0)})
             step += 1
             if refresher is not None and step % cfg.refresh_every == 0 and step < cfg.steps:
@@ -229,7 +245,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
             if step % cfg.log_every == 0 or step == cfg.steps:
                 elapsed = time.perf_counter() - t0
                 record = {"step": step, **{k: all_mean(float(np.mean([w[k] for w in window])), env) for k in window[0]},
-                          "steps_per_s": round(len(window) / elapsed, 4), "lr": sched.get_last_lr()[0],
+                          "steps_per_s": round(len(window) / elapsed, 4), "lr": sched.get_last_lr()[0], "retriever_lr": sched.get_last_lr()[1],
                           "index_version": version.name, "index_step": version.manifest.get("step", 0),
                           "refresh_s": version.manifest.get("seconds")}
                 if env.is_main:
@@ -250,7 +266,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
             _clean_partial_versions(index)
         if metrics is not None:
             metrics.close()
-    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null"]) if env.is_main else []
+    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top"]) if env.is_main else []
     versions = [index.version_manifest(v) for v in index.versions()]
     return {"run": str(run), "steps": step, "examples": int(len(examples)), "blocks": len(blocks),
             "index_version": version.name, "refreshes_kept": [{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")} for v in versions],
