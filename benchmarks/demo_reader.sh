@@ -4,7 +4,8 @@
 # demo corpus's 845 training questions, reading the top-2 blocks of the demo's dense index with
 # the retriever frozen (the cached demo index keeps matching). 500 steps x 8 questions (~4.7
 # epochs): 30 min wall on 2 CPU cores shared with other jobs (1.5 s/step on an idle box).
-# On the 10 sample questions (none in the training set) it gets EM 50 / F1 61.7:
+# On the 10 sample questions (none in the training set) it got EM 50 / F1 61.7 on the index it was
+# trained with, EM 50 / F1 50.0 on a 0.2.0 demo index (scaled scores, see benchmarks/RESULTS.md):
 #   ralm eval qa --model src/ralm/data/demo/reader --index ~/.cache/ralm/demo-index-* \
 #       --questions src/ralm/data/demo/questions.jsonl -k 3
 set -euo pipefail

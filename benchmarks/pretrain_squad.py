@@ -2,7 +2,7 @@
 N paragraphs of the SQuAD corpus (CPU-sized by default). Copies the curves to
 benchmarks/figures/ and prints a JSON summary (wall times, steps/s, first/last metrics).
 
-    python benchmarks/pretrain_squad.py --paragraphs 300 --ict-steps 40 --steps 100
+    python benchmarks/pretrain_squad.py --paragraphs 300 --ict-steps 100 --steps 1000
 """
 
 from __future__ import annotations
@@ -36,15 +36,16 @@ def main() -> None:
     p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "squad_corpus.jsonl"))
     p.add_argument("--paragraphs", type=int, default=300)
     p.add_argument("--work", default="/tmp/ralm-bench-pretrain")
-    p.add_argument("--ict-steps", type=int, default=40)
-    p.add_argument("--ict-batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("-k", type=int, default=2)
-    p.add_argument("--max-len", type=int, default=128)
+    p.add_argument("--ict-steps", type=int, default=100)
+    p.add_argument("--ict-batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("-k", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=160)
     p.add_argument("--block-len", type=int, default=96)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--refresh-every", type=int, default=10)
+    p.add_argument("--retriever-warmup", type=int, default=300)
+    p.add_argument("--refresh-every", type=int, default=50)
     p.add_argument("--device", default="cpu")
     p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
     args = p.parse_args()
@@ -57,17 +58,18 @@ def main() -> None:
             corpus.write_text("".join(line for _, line in zip(range(args.paragraphs), src)))
     ralm = [sys.executable, "-m", "ralm"]
     ict_s = run([*ralm, "ict", "--corpus", str(corpus), "--out", str(work / "ict"), "--steps", str(args.ict_steps),
-                 "--batch-size", str(args.ict_batch_size), "--warmup", "10", "--save-every", str(args.ict_steps),
-                 "--log-every", "5", "--block-len", str(args.block_len), "--device", args.device], work / "ict.log")
+                 "--batch-size", str(args.ict_batch_size), "--warmup", "30", "--save-every", str(args.ict_steps),
+                 "--log-every", "10", "--block-len", str(args.block_len), "--device", args.device], work / "ict.log")
     pre_s = run([*ralm, "pretrain", "--corpus", str(corpus), "--out", str(work / "realm"), "--init", str(work / "ict"),
                  "--steps", str(args.steps), "--batch-size", str(args.batch_size), "-k", str(args.k),
-                 "--max-len", str(args.max_len), "--block-len", str(args.block_len), "--lr", str(args.lr), "--warmup", "10", "--refresh", "async",
-                 "--refresh-every", str(args.refresh_every), "--save-every", "20", "--log-every", "5",
+                 "--max-len", str(args.max_len), "--block-len", str(args.block_len), "--lr", str(args.lr), "--warmup", "50",
+                 "--retriever-warmup", str(args.retriever_warmup), "--refresh", "async",
+                 "--refresh-every", str(args.refresh_every), "--save-every", "100", "--log-every", "10",
                  "--device", args.device], work / "realm.log")
 
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
-    for stage, keys in (("ict", ["loss", "in_batch_accuracy"]), ("realm", ["loss", "retrieval_utility", "staleness", "p_null", "steps_per_s"])):
+    for stage, keys in (("ict", ["loss", "in_batch_accuracy"]), ("realm", ["loss", "retrieval_utility", "span_in_top", "staleness", "p_null", "steps_per_s"])):
         for key in keys:
             shutil.copyfile(work / stage / f"{key}.png", figures / f"pretrain_{stage}_{key}.png")
     ict_rows = [json.loads(line) for line in (work / "ict" / "metrics.jsonl").read_text().splitlines()]
@@ -85,6 +87,8 @@ def main() -> None:
                   "utility_first": window_mean(rows, "retrieval_utility", True, 2),
                   "utility_last": window_mean(rows, "retrieval_utility", False, 2),
                   "utility_max_window": max(r["retrieval_utility"] for r in rows),
+                  "span_in_top_first": window_mean(rows, "span_in_top", True, 10),
+                  "span_in_top_last": window_mean(rows, "span_in_top", False, 10),
                   "staleness_mean": window_mean(rows, "staleness", True, len(rows)),
                   "steps_per_s": window_mean(rows, "steps_per_s", False, len(rows)),
                   "versions_published": len(published),

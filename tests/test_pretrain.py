@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from ralm.cli import app
 from ralm.errors import RalmError
+from ralm.models.realm import KnowledgeAugmentedEncoder
 from ralm.retrieval.encoders import Retriever
 from ralm.train.pretrain import PretrainConfig, pretrain
 
@@ -55,6 +56,8 @@ def test_exports_follow_the_contract(tiny_bert, corpus_file, tmp_path):
     retriever = Retriever.from_pretrained(run / "final" / "retriever")
     assert retriever.dim == 16 and retriever.cfg.projection_ready
     mlm = BertForMaskedLM.from_pretrained(str(run / "final" / "encoder"))
+    assert KnowledgeAugmentedEncoder.from_pretrained(str(run / "final" / "encoder")).fresh_head is False
+    assert KnowledgeAugmentedEncoder.from_pretrained(str(tiny_bert)).fresh_head is True
     AutoTokenizer.from_pretrained(str(run / "final" / "encoder"))
     from safetensors.torch import load_file
 
@@ -80,6 +83,7 @@ def test_cli_pretrain_resume_message_and_errors(tiny_bert, corpus_file, tmp_path
             "--device", "cpu", "--json"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
+    assert "--retriever-warmup" in first.output  # tiny_bert ships no MLM head: the collapse warning
     again = runner.invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 0, again.output
     assert "resuming from step 1" in again.output
@@ -130,10 +134,20 @@ def test_retriever_warmup_trains_the_encoder_alone_first(tiny_bert, corpus_file,
     assert not torch.equal(encoder, _first_layer_weight(tiny_bert))  # the encoder did train
 
     pretrain(_cfg(corpus_file, tiny_bert, steps=3, refresh="none", retriever_warmup=2), run, cpu, show_progress=False)
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["retriever_lr"] == pytest.approx(1e-3)
     trained = weights(run / "final" / "retriever")
     assert any(not torch.equal(start[k], trained[k]) for k in start)  # step 3: the towers train too
     with pytest.raises(RalmError, match="--retriever-warmup"):
         PretrainConfig(str(corpus_file), retriever_warmup=-1)
+    with pytest.raises(RalmError, match="--retriever-lr"):
+        PretrainConfig(str(corpus_file), retriever_lr=0.0)
+
+
+def test_retriever_lr_sets_the_towers_rate(tiny_bert, corpus_file, tmp_path):
+    run = tmp_path / "run"
+    pretrain(_cfg(corpus_file, tiny_bert, steps=2, refresh="none", retriever_lr=1e-5), run, torch.device("cpu"), show_progress=False)
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["lr"] == pytest.approx(1e-3) and last["retriever_lr"] == pytest.approx(1e-5)
 
 
 def _first_layer_weight(path) -> torch.Tensor:

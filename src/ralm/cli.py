@@ -248,6 +248,7 @@ def pretrain(
     k: int = typer.Option(8, "-k", "--k", help="retrieved blocks per example (the null document is added)"),
     lr: float = typer.Option(5e-5, "--lr"),
     warmup: int = typer.Option(100, "--warmup", help="linear learning-rate warm-up steps"),
+    retriever_lr: Optional[float] = typer.Option(None, "--retriever-lr", help="the towers' learning rate (default: --lr)"),
     retriever_warmup: int = typer.Option(0, "--retriever-warmup", help="steps that train the encoder alone before the towers (an encoder with a fresh MLM head first learns to read evidence)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
     refresh: str = typer.Option("async", "--refresh", help="async (separate index-builder process), sync (in-process) or none"),
@@ -268,7 +269,7 @@ def pretrain(
     _quiet_libraries()
     cfg = PretrainConfig(str(corpus), init=str(init) if init else None, model=model, index=str(index) if index else None,
                          dim=dim, steps=steps, batch_size=batch_size, k=k, lr=lr, warmup=warmup, retriever_warmup=retriever_warmup,
-                         masking=masking, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
+                         retriever_lr=retriever_lr, masking=masking, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
                          log_every=log_every, seed=seed)
     summary = run_pretrain(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                            on_metrics=_print_train_metrics)

@@ -48,12 +48,13 @@ class RealmConfig:
 class KnowledgeAugmentedEncoder(nn.Module):
     """A BERT with its MLM head (a Hugging Face BertForMaskedLM), scoring masked positions only."""
 
-    def __init__(self, mlm: nn.Module, tokenizer):
+    def __init__(self, mlm: nn.Module, tokenizer, fresh_head: bool = False):
         super().__init__()
         if not (hasattr(mlm, "bert") and hasattr(mlm, "cls")):
             raise RalmError(f"the knowledge-augmented encoder must be a BERT masked LM, got {type(mlm).__name__}")
         self.mlm = mlm
         self.tokenizer = tokenizer
+        self.fresh_head = fresh_head  # the checkpoint had no MLM head: it starts untrained
         self.register_state_dict_post_hook(_untie_state)
 
     @classmethod
@@ -63,12 +64,12 @@ class KnowledgeAugmentedEncoder(nn.Module):
         from transformers import AutoTokenizer, BertForMaskedLM
 
         try:
-            mlm = BertForMaskedLM.from_pretrained(path, attn_implementation="sdpa")
+            mlm, info = BertForMaskedLM.from_pretrained(path, attn_implementation="sdpa", output_loading_info=True)
             tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
         except (OSError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RalmError(f"could not load encoder {path!r}: {first}") from None
-        return cls(mlm, tokenizer)
+        return cls(mlm, tokenizer, fresh_head=any(k.startswith("cls.") for k in info["missing_keys"]))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
                 positions: torch.Tensor) -> torch.Tensor:

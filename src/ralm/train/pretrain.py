@@ -62,6 +62,7 @@ class PretrainConfig:
     lr: float = 5e-5
     warmup: int = 100
     retriever_warmup: int = 0  # steps before the towers train (see _schedules)
+    retriever_lr: float | None = None  # the towers' learning rate (default: lr)
     masking: str = "salient"
     random_prob: float = 0.15
     refresh: str = "async"
@@ -77,6 +78,8 @@ class PretrainConfig:
         for name in ("steps", "batch_size", "k", "refresh_every", "save_every", "log_every"):
             if getattr(self, name) <= 0:
                 raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.retriever_lr is not None and self.retriever_lr <= 0:
+            raise RalmError(f"--retriever-lr must be positive, got {self.retriever_lr}")
         if self.retriever_warmup < 0:
             raise RalmError(f"--retriever-warmup must be >= 0, got {self.retriever_warmup}")
         if self.refresh not in REFRESH_MODES:
@@ -172,6 +175,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
+    if encoder.fresh_head and cfg.retriever_warmup == 0:
+        notify("note: the encoder's MLM head starts untrained; without --retriever-warmup the towers may learn to "
+               "rank near-empty blocks first (watch span_in_top; see docs/pretraining.md, 'Retriever collapse')")
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for -k {cfg.k} (need at least {cfg.k + margin})")
@@ -184,7 +190,8 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     if env.is_main and not retriever.cfg.projection_ready and resume is None:
         init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
     retriever.cfg.projection_ready = True
-    opt = torch.optim.AdamW([{"params": model.encoder.parameters()}, {"params": model.retriever.parameters()}],
+    opt = torch.optim.AdamW([{"params": model.encoder.parameters()},
+                             {"params": model.retriever.parameters(), "lr": cfg.retriever_lr or cfg.lr}],
                             lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedules(cfg))
     step = 0

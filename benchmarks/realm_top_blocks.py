@@ -1,0 +1,52 @@
+"""What a retriever returns for REALM's masked sentences: how long the top non-trivial block is
+and how often it (or one of the top k) holds the masked salient span. Detects the collapse onto
+near-empty blocks described in docs/pretraining.md.
+
+    python benchmarks/realm_top_blocks.py --run RUN --corpus squad300.jsonl --retriever RUN/final/retriever
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.models.realm import select_candidates, trivial_margin
+from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.train.ict import corpus_sentences
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--run", required=True, help="an ict/pretrain run directory (its blocks and spaCy sentences)")
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--retriever", required=True)
+    p.add_argument("--block-len", type=int, default=96)
+    p.add_argument("--sentences", type=int, default=200)
+    p.add_argument("-k", type=int, default=3)
+    args = p.parse_args()
+
+    retriever = Retriever.from_pretrained(args.retriever).eval()
+    tok = retriever.tokenizer
+    _, _, blocks, table = corpus_sentences(Path(args.run), args.corpus, tok, args.block_len, show_progress=False)
+    with torch.inference_mode():
+        docs = torch.cat([retriever.doc(*pad_rows([blocks.tokens[j] for j in range(i, min(i + 64, len(blocks)))], tok.pad_token_id))
+                          for i in range(0, len(blocks), 64)])  # [N, D]
+        chosen = np.random.default_rng(1).choice(table.with_spans(62), args.sentences, replace=False)
+        batch = masked_batch(table, blocks, chosen, MaskingConfig("salient", max_len=62), tok.mask_token_id, 7, 0)
+        queries = retriever.query(*pad_rows([[tok.cls_token_id, *e.ids, tok.sep_token_id] for e in batch], tok.pad_token_id))
+        ranked = (queries @ docs.T).topk(args.k + trivial_margin(blocks.doc_index)).indices.numpy()
+    rows = select_candidates(ranked, blocks.doc_index, [e.doc for e in batch], args.k)  # [S, k]
+    holds = np.array([[set(e.labels) <= set(blocks.body(int(r)).tolist()) for r in rs] for e, rs in zip(batch, rows)])
+    top_len = np.array([len(blocks.body(int(rs[0]))) for rs in rows])
+    print(json.dumps({"retriever": args.retriever, "sentences": len(batch), "top_body_len_mean": round(float(top_len.mean()), 2),
+                      "top_body_under_20": round(float((top_len < 20).mean()), 3), "span_in_top": round(float(holds[:, 0].mean()), 3),
+                      f"span_in_top_{args.k}": round(float(holds.any(1).mean()), 3)}))
+
+
+if __name__ == "__main__":
+    main()
