@@ -2,7 +2,7 @@
 N paragraphs of the SQuAD corpus (CPU-sized by default). Copies the curves to
 benchmarks/figures/ and prints a JSON summary (wall times, steps/s, first/last metrics).
 
-    python benchmarks/pretrain_squad.py --paragraphs 300 --ict-steps 100 --steps 1000
+    python benchmarks/pretrain_squad.py --paragraphs 300 --ict-steps 100 --steps 700
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/ralm-bench-pretrain")
     p.add_argument("--ict-steps", type=int, default=100)
     p.add_argument("--ict-batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=700)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("-k", type=int, default=3)
     p.add_argument("--max-len", type=int, default=160)
     p.add_argument("--block-len", type=int, default=96)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--retriever-warmup", type=int, default=300)
+    p.add_argument("--retriever-warmup", type=int, default=200)
+    p.add_argument("--retriever-lr", type=float, default=1e-5)
     p.add_argument("--refresh-every", type=int, default=50)
     p.add_argument("--device", default="cpu")
     p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
@@ -63,7 +64,7 @@ def main() -> None:
     pre_s = run([*ralm, "pretrain", "--corpus", str(corpus), "--out", str(work / "realm"), "--init", str(work / "ict"),
                  "--steps", str(args.steps), "--batch-size", str(args.batch_size), "-k", str(args.k),
                  "--max-len", str(args.max_len), "--block-len", str(args.block_len), "--lr", str(args.lr), "--warmup", "50",
-                 "--retriever-warmup", str(args.retriever_warmup), "--refresh", "async",
+                 "--retriever-warmup", str(args.retriever_warmup), "--retriever-lr", str(args.retriever_lr), "--refresh", "async",
                  "--refresh-every", str(args.refresh_every), "--save-every", "100", "--log-every", "10",
                  "--device", args.device], work / "realm.log")
 
