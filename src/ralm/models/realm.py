@@ -130,7 +130,8 @@ def retrieval_utility(log_pz: torch.Tensor, log_py: torch.Tensor, label_mask: to
 def span_in_top_block(examples: Sequence[MaskedSentence], blocks: BlockStore, rows: np.ndarray,
                       log_pz: torch.Tensor) -> np.ndarray:
     """Whether z*, the most relevant retrieved block, holds every masked wordpiece of x [B]:
-    the encoder can only copy what the evidence holds, so this bounds the retrieval utility."""
+    the encoder can copy only what the evidence holds, so this falling towards 0 means the
+    retriever has stopped finding useful evidence."""
     top = log_pz[:, :-1].argmax(-1).tolist()  # [B]
     return np.array([set(e.labels) <= set(blocks.body(int(r[t])).tolist()) for e, r, t in zip(examples, rows, top)])
 
