@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ralm.data.masking import MaskingConfig, masked_batch
-from ralm.models.realm import select_candidates, trivial_margin
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.models.realm import RealmConfig, block_holds_span, select_candidates, trivial_margin
+from ralm.retrieval.encoders import Retriever, encode_rows, pad_rows
 from ralm.train.ict import corpus_sentences
 
 
@@ -33,15 +33,16 @@ def main() -> None:
     retriever = Retriever.from_pretrained(args.retriever).eval()
     tok = retriever.tokenizer
     _, _, blocks, table = corpus_sentences(Path(args.run), args.corpus, tok, args.block_len, show_progress=False)
+    docs = np.zeros((len(blocks), retriever.dim), dtype=np.float32)
+    encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), docs, pad_id=tok.pad_token_id, show_progress=False)
+    x_len = RealmConfig().max_query_len - 2  # as `ralm pretrain` masks and embeds x
+    chosen = np.random.default_rng(1).choice(table.with_spans(x_len), args.sentences, replace=False)
+    batch = masked_batch(table, blocks, chosen, MaskingConfig("salient", max_len=x_len), tok.mask_token_id, 7, 0)
     with torch.inference_mode():
-        docs = torch.cat([retriever.doc(*pad_rows([blocks.tokens[j] for j in range(i, min(i + 64, len(blocks)))], tok.pad_token_id))
-                          for i in range(0, len(blocks), 64)])  # [N, D]
-        chosen = np.random.default_rng(1).choice(table.with_spans(62), args.sentences, replace=False)
-        batch = masked_batch(table, blocks, chosen, MaskingConfig("salient", max_len=62), tok.mask_token_id, 7, 0)
         queries = retriever.query(*pad_rows([[tok.cls_token_id, *e.ids, tok.sep_token_id] for e in batch], tok.pad_token_id))
-        ranked = (queries @ docs.T).topk(args.k + trivial_margin(blocks.doc_index)).indices.numpy()
+        ranked = (queries @ torch.from_numpy(docs).T).topk(args.k + trivial_margin(blocks.doc_index)).indices.numpy()
     rows = select_candidates(ranked, blocks.doc_index, [e.doc for e in batch], args.k)  # [S, k]
-    holds = np.array([[set(e.labels) <= set(blocks.body(int(r)).tolist()) for r in rs] for e, rs in zip(batch, rows)])
+    holds = np.array([[block_holds_span(e, blocks, int(r)) for r in rs] for e, rs in zip(batch, rows)])
     top_len = np.array([len(blocks.body(int(rs[0]))) for rs in rows])
     print(json.dumps({"retriever": args.retriever, "sentences": len(batch), "top_body_len_mean": round(float(top_len.mean()), 2),
                       "top_body_under_20": round(float((top_len < 20).mean()), 3), "span_in_top": round(float(holds[:, 0].mean()), 3),

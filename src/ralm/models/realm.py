@@ -133,7 +133,12 @@ def span_in_top_block(examples: Sequence[MaskedSentence], blocks: BlockStore, ro
     the encoder can copy only what the evidence holds, so this falling towards 0 means the
     retriever has stopped finding useful evidence."""
     top = log_pz[:, :-1].argmax(-1).tolist()  # [B]
-    return np.array([set(e.labels) <= set(blocks.body(int(r[t])).tolist()) for e, r, t in zip(examples, rows, top)])
+    return np.array([block_holds_span(e, blocks, int(r[t])) for e, r, t in zip(examples, rows, top)])
+
+
+def block_holds_span(example: MaskedSentence, blocks: BlockStore, row: int) -> bool:
+    """Whether every masked wordpiece of x occurs in the body of block `row`."""
+    return set(example.labels) <= set(blocks.body(row).tolist())
 
 
 def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequence[int], k: int) -> np.ndarray:
