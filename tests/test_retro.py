@@ -8,7 +8,7 @@ import torch
 
 from ralm.errors import RalmError
 from ralm.models.lm import lm_loss
-from ralm.models.retro import RetroConfig, RetroLM, generate, load_retro
+from ralm.models.retro import RetroConfig, RetroLM, generate, load_retro, retrofit
 
 M, K, V = 4, 2, 50
 
@@ -164,6 +164,69 @@ def test_cli_build_db_train_eval_generate(tmp_path, tiny_bert, corpus_file, ralm
     assert rc == 2 and "multiple of the chunk length" in err
     rc, _, err = ralm("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert)
     assert rc == 2 and "already exists" in err
+
+
+def test_retrofit_starts_from_the_lm_and_trains_only_retrieval():
+    """Retro-fitting: at step 0 RETRO with neighbours is exactly the LM; training moves only
+    the CCA and encoder weights, so retrieval off stays exactly the LM."""
+    from ralm.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(1)
+    lm = TransformerLM(LMConfig(vocab_size=V, dim=16, layers=3, heads=2, max_len=16)).eval()
+    model = tiny_retro()
+    retrofit(model, lm)
+    ids, nb = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, nb), lm(ids), rtol=0, atol=0)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(("embed.", "blocks.", "ln_f.")) for n in frozen)
+    assert all(n.startswith(("cca.", "encoder.")) for n, p in model.named_parameters() if p.requires_grad)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for _ in range(3):
+        loss = lm_loss(model(ids[:, :-1], nb[:, :3]), ids[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in frozen:
+                torch.testing.assert_close(p, frozen[n], rtol=0, atol=0)
+        torch.testing.assert_close(model(ids), lm(ids), rtol=0, atol=0)
+        assert (model(ids, nb) - lm(ids)).abs().amax() > 1e-4  # the neighbours now matter
+    with pytest.raises(RalmError, match="cannot retro-fit: the LM has dim 16, the RETRO config 32"):
+        retrofit(RetroLM(RetroConfig(vocab_size=V, dim=32, layers=3, heads=2, chunk_len=M, max_len=16)), lm)
+
+
+def test_cli_retrofit_keeps_the_lm_with_retrieval_off(tmp_path, tiny_bert, corpus_file, ralm):
+    import json
+
+    db, lm, run = tmp_path / "db", tmp_path / "lm", tmp_path / "retro"
+    assert ralm("retro", "build-db", corpus_file, "--out", db, "--model", tiny_bert, "--chunk-len", 8)[0] == 0
+    rc, _, err = ralm("lm", "train", "--text", corpus_file, "--out", lm, "--tokenizer", tiny_bert, "--dim", 16, "--layers", 2,
+                      "--heads", 2, "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1)
+    assert rc == 0, err
+    rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--dim", 32)
+    assert rc == 2 and "--dim 32 differs from the --retrofit LM's dim 16" in err
+    rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", db)
+    assert rc == 2 and "needs a model from `ralm lm train`" in err
+    rc, out, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--seq-len", 16,
+                        "--cca-start", 0, "--cca-every", 1, "--encoder-layers", 1, "--steps", 4, "--batch-size", 2,
+                        "--warmup", 1, "--lr", 1e-2, "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert 0 < summary["trainable_parameters"] < summary["parameters"]
+    ppl = {}
+    for name, args in (("lm", ("lm", "eval", "--model", lm)),
+                       ("off", ("retro", "eval", "--model", run, "--db", db, "--no-retrieval")),
+                       ("on", ("retro", "eval", "--model", run, "--db", db))):
+        rc, out, err = ralm(*args, "--text", corpus_file, "--stride", 8, "--json")
+        assert rc == 0, err
+        ppl[name] = next(v["ppl"] for v in json.loads(out).values() if isinstance(v, dict) and "ppl" in v)
+    # equal but for the text's last window, whose start RETRO aligns to a chunk (less context)
+    assert ppl["off"] == pytest.approx(ppl["lm"], rel=1e-3)
+    assert ppl["on"] != pytest.approx(ppl["off"], rel=1e-3)
 
 
 def test_learns_to_copy_the_continuation_from_its_neighbours():

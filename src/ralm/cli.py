@@ -406,9 +406,11 @@ def retro_train(
     db: Path = typer.Option(..., "--db", help="chunk DB from `ralm retro build-db`"),
     text: Path = typer.Option(..., "--text", help=TextHelp),
     run: Path = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)"),
-    dim: int = typer.Option(256, "--dim"),
-    layers: int = typer.Option(4, "--layers"),
-    heads: int = typer.Option(4, "--heads"),
+    retrofit: Optional[Path] = typer.Option(None, "--retrofit", help="start from a `ralm lm train` model and train only the "
+                                            "CCA layers and neighbour encoder (its decoder stays frozen; sizes come from it)"),
+    dim: Optional[int] = typer.Option(None, "--dim", help="[default: 256, or the --retrofit LM's]"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="[default: 4, or the --retrofit LM's]"),
+    heads: Optional[int] = typer.Option(None, "--heads", help="[default: 4, or the --retrofit LM's]"),
     seq_len: int = typer.Option(256, "--seq-len", help="training length, a multiple of the chunk length"),
     neighbours: int = typer.Option(2, "--neighbours", "-k"),
     cca_start: int = typer.Option(1, "--cca-start", help="first decoder layer (0-based) with chunked cross-attention"),
@@ -428,16 +430,29 @@ def retro_train(
 ):
     """Train RETRO on a text, with neighbours from the chunk DB looked up once and cached."""
     from ralm.atomic import read_json
+    from ralm.models.lm import FORMAT as LM_FORMAT, model_dir
     from ralm.models.retro import RetroConfig
     from ralm.train.lm import RetroTrainConfig, train_retro
 
     _quiet_libraries()
     if not (db / "manifest.json").is_file():
         raise RalmError(f"{db}: not a chunk DB (no manifest.json); build one with `ralm retro build-db`")
-    model_cfg = RetroConfig(dim=dim, layers=layers, heads=heads, chunk_len=read_json(db / "manifest.json")["chunk_len"],
+    given = {"dim": dim, "layers": layers, "heads": heads}
+    sizes = {"dim": 256, "layers": 4, "heads": 4, **{name: v for name, v in given.items() if v is not None}}
+    if retrofit is not None:
+        found = model_dir(retrofit, LM_FORMAT)
+        if found is None:
+            raise RalmError(f"{retrofit}: --retrofit needs a model from `ralm lm train`")
+        lm_cfg = read_json(found / "config.json")
+        for name, value in given.items():
+            if value is not None and value != lm_cfg[name]:
+                raise RalmError(f"--{name} {value} differs from the --retrofit LM's {name} {lm_cfg[name]}; leave it out")
+        sizes = {name: lm_cfg[name] for name in ("vocab_size", "dim", "layers", "heads", "mlp_ratio")}
+    model_cfg = RetroConfig(**sizes, chunk_len=read_json(db / "manifest.json")["chunk_len"],
                             neighbours=_positive("--neighbours", neighbours), cca_start=cca_start, cca_every=cca_every,
                             encoder_layers=encoder_layers, max_len=_positive("--seq-len", seq_len))
     cfg = RetroTrainConfig(text=str(text), db=str(db), model=model_cfg, exclude_same_document=exclude_same_doc,
+                           retrofit=str(retrofit or ""),
                            steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, limit_tokens=_limit(limit_tokens),
                            save_every=save_every, log_every=log_every, seed=seed)
     _print_lm_train(train_retro(cfg, run, _device(device), on_metrics=_print_train_metrics), as_json)

@@ -32,7 +32,7 @@ from torch import nn
 
 from ralm.atomic import write_model_dir
 from ralm.errors import RalmError
-from ralm.models.lm import Attention, Block, _init_weights, load_model_dir, model_dir, rotary
+from ralm.models.lm import Attention, Block, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 
 FORMAT = "ralm.retro/1"
 
@@ -170,6 +170,23 @@ class RetroLM(nn.Module):
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
         write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
+
+
+def retrofit(model: RetroLM, lm: TransformerLM) -> None:
+    """Retro-fitting (paper section 4.4): `model` takes the trained LM's embedding, decoder blocks
+    and final norm and freezes them, so only the CCA layers and the neighbour encoder train.
+    The CCA output projections start at zero: training starts from exactly that LM, and
+    retrieval off stays exactly that LM."""
+    want, have = model.cfg, lm.cfg
+    for name in ("vocab_size", "dim", "layers", "heads", "mlp_ratio"):
+        if getattr(want, name) != getattr(have, name):
+            raise RalmError(f"cannot retro-fit: the LM has {name} {getattr(have, name)}, the RETRO config {getattr(want, name)}")
+    missing, unexpected = model.load_state_dict(lm.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith(("cca.", "encoder.")) for k in missing), (missing, unexpected)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(("cca.", "encoder.")))
+    for cca in model.cca.values():
+        nn.init.zeros_(cca.attn.out.weight)
 
 
 def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:

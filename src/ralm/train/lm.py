@@ -7,7 +7,8 @@ At the end the model is exported to RUN/model (a directory `load_lm` / `load_ret
 
 Examples are consecutive windows of the training text's token stream: seq_len + 1 tokens for
 the LM; for RETRO, max_len + 1 tokens starting on a chunk boundary, with the cached neighbours
-of the max_len // m chunks they contain (same-document neighbours excluded).
+of the max_len // m chunks they contain (same-document neighbours excluded). RETRO can start
+from a trained LM with only its retrieval parts training (`retrofit`, the paper's Retro-fitting).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
-from ralm.models.lm import LMConfig, TransformerLM, lm_loss
-from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch
+from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
+from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import default_model_path
 from ralm.runtime import compute_dtype, seed_everything
@@ -69,6 +70,7 @@ class RetroTrainConfig(OptimConfig):
     model: RetroConfig = field(default_factory=RetroConfig)
     exclude_same_document: bool = True
     limit_tokens: int | None = None
+    retrofit: str = ""  # a `ralm lm train` model: frozen decoder, only CCA + neighbour encoder train
 
 
 def _schedule(optim: OptimConfig) -> Callable[[int], float]:
@@ -87,8 +89,9 @@ def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: C
     run, optim = Path(run), config  # the OptimConfig fields of either trainer config
     resume = prepare_run(run, config)
     model.to(device).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    rest = [p for n, p in model.named_parameters() if p.ndim < 2]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.ndim >= 2]
+    rest = [p for p in trainable if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=optim.lr, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(optim))
@@ -105,7 +108,7 @@ def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: C
                     loss = loss_of_batch(idx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, optim.grad_clip)
                 opt.step()
                 sched.step()
                 step += 1
@@ -125,7 +128,7 @@ def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: C
     plot_metrics(run, ["loss"], smooth=min(10, max(1, optim.steps // optim.log_every // 10)))  # ~10 points per mean
     model.eval().save_pretrained(run / "model", tokenizer)
     return {"run": str(run), "steps": step, "loss": round(last, 4), "seconds": round(time.perf_counter() - start, 1),
-            "parameters": sum(p.numel() for p in model.parameters())}
+            "parameters": sum(p.numel() for p in model.parameters()), "trainable_parameters": sum(p.numel() for p in trainable)}
 
 
 def train_lm(config: LMTrainConfig, run: str | os.PathLike, device: torch.device | None = None,
@@ -173,6 +176,13 @@ def train_retro(config: RetroTrainConfig, run: str | os.PathLike, device: torch.
         raise RalmError(f"{config.text}: {len(stream.tokens)} tokens is fewer than one sequence of {seq + 1}")
     seed_everything(config.seed)
     model = RetroLM(cfg)
+    if config.retrofit:
+        lm, lm_tokenizer = load_lm(config.retrofit)
+        if not isinstance(lm, TransformerLM):
+            raise RalmError(f"{config.retrofit}: --retrofit needs a model from `ralm lm train`")
+        if lm_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise RalmError(f"{config.retrofit}: the LM's tokenizer differs from the chunk DB's; neighbours would be other tokens to it")
+        retrofit(model, lm)
     tokens, pad = stream.tokens, tokenizer.pad_token_id or 0
 
     def loss_of_batch(idx: np.ndarray) -> torch.Tensor:
