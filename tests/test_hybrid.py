@@ -23,11 +23,14 @@ def bm25_index(tmp_path_factory, tiny_bert):
     return root / "bm25"
 
 
-def test_fuse_is_a_convex_combination_of_minmax_scores():
+def test_fuse_is_a_convex_combination_of_minmax_scores_on_the_retrievers_scale():
     dense, bm25 = np.array([1.0, 3.0, 2.0]), np.array([10.0, 0.0, 5.0])
     assert np.allclose(minmax(dense), [0.0, 1.0, 0.5])
-    assert np.allclose(fuse(dense, bm25, 0.25), 0.25 * np.array([0.0, 1.0, 0.5]) + 0.75 * np.array([1.0, 0.0, 0.5]))
+    scale = 0.25 * 2.0 + 0.75 * 10.0  # the same mix of the two score ranges
+    assert np.allclose(fuse(dense, bm25, 0.25), (0.25 * np.array([0.0, 1.0, 0.5]) + 0.75 * np.array([1.0, 0.0, 0.5])) * scale)
     assert np.allclose(minmax(np.array([2.0, 2.0])), [0.0, 0.0])
+    # alpha = 1 gives the dense scores up to a shift, so p(z|x) = softmax is exactly the dense one
+    assert np.allclose(fuse(dense, bm25, 1.0), dense - dense.min())
 
 
 def test_alpha_one_is_dense_and_alpha_zero_is_bm25(tiny_dense_index, bm25_index):
@@ -44,7 +47,7 @@ def test_alpha_one_is_dense_and_alpha_zero_is_bm25(tiny_dense_index, bm25_index)
 def test_fused_ranking_and_hits(tiny_dense_index, bm25_index):
     hybrid = HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(bm25_index), alpha=0.5)
     scores, rows = hybrid.search_rows(["Who created Python?"], 4)
-    assert np.all(np.diff(scores[0]) <= 0) and scores[0, 0] <= 1.0
+    assert np.all(np.diff(scores[0]) <= 0) and scores[0, -1] >= 0.0
     hits = hybrid.search(["Who created Python?"], 4)[0]
     assert [h.row for h in hits] == rows[0].tolist()
     assert hits[0].title == "Python (language)"  # BM25 alone finds it; fusion keeps it first

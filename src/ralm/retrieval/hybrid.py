@@ -5,7 +5,8 @@ row means the same block in each. For a query, the union of each side's top `dep
 scored by both: the dense score exactly (query · embeddings.npy row), the BM25 score from its
 list, or for a row outside BM25's top `depth`, that list's lowest score (an upper bound).
 Each score is min-max normalised over the union, then
-    fused = alpha · dense + (1 - alpha) · bm25.
+    fused = (alpha · dense + (1 - alpha) · bm25) · (alpha · range(dense) + (1 - alpha) · range(bm25)),
+the last factor putting fused scores back on the retrievers' own scale (it matters for p(z|x)).
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ def minmax(x: np.ndarray) -> np.ndarray:
 
 
 def fuse(dense: np.ndarray, bm25: np.ndarray, alpha: float) -> np.ndarray:
-    """Convex combination of min-max normalised scores over one query's candidates [C]."""
-    return alpha * minmax(dense) + (1 - alpha) * minmax(bm25)
+    """Convex combination of min-max normalised scores over one query's candidates [C], scaled
+    back to the same mix of the two score ranges. The scale keeps the ranking but matters for
+    p(z|x) = softmax(scores): on [0, 1] it would be near uniform over the top k, and the reader
+    would ignore how far apart the retrievers put the blocks."""
+    span = alpha * np.ptp(dense) + (1 - alpha) * np.ptp(bm25)
+    return (alpha * minmax(dense) + (1 - alpha) * minmax(bm25)) * span
 
 
 class HybridSearcher:
