@@ -40,7 +40,10 @@ def still_bert(tiny_bert, tmp_path_factory):
 SHIFT_ONLY = {"doc.proj.bias", "doc.bert.encoder.layer.1.output.LayerNorm.bias", "reader.spans.out.bias"}
 
 
-def _same_checkpoint(one, two, step: int, prefix: str = "", atol: float = 1e-5) -> None:
+def _same_checkpoint(one, two, step: int, prefix: str = "", atol: float = 1e-4) -> None:
+    """Same parameters up to `atol`: every run here uses lr 1e-3, so a wrong split or missing
+    cross-rank negatives moves weights by ~1e-3, while float noise in near-zero gradients, which
+    Adam's first steps scale up to lr, stays near 1e-5 (how near depends on the CPU's kernels)."""
     name = f"checkpoints/step-{step:06d}/model.safetensors"
     a, b = load_file(str(one / name)), load_file(str(two / name))
     assert a.keys() == b.keys()
@@ -118,7 +121,7 @@ def test_pretrain_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     _two_ranks_and_one("ralm.train.pretrain.pretrain", cfg, tmp_path)  # rank 0 refreshes, both search its shards
     # With a random encoder every block helps equally little (retrieval utility ~1e-4): the
     # towers' gradients are float noise that Adam scales up to +-lr, so only the encoder compares.
-    _same_checkpoint(tmp_path / "one", tmp_path / "two", 2, prefix="encoder.", atol=5e-5)
+    _same_checkpoint(tmp_path / "one", tmp_path / "two", 2, prefix="encoder.")
     # the loss is per masked wordpiece of the whole global batch
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
     rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
