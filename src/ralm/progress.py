@@ -1,9 +1,13 @@
-"""Progress bars for long jobs (rich), silenced with `enabled=False` or RALM_NO_PROGRESS=1."""
+"""Progress bars for long jobs (rich), silenced with `enabled=False` or RALM_NO_PROGRESS=1.
+
+When stderr is not a terminal (a job's log file), rich would print a bar only when it ends, so
+a plain line per task is written every RALM_PROGRESS_INTERVAL seconds (default 60) instead."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Iterable, Iterator, TypeVar
 
 from rich.progress import (
@@ -16,6 +20,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from ralm.errors import RalmError
+
 T = TypeVar("T")
 
 
@@ -23,21 +29,51 @@ def progress_enabled(enabled: bool = True) -> bool:
     return enabled and os.environ.get("RALM_NO_PROGRESS", "") in ("", "0")
 
 
+class LogProgress(Progress):
+    """A Progress for a non-terminal console: every `interval` seconds of advances or updates,
+    the tasks' lines (the same columns as the bar) are printed once."""
+
+    def __init__(self, *columns, interval: float, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self.interval = interval
+        self._last_line = time.monotonic()
+
+    def _log_lines(self) -> None:
+        now = time.monotonic()
+        if self.disable or now - self._last_line < self.interval:
+            return
+        self._last_line = now
+        self.console.print(self.make_tasks_table([t for t in self.tasks if t.visible and not t.finished]))
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log_lines()
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._log_lines()
+
+
 def progress_bar(enabled: bool = True) -> Progress:
     """A rich Progress writing to stderr, so stdout stays clean for --json output."""
     from rich.console import Console
 
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(file=sys.stderr),
-        disable=not progress_enabled(enabled),
-        transient=False,
-    )
+    console = Console(file=sys.stderr)
+    # fresh columns per bar: rich columns cache their rendering by task id
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    options = dict(console=console, disable=not progress_enabled(enabled), transient=False)
+    if console.is_terminal:
+        return Progress(*columns, **options)
+    return LogProgress(*columns, interval=_interval(), **options)
+
+
+def _interval() -> float:
+    value = os.environ.get("RALM_PROGRESS_INTERVAL", "60")
+    try:
+        return float(value)
+    except ValueError:
+        raise RalmError(f"RALM_PROGRESS_INTERVAL must be a number of seconds, got {value!r}") from None
 
 
 def track(items: Iterable[T], total: int | None, description: str, enabled: bool = True) -> Iterator[T]:
