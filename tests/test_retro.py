@@ -31,6 +31,10 @@ def test_cca_layers_follow_start_and_every():
     assert RetroConfig(layers=12, cca_start=5, cca_every=3).cca_layers == [5, 8, 11]
     with pytest.raises(RalmError, match="cca-start"):
         RetroConfig(layers=4, cca_start=4)
+    with pytest.raises(RalmError, match="neighbours must be positive"):
+        RetroConfig(neighbours=0)
+    with pytest.raises(RalmError, match="heads"):  # the decoder's own checks (LMConfig) apply too
+        RetroConfig(dim=30, heads=4)
 
 
 @pytest.mark.parametrize("chunk", [0, 1, 2, 3])

@@ -32,29 +32,25 @@ from torch import nn
 
 from ralm.atomic import write_model_dir
 from ralm.errors import RalmError
-from ralm.models.lm import Attention, Block, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
+from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 
 FORMAT = "ralm.retro/1"
 
 
 @dataclass
-class RetroConfig:
-    vocab_size: int = 30522  # the bundled MiniLM wordpiece vocabulary
-    dim: int = 256
-    layers: int = 4
-    heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
+class RetroConfig(LMConfig):
+    """The decoder's sizes (LMConfig, so a trained LM can be retro-fitted) plus retrieval."""
     chunk_len: int = 64
     neighbours: int = 2
     cca_start: int = 1  # first decoder layer (0-based) followed by chunked cross-attention ...
     cca_every: int = 3  # ... and every cca_every-th layer after it (the paper: every 3rd from layer 6)
     encoder_layers: int = 2
-    max_len: int = 512
 
     def __post_init__(self):
-        if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise RalmError(f"dim {self.dim} must split into {self.heads} heads of even size")
+        super().__post_init__()
+        for name in ("chunk_len", "neighbours", "encoder_layers"):
+            if getattr(self, name) <= 0:
+                raise RalmError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.cca_start < self.layers or self.cca_every <= 0:
             raise RalmError(f"--cca-start must be in [0, {self.layers}) and --cca-every positive, got {self.cca_start}, {self.cca_every}")
         if self.max_len % self.chunk_len:
