@@ -3,7 +3,7 @@
 import pytest
 
 from ralm.errors import RalmError
-from ralm.progress import track
+from ralm.progress import progress_bar, track
 
 
 def test_a_log_file_gets_progress_lines_while_the_job_runs(capsys, monkeypatch):
@@ -35,3 +35,15 @@ def test_a_bad_interval_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("RALM_PROGRESS_INTERVAL", "1m")
     with pytest.raises(RalmError, match="RALM_PROGRESS_INTERVAL must be a number of seconds, got '1m'"):
         list(track(range(3), 3, "embedding"))
+
+
+def test_a_log_shows_time_remaining_for_jobs_advancing_in_large_blocks(monkeypatch):
+    monkeypatch.setenv("RALM_NO_PROGRESS", "0")
+    now = [0.0]
+    with progress_bar() as bar:
+        bar.get_time = lambda: now[0]  # a block of 8,192 every 90 s
+        task = bar.add_task("embedding chunks", total=8192 * 4)
+        for _ in range(2):
+            now[0] += 90.0
+            bar.advance(task, 8192)
+        assert bar.tasks[0].time_remaining == pytest.approx(180.0)

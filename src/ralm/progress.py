@@ -65,7 +65,9 @@ def progress_bar(enabled: bool = True) -> Progress:
     options = dict(console=console, disable=not progress_enabled(enabled), transient=False)
     if console.is_terminal:
         return Progress(*columns, **options)
-    return LogProgress(*columns, interval=_interval(), **options)
+    # Jobs that advance in large blocks (a shard of embeddings every few minutes) would get no
+    # speed, hence no time remaining, from rich's default 30 s window.
+    return LogProgress(*columns, interval=_interval(), speed_estimate_period=3600.0, **options)
 
 
 def _interval() -> float:
