@@ -24,15 +24,14 @@ import torch
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
-from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import compute_dtype, seed_everything
+from ralm.runtime import compute_dtype
 from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, prepare_shared_run, rank_batch, wrap_ddp
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, start_run, wrap_ddp
 
 
 @dataclass
@@ -121,13 +120,9 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
               show_progress: bool = True) -> dict:
     """Train (or resume) the run at `out`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    env = dist_env()
-    device = env.device(device or torch.device("cpu"))
-    show_progress = show_progress and env.is_main
     run = Path(out)
-    questions = read_questions(cfg.questions)[: cfg.limit]
-    resume = prepare_shared_run(run, cfg, env)
-    seed_everything(cfg.seed)
+    questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
+    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
     retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
     if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):
         build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)  # rank 0 builds

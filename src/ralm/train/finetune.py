@@ -22,15 +22,15 @@ import numpy as np
 import torch
 
 from ralm.data.qa import Question, read_questions
-from ralm.distributed import DistEnv, dist_env
+from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import compute_dtype, seed_everything
+from ralm.runtime import compute_dtype
 from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, prepare_shared_run, rank_batch, search_rank_queries, wrap_ddp
+from ralm.train.parallel import all_mean, global_mean, rank_batch, search_rank_queries, start_run, wrap_ddp
 
 
 @dataclass
@@ -143,12 +143,8 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
              show_progress: bool = True) -> dict:
     """Train (or resume) the run at `out`; returns a summary. Under torchrun every rank trains
     on its `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    env = dist_env()
-    device = env.device(device or torch.device("cpu"))
-    show_progress = show_progress and env.is_main
-    questions = read_questions(cfg.questions)[: cfg.limit]
-    resume = prepare_shared_run(out, cfg, env)
-    seed_everything(cfg.seed)
+    questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
+    env, device, show_progress, resume = start_run(out, cfg, device, show_progress)
 
     reader_src, retriever_src = resolve_init(cfg.init)
     searcher = Searcher.open(cfg.index, model=retriever_src, device=device)

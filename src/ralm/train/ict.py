@@ -22,14 +22,13 @@ import torch
 from ralm.atomic import write_json
 from ralm.data.blocks import BlockConfig, BlockStore
 from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
-from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.retrieval.build import ensure_blocks, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import compute_dtype, seed_everything
+from ralm.runtime import compute_dtype
 from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, prepare_shared_run, rank_batch, rank_slice, wrap_ddp
+from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, rank_slice, start_run, wrap_ddp
 
 
 @dataclass
@@ -89,12 +88,8 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     """Train (or resume) the run at `run`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     run = Path(run)
-    env = dist_env()
-    device = env.device(device)
-    show_progress = show_progress and env.is_main
+    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
     notify = notify if notify and env.is_main else (lambda _: None)
-    seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
-    resume = prepare_shared_run(run, cfg, env)
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
         _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ralm.distributed import DistEnv
+from ralm.distributed import DistEnv, dist_env
+from ralm.runtime import seed_everything
 from ralm.train.loop import batch_indices, prepare_run
 
 
@@ -32,10 +33,14 @@ def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> n
     return batch_indices(step, batch_size * env.world, n, seed)[rank_slice(batch_size, env)]
 
 
-def prepare_shared_run(run, config, env: DistEnv):
-    """Rank 0 creates RUN (or checks that its config matches, see `prepare_run`); every rank
-    gets the checkpoint to resume from, rank 0's LATEST."""
-    return env.broadcast_object(prepare_run(run, config) if env.is_main else None)
+def start_run(run, config, device: torch.device | None, show_progress: bool):
+    """Every trainer's start, alone or under torchrun: (env, this rank's device, progress on
+    rank 0 only, the checkpoint to resume from). Rank 0 creates RUN (or checks that its config
+    matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
+    env = dist_env()
+    seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    resume = env.broadcast_object(prepare_run(run, config) if env.is_main else None)
+    return env, env.device(device or torch.device("cpu")), show_progress and env.is_main, resume
 
 
 @contextmanager

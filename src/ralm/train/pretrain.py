@@ -33,7 +33,7 @@ import torch
 
 from ralm.atomic import write_json
 from ralm.data.masking import MaskingConfig, masked_batch
-from ralm.distributed import DistEnv, dist_env
+from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.build import init_projection
@@ -41,10 +41,10 @@ from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import compute_dtype, seed_everything
+from ralm.runtime import compute_dtype
 from ralm.train.ict import corpus_sentences
 from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, main_first, prepare_shared_run, rank_batch, search_rank_queries, wrap_ddp
+from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
 
 REFRESH_MODES = ("async", "sync", "none")
 
@@ -164,12 +164,8 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     `batch_size` share of a `batch_size x world` global batch and searches its shard of the
     index; rank 0 writes the run, refreshes the index and runs the async builder."""
     run = Path(run)
-    env = dist_env()
-    device = env.device(device)
-    show_progress = show_progress and env.is_main
+    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
     notify = notify if notify and env.is_main else (lambda _: None)
-    seed_everything(cfg.seed)  # fresh heads and dropout: the same run twice gives the same numbers
-    resume = prepare_shared_run(run, cfg, env)
     with main_first(env):
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
