@@ -35,6 +35,8 @@ def test_cca_layers_follow_start_and_every():
         RetroConfig(neighbours=0)
     with pytest.raises(RalmError, match="heads"):  # the decoder's own checks (LMConfig) apply too
         RetroConfig(dim=30, heads=4)
+    with pytest.raises(RalmError, match="heads must be positive"):  # not a division by zero
+        RetroConfig(heads=0)
 
 
 @pytest.mark.parametrize("chunk", [0, 1, 2, 3])

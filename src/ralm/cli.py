@@ -447,7 +447,7 @@ def retro_train(
         for name, value in given.items():
             if value is not None and value != lm_cfg[name]:
                 raise RalmError(f"--{name} {value} differs from the --retrofit LM's {name} {lm_cfg[name]}; leave it out")
-        sizes = {name: lm_cfg[name] for name in ("vocab_size", "dim", "layers", "heads", "mlp_ratio")}
+        sizes = {name: lm_cfg[name] for name in RetroConfig.decoder_sizes}
     model_cfg = RetroConfig(**sizes, chunk_len=read_json(db / "manifest.json")["chunk_len"],
                             neighbours=_positive("--neighbours", neighbours), cca_start=cca_start, cca_every=cca_every,
                             encoder_layers=encoder_layers, max_len=_positive("--seq-len", seq_len))

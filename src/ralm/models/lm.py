@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -36,13 +37,14 @@ class LMConfig:
     mlp_ratio: int = 4
     dropout: float = 0.0
     max_len: int = 512  # longest context used in training; rotary positions work past it, less well
+    positive: ClassVar[tuple[str, ...]] = ("vocab_size", "dim", "layers", "heads", "max_len")
 
     def __post_init__(self):
-        if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise RalmError(f"dim {self.dim} must split into {self.heads} heads of even size")
-        for name in ("vocab_size", "dim", "layers", "heads", "max_len"):
+        for name in self.positive:  # first: heads 0 would make the split below divide by zero
             if getattr(self, name) <= 0:
                 raise RalmError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise RalmError(f"dim {self.dim} must split into {self.heads} heads of even size")
 
 
 # -- positions ----------------------------------------------------------------------------

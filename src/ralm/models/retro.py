@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -45,12 +46,11 @@ class RetroConfig(LMConfig):
     cca_start: int = 1  # first decoder layer (0-based) followed by chunked cross-attention ...
     cca_every: int = 3  # ... and every cca_every-th layer after it (the paper: every 3rd from layer 6)
     encoder_layers: int = 2
+    positive: ClassVar[tuple[str, ...]] = LMConfig.positive + ("chunk_len", "neighbours", "encoder_layers")
+    decoder_sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "dim", "layers", "heads", "mlp_ratio")  # taken from a retro-fitted LM
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("chunk_len", "neighbours", "encoder_layers"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.cca_start < self.layers or self.cca_every <= 0:
             raise RalmError(f"--cca-start must be in [0, {self.layers}) and --cca-every positive, got {self.cca_start}, {self.cca_every}")
         if self.max_len % self.chunk_len:
@@ -174,7 +174,7 @@ def retrofit(model: RetroLM, lm: TransformerLM) -> None:
     The CCA output projections start at zero: training starts from exactly that LM, and
     retrieval off stays exactly that LM."""
     want, have = model.cfg, lm.cfg
-    for name in ("vocab_size", "dim", "layers", "heads", "mlp_ratio"):
+    for name in RetroConfig.decoder_sizes:
         if getattr(want, name) != getattr(have, name):
             raise RalmError(f"cannot retro-fit: the LM has {name} {getattr(have, name)}, the RETRO config {getattr(want, name)}")
     missing, unexpected = model.load_state_dict(lm.state_dict(), strict=False)
