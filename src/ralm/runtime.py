@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
 import torch
+
+from ralm.errors import RalmError
+
+DTYPES = ("auto", "fp32", "bf16")
 
 
 def default_device() -> torch.device:
@@ -19,9 +24,49 @@ def resolve_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
+def cpu_has_bf16() -> bool:
+    """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16), as cpuinfo reports
+    it. Elsewhere torch emulates bf16 matmuls, which is slower than fp32."""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The compute dtype for `device`: "auto" (or None) is bf16 on CUDA and on CPUs with native
+    bf16, fp32 elsewhere; "bf16" where the CPU lacks it is an error, not a silent slowdown."""
+    if isinstance(name, torch.dtype):
+        name = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(name, str(name))
+    if name in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else torch.float32
+    if name == "fp32":
+        return torch.float32
+    if name == "bf16":
+        if device.type == "cpu" and not cpu_has_bf16():
+            raise RalmError("--dtype bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use --dtype fp32 or auto")
+        return torch.bfloat16
+    raise RalmError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision for a region: weights stay fp32 (the master copy), matmuls run in `dtype`."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def full_precision(device: torch.device):
+    """Turn autocast off, for logits whose softmax must not see bf16 rounding (relevance scores,
+    marginal likelihoods, perplexities): inside autocast, even `.float()` inputs run in bf16."""
+    return torch.autocast(device.type, enabled=False)
+
+
 def compute_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA (tensor cores, no loss scaling needed); fp32 on CPU."""
+    """Deprecated: being replaced by resolve_dtype + autocast (issue 18)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def seed_everything(seed: int) -> torch.Generator:
