@@ -100,7 +100,8 @@ def _corpus(tmp_path):
 def test_chunk_db_keys_are_frozen_mean_pooled_bert(tmp_path, tiny_bert):
     from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db, load_chunk_encoder
 
-    db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False))
+    db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False,
+                                dtype=torch.float32))  # the maths against an fp32 forward pass
     tower, tok, _ = load_chunk_encoder(str(tiny_bert))
     c = 3
     ids = torch.tensor([[tok.cls_token_id, *db.tokens[c * 8 : c * 8 + 8], tok.sep_token_id]])
@@ -113,7 +114,8 @@ def test_chunk_db_keys_are_frozen_mean_pooled_bert(tmp_path, tiny_bert):
 def test_chunk_db_search_excludes_same_document_like_brute_force(tmp_path, tiny_bert):
     from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db
 
-    db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False))
+    db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False,
+                                dtype=torch.float32))  # the maths against an fp32 forward pass
     q = np.array(db.embeddings[:6])
     got = db.search(q, 3, db.chunk_docs[:6])
     for i in range(6):

@@ -60,7 +60,8 @@ def _train(rank, trainer: str, cfg, run) -> None:
 
 
 def _two_ranks_and_one(trainer: str, cfg, tmp_path) -> None:
-    """Train `cfg` on 2 ranks into tmp/two and with the doubled batch in one process into tmp/one."""
+    """Train `cfg` on 2 ranks into tmp/two and with the doubled batch in one process into tmp/one.
+    The configs say fp32: bf16 rounding depends on how rows are batched, which differs here."""
     run_ranks(_train, trainer, cfg, tmp_path / "two")
     _train(0, trainer, replace(cfg, batch_size=2 * cfg.batch_size), tmp_path / "one")
 
@@ -73,7 +74,7 @@ def test_ict_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, 
     from ralm.train.ict import IctConfig
 
     cfg = IctConfig(str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=2, lr=1e-3, warmup=1,
-                    keep_sentence=0.5, save_every=2, log_every=1)
+                    keep_sentence=0.5, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.ict.train_ict", cfg, tmp_path)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     # the logged loss is the softmax over all 4 contexts (rank 1's are rank 0's negatives), not over 2
@@ -89,7 +90,7 @@ def test_dpr_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, 
     questions = tmp_path / "train.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))  # 4 with a BM25 positive
     cfg = DPRConfig(str(questions), str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=2,
-                    hard_negatives=1, bm25_depth=6, lr=1e-3, warmup=0.0, save_every=2, log_every=1)
+                    hard_negatives=1, bm25_depth=6, lr=1e-3, warmup=0.0, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.dpr.train_dpr", cfg, tmp_path)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     # each question is scored against all 8 passages of the global batch, not only its rank's 4
@@ -107,7 +108,7 @@ def test_finetune_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     build_index(corpus_file, tmp_path / "dense", model=str(still_bert), dim=16, show_progress=False)
     cfg = FinetuneConfig(str(questions), str(tmp_path / "dense"), init=str(still_bert), steps=2, batch_size=2, k=2,
-                         lr=1e-3, retriever_lr=1e-3, max_len=96, warmup=0.0, save_every=2, log_every=1)
+                         lr=1e-3, retriever_lr=1e-3, max_len=96, warmup=0.0, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.finetune.finetune", cfg, tmp_path)  # 2 ranks search the index sharded
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
@@ -117,7 +118,8 @@ def test_pretrain_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     from ralm.train.pretrain import PretrainConfig
 
     cfg = PretrainConfig(str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=1, k=2, lr=1e-3, warmup=1,
-                         refresh="sync", refresh_every=1, save_every=2, log_every=1, max_len=96, seed=3)
+                         refresh="sync", refresh_every=1, save_every=2, log_every=1, max_len=96, seed=3,
+                         dtype="fp32")
     _two_ranks_and_one("ralm.train.pretrain.pretrain", cfg, tmp_path)  # rank 0 refreshes, both search its shards
     # With a random encoder every block helps equally little (retrieval utility ~1e-4): the
     # towers' gradients are float noise that Adam scales up to +-lr, so only the encoder compares.

@@ -68,8 +68,15 @@ def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
     r = Retriever.from_pretrained(st, dim=None)
     assert (r.cfg.pooling, r.cfg.normalize) == ("mean", True)
     assert Retriever.from_pretrained(tiny_bert, dim=None).cfg.pooling == "cls"
-    v = r.encode_queries(["hello world"])
-    assert abs(float(v.norm()) - 1.0) < 1e-5  # normalised, no projection
+    from ralm.retrieval.encoders import SCORE_SCALE
+
+    v = r.encode_queries(["hello world"], dtype="fp32")
+    ids = r.tokenize_queries(["hello world"])
+    d = r.doc(ids["input_ids"], ids["attention_mask"])
+    # normalised, no projection: documents are unit vectors, queries carry the 20 x cosine scale
+    assert abs(float(d.norm()) - 1.0) < 1e-5 and abs(float(v.norm()) - SCORE_SCALE) < 1e-3
+    assert r.cfg.score_scale == SCORE_SCALE
+    assert Retriever.from_pretrained(st, dim=8).cfg.score_scale == 1.0  # a PCA projection carries the scale
 
 
 def test_default_model_is_the_bundled_minilm_with_mean_pooling():
@@ -100,7 +107,7 @@ def test_bucketed_encoding_equals_one_by_one(tiny_bert):
     rng = np.random.default_rng(0)
     rows = [np.concatenate([[101], rng.integers(1000, 2000, size=n), [102]]) for n in rng.integers(3, 40, size=23)]
     lengths = np.array([len(x) for x in rows])
-    out = encode_rows(r.doc, rows, lengths, np.zeros((23, 32), np.float32), batch_size=5, show_progress=False)
+    out = encode_rows(r.doc, rows, lengths, np.zeros((23, 32), np.float32), batch_size=5, show_progress=False, dtype="fp32")
     with torch.inference_mode():
         single = torch.cat([r.doc(torch.from_numpy(x[None]), torch.ones(1, len(x), dtype=torch.long)) for x in rows]).numpy()
     np.testing.assert_allclose(out, single, atol=1e-5)

@@ -73,7 +73,8 @@ def _stream(n: int = 90) -> TokenStream:
 def test_datastore_keys_are_hidden_states_and_values_next_tokens(tmp_path, tiny_lm):
     model, path = tiny_lm
     stream = _stream(30)
-    store = Datastore(build_datastore(model, path, stream, tmp_path / "store", seq_len=32, stride=16, show_progress=False))
+    store = Datastore(build_datastore(model, path, stream, tmp_path / "store", seq_len=32, stride=16, show_progress=False,
+                                      dtype="fp32"))  # the maths against an fp32 forward pass
     with torch.no_grad():  # the whole text fits one window: brute force is one forward pass
         hidden = model.features(torch.from_numpy(stream.tokens[None].astype(np.int64)))[0, :-1]
     np.testing.assert_allclose(np.asarray(store.keys, dtype=np.float32), hidden.numpy(), rtol=1e-2, atol=1e-3)  # fp16 keys

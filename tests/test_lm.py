@@ -38,7 +38,7 @@ def test_windowed_nll_equals_one_full_forward_when_it_fits():
     ids = torch.from_numpy(tokens.astype(np.int64))[None]
     with torch.no_grad():
         brute = -torch.log_softmax(model(ids[:, :-1]), -1)[0].gather(-1, ids[0, 1:, None])[:, 0]
-    nll = lm_nll(model, stream, seq_len=32, stride=8, device=torch.device("cpu"), show_progress=False)
+    nll = lm_nll(model, stream, seq_len=32, stride=8, device=torch.device("cpu"), show_progress=False, dtype="fp32")
     np.testing.assert_allclose(nll, brute.numpy(), rtol=1e-5, atol=1e-5)
     # the loss function is the mean of the same numbers
     assert lm_loss(model(ids[:, :-1]), ids[:, 1:]).item() == pytest.approx(brute.mean().item(), rel=1e-5)

@@ -6,7 +6,7 @@ on first use, so `import ralm` stays light (no torch, no transformers).
 
 from importlib import import_module
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS = {
     "RalmError": "ralm.errors",

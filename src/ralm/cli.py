@@ -34,6 +34,15 @@ def _device(name: str):
     return resolve_device(name)
 
 
+def _runtime(device: str, dtype: str):
+    """(torch device, compute dtype) from --device and --dtype; `--dtype bf16` on a CPU
+    without native bf16 is an input error here, before any model loads."""
+    from ralm.runtime import resolve_dtype
+
+    dev = _device(device)
+    return dev, resolve_dtype(dtype, dev)
+
+
 def _quiet_libraries() -> None:
     """Library progress bars (transformers' weight loading, bm25s) would drown ours."""
     import transformers
@@ -67,6 +76,8 @@ def _positive(name: str, value: int) -> int:
 
 
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
+DtypeOpt = typer.Option("auto", "--dtype", help="compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, "
+                        "else fp32), fp32 or bf16; weights and checkpoints stay fp32")
 
 
 @index_app.command("build")
@@ -76,9 +87,11 @@ def index_build(
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
     retriever: str = typer.Option("dense", "--retriever", help="dense or bm25"),
     faiss: Optional[str] = typer.Option(None, "--faiss", help="also build a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
-    dim: int = typer.Option(128, "--dim", help="retrieval dimension for a fresh projection (0: no projection)"),
+    dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
+                            "N: a fresh PCA-initialised projection to N (REALM's 128)"),
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Split a corpus into REALM blocks and index them (dense embeddings or BM25)."""
@@ -87,14 +100,16 @@ def index_build(
     _quiet_libraries()
     start = time.perf_counter()
     main_rank = _main_rank()  # under torchrun every rank encodes; rank 0 reports
+    dev, dt = _runtime(device, dtype)
     index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
-                                 batch_size=_positive("--batch-size", batch_size), device=_device(device),
-                                 show_progress=main_rank)
+                                 batch_size=_positive("--batch-size", batch_size), device=dev,
+                                 show_progress=main_rank, dtype=dt)
     if not main_rank:
         return
     manifest = index.version_manifest(version)
     summary = {"index": str(out_dir), "version": version, "retriever": retriever, "blocks": manifest["count"],
-               "dim": manifest.get("dim"), "faiss": manifest.get("faiss"), "seconds": round(time.perf_counter() - start, 1)}
+               "dim": manifest.get("dim"), "faiss": manifest.get("faiss"), "dtype": manifest.get("dtype"),
+               "seconds": round(time.perf_counter() - start, 1)}
     if as_json:
         print(json.dumps(summary))
     else:
@@ -109,6 +124,7 @@ def search(
     k: int = typer.Option(5, "-k", "--k", help="number of passages"),
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text}]"),
 ):
     """Search an index with a free-text query."""
@@ -118,7 +134,8 @@ def search(
     _positive("-k", k)
     if not query.strip():
         raise RalmError("the query is empty")
-    hits = Searcher.open(index_dir, model=model, device=_device(device)).search([query], k)[0]
+    dev, dt = _runtime(device, dtype)
+    hits = Searcher.open(index_dir, model=model, device=dev, dtype=dt).search([query], k)[0]
     if not _main_rank():
         return
     if as_json:
@@ -136,6 +153,7 @@ def eval_retrieval(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
     model: Optional[str] = typer.Option(None, "--model"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
@@ -153,7 +171,8 @@ def eval_retrieval(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: _positive("--limit", limit)]
-    searcher = Searcher.open(index_dir, model=model, device=_device(device))
+    dev, dt = _runtime(device, dtype)
+    searcher = Searcher.open(index_dir, model=model, device=dev, dtype=dt)
     main_rank = _main_rank()
     result = evaluate_retrieval(searcher, qs, cutoffs, predictions=predictions if main_rank else None, show_progress=main_rank)
     if not main_rank:
@@ -174,6 +193,7 @@ def demo(
     k: int = typer.Option(3, "-k", help="passages per question"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Index the bundled demo corpus (cached) and answer its sample questions with a fine-tuned reader, with evidence."""
@@ -181,7 +201,7 @@ def demo(
 
     _quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(_device(device), _positive("-k", k), rebuild)
+    path, built, results = run_demo(*_runtime(device, dtype), _positive("-k", k), rebuild)
     if as_json:
         print(json.dumps([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
                                                                              for e in a.evidence]} for q, a in results], ensure_ascii=False))
@@ -221,6 +241,7 @@ def ict(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
 ):
     """Warm-start both retriever towers with the Inverse Cloze Task (exports RUN/final/retriever)."""
@@ -228,7 +249,8 @@ def ict(
 
     _quiet_libraries()
     cfg = IctConfig(str(corpus), model=model, dim=dim, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
-                    keep_sentence=keep_sentence, block_len=block_len, save_every=save_every, log_every=log_every, seed=seed)
+                    keep_sentence=keep_sentence, block_len=block_len, save_every=save_every, log_every=log_every, seed=seed,
+                    dtype=dtype)
     summary = train_ict(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                         on_metrics=_print_train_metrics)
     if _main_rank():  # under torchrun every rank trains; rank 0 reports
@@ -259,6 +281,7 @@ def pretrain(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
 ):
     """REALM pre-training: salient-span masking, retrieval over a refreshed index, marginal MLM
@@ -270,7 +293,7 @@ def pretrain(
     cfg = PretrainConfig(str(corpus), init=str(init) if init else None, model=model, index=str(index) if index else None,
                          dim=dim, steps=steps, batch_size=batch_size, k=k, lr=lr, warmup=warmup, retriever_warmup=retriever_warmup,
                          retriever_lr=retriever_lr, masking=masking, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
-                         log_every=log_every, seed=seed)
+                         log_every=log_every, seed=seed, dtype=dtype)
     summary = run_pretrain(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                            on_metrics=_print_train_metrics)
     if _main_rank():  # under torchrun every rank trains; rank 0 reports
@@ -332,6 +355,7 @@ def lm_train(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Train a causal Transformer LM on a text (exports RUN/model)."""
@@ -341,7 +365,8 @@ def lm_train(
     _quiet_libraries()
     cfg = LMTrainConfig(text=str(text), model=LMConfig(dim=dim, layers=layers, heads=heads, max_len=_positive("--seq-len", seq_len)),
                         steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, tokenizer=tokenizer,
-                        limit_tokens=_limit(limit_tokens), save_every=save_every, log_every=log_every, seed=seed)
+                        limit_tokens=_limit(limit_tokens), save_every=save_every, log_every=log_every, seed=seed,
+                        dtype=dtype)
     _print_lm_train(train_lm(cfg, run, _device(device), on_metrics=_print_train_metrics), as_json)
 
 
@@ -354,6 +379,7 @@ def lm_eval(
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Perplexity of a causal LM on a text."""
@@ -362,12 +388,12 @@ def lm_eval(
     from ralm.models.lm import load_lm
 
     _quiet_libraries()
-    dev = _device(device)
+    dev, dt = _runtime(device, dtype)
     lm, tok = load_lm(model)
     seq = _positive("--seq-len", seq_len or lm.cfg.max_len)
     stream = tokenize_text(text, tok, _limit(limit_tokens))
     report = perplexity_report(lm_nll(lm.to(dev), stream, seq, _positive("--stride", stride or seq // 2), dev,
-                                      _positive("--batch-size", batch_size)), stream.words)
+                                      _positive("--batch-size", batch_size), dtype=dt), stream.words)
     _print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
 
 
@@ -381,6 +407,7 @@ def retro_build_db(
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
@@ -388,9 +415,10 @@ def retro_build_db(
     from ralm.retrieval.chunkdb import build_chunk_db
 
     _quiet_libraries()
+    dev, dt = _runtime(device, dtype)
     start = time.perf_counter()
     path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=_limit(limit_tokens),
-                          batch_size=_positive("--batch-size", batch_size), device=_device(device))
+                          batch_size=_positive("--batch-size", batch_size), device=dev, dtype=dt)
     m = read_json(path / "manifest.json")
     summary = {"db": str(path), "chunks": m["count"], "tokens": m["tokens"], "dim": m["dim"], "faiss": m["faiss"],
                "seconds": round(time.perf_counter() - start, 1)}
@@ -426,6 +454,7 @@ def retro_train(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Train RETRO on a text, with neighbours from the chunk DB looked up once and cached."""
@@ -454,7 +483,7 @@ def retro_train(
     cfg = RetroTrainConfig(text=str(text), db=str(db), model=model_cfg, exclude_same_document=exclude_same_doc,
                            retrofit=str(retrofit or ""),
                            steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, limit_tokens=_limit(limit_tokens),
-                           save_every=save_every, log_every=log_every, seed=seed)
+                           save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
     _print_lm_train(train_retro(cfg, run, _device(device), on_metrics=_print_train_metrics), as_json)
 
 
@@ -468,6 +497,7 @@ def retro_eval(
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(8, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Perplexity of RETRO on a text, with retrieval from the DB or with retrieval off."""
@@ -477,17 +507,17 @@ def retro_eval(
     from ralm.retrieval.chunkdb import ChunkDB, text_neighbours
 
     _quiet_libraries()
-    dev = _device(device)
+    dev, dt = _runtime(device, dtype)
     retro, tok = load_retro(model)
     m = retro.cfg.chunk_len
     step = _positive("--stride", stride or max(m, retro.cfg.max_len // 2 // m * m))
     if step % m:
         raise RalmError(f"--stride must be a multiple of the chunk length {m}, got {step}")
-    chunk_db = ChunkDB(db, dev)
+    chunk_db = ChunkDB(db, dev, dtype=dt)
     stream = tokenize_text(text, tok, _limit(limit_tokens))
     neighbours = None if no_retrieval else text_neighbours(chunk_db, stream, retro.cfg.neighbours, exclude_same_doc=False)
     report = perplexity_report(retro_nll(retro.to(dev), chunk_db, stream, neighbours, step, dev,
-                                         _positive("--batch-size", batch_size)), stream.words)
+                                         _positive("--batch-size", batch_size), dtype=dt), stream.words)
     _print_perplexity(f"RETRO perplexity on {text.name}", [("retro" + (" (retrieval off)" if no_retrieval else ""), report)],
                       as_json, {"retrieval": not no_retrieval})
 
@@ -540,6 +570,7 @@ def knnlm_build(
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
@@ -549,12 +580,12 @@ def knnlm_build(
 
     _quiet_libraries()
     start = time.perf_counter()
-    dev = _device(device)
+    dev, dt = _runtime(device, dtype)
     lm, tok = load_lm(model)
     seq = _positive("--seq-len", seq_len or lm.cfg.max_len)
     stream = tokenize_text(text, tok, _limit(limit_tokens))
     path = build_datastore(lm.to(dev), model, stream, store, seq, _positive("--stride", stride or seq // 2), faiss,
-                           _positive("--batch-size", batch_size), dev)
+                           _positive("--batch-size", batch_size), dev, dtype=dt)
     from ralm.atomic import read_json
 
     m = read_json(path / "manifest.json")
@@ -579,6 +610,7 @@ def knnlm_eval_cmd(
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
@@ -597,28 +629,28 @@ def knnlm_eval_cmd(
         raise RalmError(f"--lmbda must be numbers in [0, 1], got {lmbda!r}")
     if not temperatures or any(t <= 0 for t in temperatures):
         raise RalmError(f"--temperature must be positive numbers, got {temperature!r}")
-    dev = _device(device)
+    dev, dt = _runtime(device, dtype)
     lm, tok = load_lm(model)
     ds = Datastore(store, nprobe=_positive("--nprobe", nprobe))
     ds.check_model(model)
     seq = _positive("--seq-len", seq_len or lm.cfg.max_len)
     stream = tokenize_text(text, tok, _limit(limit_tokens))
     res = knnlm_eval(lm.to(dev), ds, stream, _positive("-k", k), lambdas, temperatures, seq,
-                     _positive("--stride", stride or seq // 2), dev, _positive("--batch-size", batch_size))
+                     _positive("--stride", stride or seq // 2), dev, _positive("--batch-size", batch_size), dtype=dt)
     rows = [("lm", res["lm"])] + [(f"knn-lm (λ={r['lmbda']}, T={r['temperature']}, k={k})", r) for r in res["knn"]]
     _print_perplexity(f"kNN-LM perplexity on {text.name}", rows, as_json, {"k": k, "seconds": res["seconds"]})
 
 
 # -- open-domain QA: `ralm finetune`, `ralm dpr`, `ralm eval qa`, `ralm ask` (models/reader.py) --
 
-def _open_qa(model: str, index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str):
+def _open_qa(model: str, index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str, dtype: str):
     from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
     from ralm.models.reader import Reader
 
-    dev = _device(device)
+    dev, dt = _runtime(device, dtype)
     reader = Reader.from_pretrained(resolve_reader(model)).to(dev)
-    searcher = open_searcher(index_dir, model=model, hybrid=hybrid, alpha=alpha, device=dev)
-    return OpenQA(reader, searcher, _positive("-k", k), dev)
+    searcher = open_searcher(index_dir, model=model, hybrid=hybrid, alpha=alpha, device=dev, dtype=dt)
+    return OpenQA(reader, searcher, _positive("-k", k), dev, dt)
 
 
 HybridOpt = typer.Option(None, "--hybrid", help="a BM25 index over the same corpus to fuse with a dense --index")
@@ -644,6 +676,7 @@ def finetune(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
 ):
     """Fine-tune the span reader (and the query tower) for open-domain QA (exports RUN/final/reader)."""
@@ -654,7 +687,7 @@ def finetune(
     cfg = FinetuneConfig(str(questions), str(index_dir), init=init, steps=steps, batch_size=batch_size, k=k, lr=lr,
                          retriever_lr=retriever_lr, train_retriever=train_retriever, max_len=max_len,
                          trainable_layers=trainable_layers, limit=limit,
-                         save_every=save_every, log_every=log_every, seed=seed)
+                         save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
     summary = run_finetune(cfg, run, _device(device))
     if not _main_rank():  # under torchrun every rank trains; rank 0 reports
         return
@@ -682,6 +715,7 @@ def dpr(
     log_every: int = typer.Option(10, "--log-every"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
 ):
     """Train a DPR retriever (both towers, in-batch + BM25 hard negatives); exports RUN/final/retriever."""
@@ -690,7 +724,7 @@ def dpr(
     _quiet_libraries()
     cfg = DPRConfig(str(questions), str(corpus), model=model, dim=dim or None, steps=steps, batch_size=batch_size,
                     hard_negatives=hard_negatives, bm25_depth=bm25_depth, lr=lr, limit=limit, save_every=save_every,
-                    log_every=log_every, seed=seed)
+                    log_every=log_every, seed=seed, dtype=dtype)
     summary = train_dpr(cfg, run, _device(device))
     if not _main_rank():  # under torchrun every rank trains; rank 0 reports
         return
@@ -713,6 +747,7 @@ def eval_qa(
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: RUN/predictions/<questions>-<index>.jsonl)"),
     batch_size: int = typer.Option(8, "--batch-size", help="questions per reader batch"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
@@ -723,7 +758,7 @@ def eval_qa(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: _positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k, hybrid, alpha, device)
+    qa = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype)
     name = f"{questions.stem}-{index_dir.name}" + (f"-hybrid-{hybrid.name}" if hybrid else "")
     predictions = predictions or Path(model) / "predictions" / f"{name}.jsonl"
     result = evaluate_qa(qa, qs, (1, 5, 20), _positive("--batch-size", batch_size), predictions)
@@ -748,13 +783,14 @@ def ask(
     hybrid: Optional[Path] = HybridOpt,
     alpha: float = AlphaOpt,
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print {answer, score, evidence: [{id, title, text, retrieval_score, span}]}"),
 ):
     """Answer a question with evidence: the best span over the top-k blocks."""
     _quiet_libraries()
     if not question.strip():
         raise RalmError("the question is empty")
-    answer = _open_qa(model, index_dir, k, hybrid, alpha, device).answer([question])[0]
+    answer = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype).answer([question])[0]
     if as_json:
         print(json.dumps(answer.to_json(), ensure_ascii=False))
         return
@@ -788,6 +824,7 @@ def serve(
     port: int = typer.Option(8000, "--port"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
     device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
     import uvicorn
@@ -799,7 +836,7 @@ def serve(
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
     svc = Service(ServeConfig(index=str(index_dir), model=model, bm25=str(bm25) if bm25 else None, api_key=api_key),
-                  _device(device))
+                  *_runtime(device, dtype))
     err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
               f"{', reader loaded' if svc.reader else ', no reader: /ask disabled'}) on http://{host}:{port}")
     uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")

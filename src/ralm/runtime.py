@@ -60,10 +60,6 @@ def full_precision(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def compute_dtype(device: torch.device) -> torch.dtype:
-    """Deprecated: being replaced by resolve_dtype + autocast (issue 18)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype).replace("torch.", ""))

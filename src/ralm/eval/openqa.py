@@ -28,7 +28,7 @@ from ralm.retrieval.encoders import Retriever, is_retriever_dir
 from ralm.retrieval.hybrid import HybridSearcher
 from ralm.retrieval.searcher import Searcher
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import compute_dtype
+from ralm.runtime import autocast, resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,14 @@ class OpenQA:
     """A reader over a searcher (dense, BM25 or hybrid): questions in, answers with evidence out."""
 
     def __init__(self, reader: Reader, searcher: Searcher | HybridSearcher, k: int = 5,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, dtype: str | torch.dtype | None = None):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
         self.reader = reader.eval()
         self.searcher = searcher
         self.k = k
         self.device = device or torch.device("cpu")
+        self.dtype = resolve_dtype(dtype, self.device)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -85,9 +86,8 @@ class OpenQA:
         k = min(self.k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         batch = self.reader.featurize([q for q in questions for _ in range(k)], [rec["text"] for qrec in records for rec in qrec[:k]])
-        cuda = self.device.type == "cuda"
         dev_batch = batch.to(self.device)
-        with torch.autocast(self.device.type, dtype=compute_dtype(self.device), enabled=cuda):
+        with autocast(self.device, self.dtype):
             span_scores = self.reader(dev_batch)  # [Q*k, L, W]
         valid = valid_spans(dev_batch, self.reader.cfg.max_span_width)
         start, width, log_p_span = (t.cpu() for t in best_spans(span_scores, valid))  # [Q*k] each
@@ -153,7 +153,8 @@ def resolve_reader(model: str | os.PathLike) -> Path:
 
 
 def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, hybrid: str | os.PathLike | None = None,
-                  alpha: float = 0.5, device: torch.device | None = None) -> Searcher | HybridSearcher:
+                  alpha: float = 0.5, device: torch.device | None = None,
+                  dtype: str | torch.dtype | None = None) -> Searcher | HybridSearcher:
     """The searcher for `index`. A dense index uses the run's fine-tuned query tower
     (RUN/final/retriever) when it was built with that run's document tower, else its own
     retriever. `hybrid` names a BM25 index over the same blocks to fuse with."""
@@ -166,7 +167,7 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
             built_with = idx.version_manifest(idx.latest())["doc_fingerprint"]
             if Retriever.from_pretrained(candidate).doc_fingerprint() == built_with:
                 retriever = str(candidate)
-    searcher = Searcher.open(index, model=retriever, device=device)
+    searcher = Searcher.open(index, model=retriever, device=device, dtype=dtype)
     if hybrid is None:
         return searcher
-    return HybridSearcher(searcher, Searcher.open(hybrid, device=device), alpha=alpha)
+    return HybridSearcher(searcher, Searcher.open(hybrid, device=device, dtype=dtype), alpha=alpha)

@@ -17,7 +17,7 @@ import torch
 from ralm.data.chunks import TokenStream, context_windows, window_batches
 from ralm.models.knnlm import Datastore, interpolate, knn_target_prob, lm_states
 from ralm.progress import progress_bar
-from ralm.runtime import compute_dtype
+from ralm.runtime import autocast, resolve_dtype
 
 
 def perplexity_report(nll: np.ndarray, words: int) -> dict:
@@ -28,13 +28,13 @@ def perplexity_report(nll: np.ndarray, words: int) -> dict:
 
 
 def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.device, batch_size: int = 16,
-           show_progress: bool = True) -> np.ndarray:
+           show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] of each next token under a causal LM (`features` / `head` interface)."""
     n = len(stream.tokens) - 1
     nll = np.empty(n, dtype=np.float64)
     with progress_bar(show_progress) as bar:
         task = bar.add_task("scoring", total=n)
-        for pos, _, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size):
+        for pos, _, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size, dtype):
             nll[pos] = -logp.cpu().numpy()
             bar.advance(task, len(pos))
     return nll
@@ -42,7 +42,8 @@ def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.
 
 def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
                seq_len: int = 512, stride: int = 256, device: torch.device | None = None, batch_size: int = 16,
-               exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048) -> dict:
+               exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
+               dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
     neighbours are searched once, so a grid costs no more than one setting. Hidden states are
     searched `search_batch` at a time: faiss is several times faster on large query blocks."""
@@ -63,7 +64,7 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
 
     with progress_bar(show_progress) as bar:
         task = bar.add_task("kNN-LM scoring", total=n)
-        for pos, hidden, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size):
+        for pos, hidden, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size, dtype):
             p_lm[pos] = logp.double().cpu().numpy()
             pending.append((np.asarray(pos), hidden.float().cpu().numpy()))
             if sum(len(p) for p, _ in pending) >= search_batch:
@@ -80,9 +81,10 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
 
 @torch.inference_mode()
 def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, stride: int, device: torch.device,
-              batch_size: int = 8, show_progress: bool = True) -> np.ndarray:
+              batch_size: int = 8, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
     chunks, or None for retrieval off. Windows start on chunk boundaries."""
+    dtype = resolve_dtype(dtype, device)
     m, seq_len = model.cfg.chunk_len, model.cfg.max_len
     tokens = stream.tokens
     n = len(tokens) - 1
@@ -97,8 +99,8 @@ def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, str
                 chunks = ids.shape[1] // m
                 nb_ids = np.stack([neighbours[a // m : a // m + chunks] for a, _, _ in part])  # [B, n, k]
                 nb, mask = (torch.from_numpy(x).to(device) for x in db.values(nb_ids))
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
-                logits = model(ids, nb, mask)  # [B, L, V]
+            with autocast(device, dtype):
+                logits = model(ids, nb, mask)  # [B, L, V], fp32 logits (RetroModel's head)
             logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]  # [B, L]
             for row, (a, b, s) in enumerate(part):
                 nll[s:b] = -logp[row, s - a :].double().cpu().numpy()

@@ -27,7 +27,7 @@ from ralm.data.resumable import PartialBuild
 from ralm.errors import RalmError
 from ralm.retrieval.exact import check_k
 from ralm.retrieval.faiss_index import FaissIndex
-from ralm.runtime import compute_dtype
+from ralm.runtime import autocast, resolve_dtype
 
 FORMAT = "ralm.knnlm-store/1"
 FLAT_MAX = 1_000_000  # above this many keys the automatic index is IVF-PQ
@@ -67,14 +67,14 @@ def interpolate(lm_logprobs: torch.Tensor, knn_probs: torch.Tensor, lmbda: float
 
 @torch.inference_mode()
 def lm_states(model, tokens: np.ndarray, start: int, end: int, seq_len: int, stride: int, device: torch.device,
-              batch_size: int = 16):
+              batch_size: int = 16, dtype: str | torch.dtype | None = None):
     """Yield (positions [P], hidden [P, D], log p_LM(next token) [P]) for positions start..end-1
     of `tokens` (end <= len - 1), each with >= seq_len - stride tokens of context."""
     for part in window_batches(context_windows(start, end, seq_len, stride), batch_size):
         ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
-        with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+        with autocast(device, resolve_dtype(dtype, device)):
             hidden = model.features(ids)  # [B, L, D]
-            logp = torch.log_softmax(model.head(hidden).float(), dim=-1)  # [B, L, V]
+        logp = torch.log_softmax(model.head(hidden), dim=-1)  # [B, L, V], fp32 logits
         for row, (a, b, s) in enumerate(part):
             nxt = torch.from_numpy(tokens[s + 1 : b + 1].astype(np.int64)).to(device)
             yield np.arange(s, b), hidden[row, s - a :].float(), logp[row, s - a :].gather(-1, nxt[:, None])[:, 0]
@@ -102,7 +102,8 @@ def auto_faiss_spec(count: int, dim: int) -> str:
 
 def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike, seq_len: int = 512,
                     stride: int = 256, faiss_spec: str | None = None, batch_size: int = 16,
-                    device: torch.device | None = None, show_progress: bool = True) -> Path:
+                    device: torch.device | None = None, show_progress: bool = True,
+                    dtype: str | torch.dtype | None = None) -> Path:
     """Keys = LM hidden states at every position of `stream` but the last, values = next tokens.
     Resumable: finished blocks of keys survive a crash; STORE appears only when complete."""
     device = device or torch.device("cpu")
@@ -118,7 +119,7 @@ def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, o
 
     def keys(start: int, end: int) -> np.ndarray:
         rows = np.empty((end - start, dim), dtype=np.float16)
-        for pos, hidden, _ in lm_states(model, stream.tokens, start, end, seq_len, stride, device, batch_size):
+        for pos, hidden, _ in lm_states(model, stream.tokens, start, end, seq_len, stride, device, batch_size, dtype):
             rows[pos - start] = hidden.cpu().numpy()
         return rows
 

@@ -28,6 +28,7 @@ from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerpr
 from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.runtime import full_precision
 
 
 @dataclass
@@ -101,7 +102,8 @@ def _untie_state(module: nn.Module, state: dict, prefix: str, local_metadata) ->
 
 def relevance_log_probs(query: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
     """log p(z|x): [B, D], [B, K, D] -> log-softmax over candidates of the inner products [B, K]."""
-    return torch.einsum("bd,bkd->bk", query.float(), docs.float()).log_softmax(-1)
+    with full_precision(query.device):  # inside autocast even fp32 inputs would run in bf16
+        return torch.einsum("bd,bkd->bk", query.float(), docs.float()).log_softmax(-1)
 
 
 def masked_token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

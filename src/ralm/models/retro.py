@@ -33,6 +33,7 @@ from torch import nn
 
 from ralm.atomic import write_model_dir
 from ralm.errors import RalmError
+from ralm.runtime import full_precision
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 
 FORMAT = "ralm.retro/1"
@@ -162,7 +163,8 @@ class RetroLM(nn.Module):
                     chunks = rearrange(h[:, : n * m], "b (n m) d -> b n m d", m=m)
                     enc = self.encoder(self.embed(neighbours), neighbour_mask, chunks)  # [B, n, k, r, D]
                 h = h + self.cca[str(i)](h, enc, neighbour_mask)
-        return self.ln_f(h) @ self.embed.weight.T  # [B, T, V]
+        with full_precision(h.device):  # fp32 logits, as LM.head
+            return self.ln_f(h).float() @ self.embed.weight.T  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
         write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))

@@ -20,6 +20,7 @@ from ralm.retrieval.encoders import Retriever, encode_rows, init_projection_pca,
 from ralm.retrieval.faiss_index import FaissIndex
 from ralm.retrieval.sharded import assemble_pieces, encode_pieces
 from ralm.retrieval.store import IndexDir, blocks_key
+from ralm.runtime import dtype_name, resolve_dtype
 
 
 def ensure_blocks(index: IndexDir, corpus: str | os.PathLike, tokenizer, cfg: BlockConfig,
@@ -40,7 +41,8 @@ def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
 
 
 def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.device, sample: int = 4096,
-                    batch_size: int = 64, seed: int = 0, show_progress: bool = True) -> torch.Tensor | None:
+                    batch_size: int = 64, seed: int = 0, show_progress: bool = True,
+                    dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
 
     Returns the pooled vectors [N, H] when the sample was the whole corpus, so the caller can
@@ -51,13 +53,14 @@ def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.devi
     pooled = np.zeros((len(rows), hidden), dtype=np.float32)
     encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], pooled,
                 batch_size, device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
-                description="projection (PCA)")
+                description="projection (PCA)", dtype=dtype)
     init_projection_pca(retriever, torch.from_numpy(pooled))
     return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
 
 
 def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device,
-                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None) -> np.ndarray:
+                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None) -> np.ndarray:
     """Document-tower embeddings of every block, streamed into `out` (a .npy memmap) [N, D].
     `pooled` [N, H], when given, holds every block's pooled vector: only the projection runs."""
     emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(blocks), retriever.dim))
@@ -68,7 +71,7 @@ def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: to
             retriever.doc.to(device)
     else:
         encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), emb, batch_size, device,
-                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks")
+                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks", dtype=dtype)
     emb.flush()
     return emb
 
@@ -78,10 +81,12 @@ def _version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
 
 
 def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
-                dim: int | None = 128, faiss_spec: str | None = None, batch_size: int = 64,
+                dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
                 device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(),
-                show_progress: bool = True, piece_rows: int = 1 << 20) -> tuple[IndexDir, str]:
+                show_progress: bool = True, piece_rows: int = 1 << 20,
+                dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
+    `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
 
     Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py)."""
     if kind not in ("dense", "bm25"):
@@ -90,6 +95,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
         raise RalmError(f"batch size must be positive, got {batch_size}")
     env = dist_env()
     device = env.device(device or torch.device("cpu"))
+    dtype = resolve_dtype(dtype, device)
     if kind == "bm25":  # one process's job, even under torchrun
         name = None
         if env.is_main:
@@ -117,7 +123,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     pooled = None
     if env.is_main:
         if not retriever.cfg.projection_ready:
-            pooled = init_projection(retriever, blocks, device, batch_size=batch_size, show_progress=show_progress)
+            pooled = init_projection(retriever, blocks, device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
         rpath = index.retriever_path(retriever.doc_fingerprint())
         if not (rpath / "config.json").is_file():
             retriever.save_pretrained(rpath)
@@ -129,7 +135,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
 
     def manifest() -> dict:
         return {**_version_manifest(kind, key, blocks), "dim": retriever.dim, "doc_fingerprint": fingerprint,
-                "retriever": str(rpath.relative_to(index.root)), "faiss": faiss_spec}
+                "retriever": str(rpath.relative_to(index.root)), "faiss": faiss_spec, "dtype": dtype_name(dtype)}
 
     def finish(tmp: Path) -> dict:
         if not faiss_spec:
@@ -140,7 +146,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
 
     if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
         def write_projected(tmp: Path) -> dict:
-            embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, pooled)
+            embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, pooled, dtype)
             return finish(tmp)
 
         return index, index.publish(write_projected)
@@ -148,7 +154,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     # Pieces written atomically per rank, so a killed (multi-process) build resumes.
     staging = index.root / "versions" / f".pieces-{fingerprint}-{key}-w{env.world}"
     encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
-                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress)
+                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress, dtype)
     env.barrier()
     name = None
     if env.is_main:

@@ -46,17 +46,18 @@ def load_chunk_encoder(model: str | None) -> tuple[Tower, object, str]:
 
 
 def embed_chunks(tower: Tower, tokens: np.ndarray, chunk_len: int, start: int, end: int, cls_id: int, sep_id: int,
-                 device: torch.device, batch_size: int = 64) -> np.ndarray:
+                 device: torch.device, batch_size: int = 64, dtype: torch.dtype | None = None) -> np.ndarray:
     """Keys of chunks start..end-1 of `tokens` -> [end - start, H] float32."""
     rows = [np.concatenate([[cls_id], tokens[c * chunk_len : (c + 1) * chunk_len], [sep_id]]) for c in range(start, end)]
     out = np.empty((end - start, tower.bert.config.hidden_size), dtype=np.float32)
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    return encode_rows(tower, rows, lengths, out, batch_size, device, show_progress=False)
+    return encode_rows(tower, rows, lengths, out, batch_size, device, show_progress=False, dtype=dtype)
 
 
 def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None = None, chunk_len: int = 64,
                    faiss_spec: str | None = None, batch_size: int = 64, device: torch.device | None = None,
-                   limit_tokens: int | None = None, block_rows: int = 4096, show_progress: bool = True) -> Path:
+                   limit_tokens: int | None = None, block_rows: int = 4096, show_progress: bool = True,
+                   dtype: torch.dtype | None = None) -> Path:
     """Tokenize, chunk and embed `corpus` into the chunk DB `out`. Resumable: a rerun after a
     crash keeps the finished blocks of `block_rows` keys; the DB appears at `out` only when complete."""
     if chunk_len <= 1:
@@ -73,7 +74,7 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
     build.stage("chunk_docs.npy", lambda tmp: np.save(tmp, stream.chunk_docs(chunk_len)))
     emb = build.fill("embeddings.npy", (n, tower.bert.config.hidden_size), np.float32,
                      lambda s, e: embed_chunks(tower, stream.tokens, chunk_len, s, e, tokenizer.cls_token_id,
-                                               tokenizer.sep_token_id, device, batch_size),
+                                               tokenizer.sep_token_id, device, batch_size, dtype),
                      block=block_rows, show_progress=show_progress, description="embedding chunks")
     if faiss_spec:
         build.stage("faiss.index", lambda tmp: FaissIndex.build(emb, faiss_spec).save(tmp))
@@ -83,7 +84,8 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
 
 
 class ChunkDB:
-    def __init__(self, path: str | os.PathLike, device: torch.device | None = None, nprobe: int | None = None):
+    def __init__(self, path: str | os.PathLike, device: torch.device | None = None, nprobe: int | None = None,
+                 dtype: torch.dtype | None = None):
         self.path = Path(path)
         if not (self.path / "manifest.json").is_file():
             partial = self.path.with_name(f".{self.path.name}.partial")
@@ -100,8 +102,9 @@ class ChunkDB:
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)
         else:
-            self.index = ExactIndex(self.embeddings, device)
+            self.index = ExactIndex(self.embeddings, device, dtype=dtype)
         self.device = device or torch.device("cpu")
+        self.dtype = dtype
         self._encoder = None
 
     def __len__(self) -> int:
@@ -120,7 +123,7 @@ class ChunkDB:
         """Keys of the first `count` chunks of a token stream [count, H]."""
         tower, tokenizer = self.encoder()
         return embed_chunks(tower, tokens, self.chunk_len, 0, count, tokenizer.cls_token_id, tokenizer.sep_token_id,
-                            self.device, batch_size)
+                            self.device, batch_size, self.dtype)
 
     def search(self, queries: np.ndarray, k: int, query_docs: np.ndarray | None = None) -> np.ndarray:
         """queries [Q, H] -> chunk ids [Q, k] best first (-1: none). With `query_docs` [Q, 2],

@@ -27,7 +27,7 @@ from torch import nn
 from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.runtime import compute_dtype
+from ralm.runtime import autocast, resolve_dtype
 
 FORMAT = "ralm.retriever/1"
 
@@ -49,6 +49,9 @@ class RetrieverConfig:
     block_max_len: int = 288
     projection_init: str = "pca"  # how a fresh projection is set: "pca" (of document vectors) or "random"
     projection_ready: bool = False  # False until the projection was initialised or trained
+    # relevance = score_scale * <query, doc>, a fixed logit scale for p(z|x) applied to the query
+    # side only, so the index stores the encoder's own vectors (unit norm for MiniLM)
+    score_scale: float = 1.0
     base_model: str = ""
     encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the towers
 
@@ -59,23 +62,27 @@ class RetrieverConfig:
             raise RalmError(f"dim must be positive, got {self.dim}")
         if self.projection_init not in ("pca", "random"):
             raise RalmError(f"projection_init must be 'pca' or 'random', got {self.projection_init!r}")
+        if not self.score_scale > 0:
+            raise RalmError(f"score_scale must be positive, got {self.score_scale}")
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
-    """[B, L, H], [B, L] -> [B, H]: the [CLS] vector, or the mean over real tokens."""
+    """[B, L, H], [B, L] -> [B, H]: the [CLS] vector, or the mean over real tokens (summed in
+    fp32: a bf16 sum over 288 tokens would round away the last digits of the mean)."""
     if how == "cls":
         return hidden[:, 0]
-    m = mask.unsqueeze(-1).to(hidden.dtype)  # [B, L, 1]
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+    m = mask.unsqueeze(-1).float()  # [B, L, 1]
+    return (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
 class Tower(nn.Module):
-    """BERT -> pooled [CLS]/mean vector -> (Linear [+ LayerNorm]) -> [B, D]."""
+    """BERT -> pooled [CLS]/mean vector -> (Linear [+ LayerNorm]) -> [B, D] (x `scale`)."""
 
     def __init__(self, bert: nn.Module, cfg: RetrieverConfig):
         super().__init__()
         self.bert = bert
         self.cfg = cfg
+        self.scale = 1.0  # the Retriever sets its query tower's to cfg.score_scale
         hidden = bert.config.hidden_size
         if cfg.dim is not None and cfg.dim > hidden and cfg.projection_init == "pca":
             raise RalmError(f"dim {cfg.dim} exceeds the encoder's hidden size {hidden}; use dim <= {hidden}")
@@ -85,10 +92,14 @@ class Tower(nn.Module):
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
         v = out.pooler_output if self.cfg.pooling == "pooler" else pool(out.last_hidden_state, attention_mask, self.cfg.pooling)  # [B, H]
+        v = v.float()
         return F.normalize(v, dim=-1) if self.cfg.normalize else v
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.proj(self.pooled(input_ids, attention_mask)))  # [B, D]
+        pooled = self.pooled(input_ids, attention_mask)  # [B, H] float32
+        with torch.autocast(pooled.device.type, enabled=False):  # the projection is cheap: keep fp32 vectors
+            v = self.norm(self.proj(pooled))  # [B, D]
+        return v * self.scale if self.scale != 1.0 else v
 
 
 class Retriever(nn.Module):
@@ -97,6 +108,7 @@ class Retriever(nn.Module):
     def __init__(self, query: Tower, doc: Tower, tokenizer, cfg: RetrieverConfig):
         super().__init__()
         self.query = query
+        self.query.scale = cfg.score_scale
         self.doc = doc
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -119,13 +131,14 @@ class Retriever(nn.Module):
         return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.cfg.query_max_len, return_tensors="pt")
 
     @torch.inference_mode()
-    def encode_queries(self, texts: Sequence[str], batch_size: int = 128) -> torch.Tensor:
-        """[Q] strings -> [Q, D] float32 on CPU."""
+    def encode_queries(self, texts: Sequence[str], batch_size: int = 128, dtype: str | torch.dtype | None = None
+                       ) -> torch.Tensor:
+        """[Q] strings -> [Q, D] float32 on CPU; `dtype` is the compute dtype (None: auto)."""
         out = []
         device = self.device
-        for i in range(0, len(texts), batch_size):
-            batch = {k: v.to(device) for k, v in self.tokenize_queries(texts[i : i + batch_size]).items()}
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+        with autocast(device, resolve_dtype(dtype, device)):
+            for i in range(0, len(texts), batch_size):
+                batch = {k: v.to(device) for k, v in self.tokenize_queries(texts[i : i + batch_size]).items()}
                 out.append(self.query(batch["input_ids"], batch["attention_mask"]).float().cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
@@ -138,12 +151,15 @@ class Retriever(nn.Module):
         write_model_dir(out, self.state_dict(), self.tokenizer, FORMAT, asdict(self.cfg))
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = 128,
+    def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,
                         pooling: str | None = None, **overrides) -> "Retriever":
         """Our checkpoint directory, any HF BERT-like model directory, or a hub name.
 
         `None` or "default" gives the offline default MiniLM. For a plain HF model, pooling
         follows its sentence-transformers config when present (mean for MiniLM), else [CLS].
+        `dim` None keeps the encoder's own vectors (an untrained retriever then searches exactly
+        as its encoder does); an int adds a fresh projection to that size (REALM's 128),
+        PCA-initialised by `ralm index build` or a trainer.
         """
         path = default_model_path() if name_or_path in (None, "", "default") else str(name_or_path)
         if is_retriever_dir(path):
@@ -217,10 +233,14 @@ def load_hf_encoder(path: str):
 def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
     bert, tokenizer = load_hf_encoder(path)
     st_pooling, st_normalize = _sentence_transformers_pooling(Path(path))
+    normalize = overrides.pop("normalize", st_normalize)
+    # Unit vectors without a projection score within [-1, 1]: give p(z|x) the 20 x cosine scale
+    # a PCA projection gets (see SCORE_SCALE); rankings are unchanged.
+    overrides.setdefault("score_scale", SCORE_SCALE if dim is None and normalize else 1.0)
     cfg = RetrieverConfig(
         dim=dim,
         pooling=pooling or st_pooling or "cls",
-        normalize=overrides.pop("normalize", st_normalize),
+        normalize=normalize,
         base_model=path,
         encoder=bert.config.to_dict(),
         projection_ready=dim is None,
@@ -340,15 +360,18 @@ def _prefetch(items, depth: int):
 @torch.inference_mode()
 def encode_rows(encode, rows, lengths: np.ndarray, out: np.ndarray, batch_size: int = 64,
                 device: torch.device | None = None, pad_id: int = 0, show_progress: bool = True,
-                description: str = "encoding") -> np.ndarray:
+                description: str = "encoding", dtype: str | torch.dtype | None = None) -> np.ndarray:
     """Run `encode(input_ids, attention_mask) -> [B, D]` over every row of `rows` (indexable
     int arrays, e.g. a memory-mapped token store) into `out` [N, D] (may be a memmap).
 
-    Rows are length-bucketed and padded on a prefetch thread. On CUDA they run in bf16 from
-    pinned memory, and results come back through pinned buffers without stalling the device.
+    Rows are length-bucketed and padded on a prefetch thread. They run under autocast in
+    `dtype` (None: auto, i.e. bf16 on CUDA and on CPUs with native bf16); one autocast region
+    spans all batches so each weight is cast to bf16 once, not once per batch. On CUDA inputs
+    come from pinned memory and results go back through pinned buffers without stalling.
     """
     device = device or torch.device("cpu")
     cuda = device.type == "cuda"
+    dtype = resolve_dtype(dtype, device)
 
     def batches():
         for batch in length_sorted_batches(lengths, batch_size):
@@ -363,13 +386,12 @@ def encode_rows(encode, rows, lengths: np.ndarray, out: np.ndarray, batch_size: 
             event.synchronize()
             out[rows_done] = host.numpy()
 
-    with progress_bar(show_progress) as bar:
+    with progress_bar(show_progress) as bar, autocast(device, dtype):
         task = bar.add_task(description, total=len(lengths))
         for batch, (ids, mask) in _prefetch(batches(), depth=4):
             if cuda:
                 ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
-                vecs = encode(ids, mask).float()  # [B, D]
+            vecs = encode(ids, mask).float()  # [B, D]
             if cuda:
                 host = torch.empty(vecs.shape, dtype=torch.float32, pin_memory=True)
                 host.copy_(vecs, non_blocking=True)

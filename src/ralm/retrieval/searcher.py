@@ -22,6 +22,7 @@ from ralm.retrieval.exact import ExactIndex, check_k
 from ralm.retrieval.faiss_index import FaissIndex
 from ralm.retrieval.sharded import ShardedExactIndex
 from ralm.retrieval.store import IndexDir
+from ralm.runtime import resolve_dtype
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class LoadedVersion:
     index: ExactIndex | ShardedExactIndex | FaissIndex | BM25Index
 
 
-def load_version(index: IndexDir, name: str, device: torch.device | None = None) -> LoadedVersion:
+def load_version(index: IndexDir, name: str, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None) -> LoadedVersion:
     manifest = index.version_manifest(name)
     path = index.version_path(name)
     blocks = index.blocks(manifest["blocks"])
@@ -63,8 +65,8 @@ def load_version(index: IndexDir, name: str, device: torch.device | None = None)
         raise RalmError(f"{path}: embeddings have shape {emb.shape}, manifest says {(manifest['count'], manifest['dim'])}")
     env = dist_env()
     if env.active:  # under torchrun each rank holds and searches its shard of the rows
-        return LoadedVersion(name, manifest, blocks, ShardedExactIndex(emb, env, env.device(device or torch.device("cpu"))))
-    return LoadedVersion(name, manifest, blocks, ExactIndex(emb, device))
+        return LoadedVersion(name, manifest, blocks, ShardedExactIndex(emb, env, env.device(device or torch.device("cpu")), dtype))
+    return LoadedVersion(name, manifest, blocks, ExactIndex(emb, device, dtype=dtype))
 
 
 def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
@@ -79,16 +81,17 @@ def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
 
 class Searcher:
     def __init__(self, index: IndexDir, retriever: Retriever | None, device: torch.device | None = None,
-                 check_model: bool = True):
+                 check_model: bool = True, dtype: str | torch.dtype | None = None):
         self.index = index
         self.retriever = retriever
         self.device = device or torch.device("cpu")
+        self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
         self.check_model = check_model
         self.current = self._load(index.latest())
 
     @classmethod
     def open(cls, path: str | os.PathLike, model: str | None = None, device: torch.device | None = None,
-             check_model: bool = True) -> "Searcher":
+             check_model: bool = True, dtype: str | torch.dtype | None = None) -> "Searcher":
         """Open the index at `path`. A dense index uses the retriever it was built with unless
         `model` (a retriever checkpoint) is given; that model must share its document tower."""
         index = IndexDir(path)
@@ -98,10 +101,10 @@ class Searcher:
             manifest = index.version_manifest(index.latest())
             source = model or str(index.root / manifest["retriever"])
             retriever = Retriever.from_pretrained(source).to(device).eval()
-        return cls(index, retriever, device, check_model)
+        return cls(index, retriever, device, check_model, dtype)
 
     def _load(self, name: str) -> LoadedVersion:
-        version = load_version(self.index, name, self.device)
+        version = load_version(self.index, name, self.device, self.dtype)
         if version.manifest["kind"] == "dense" and self.check_model:
             check_retriever(self.retriever, version.manifest, f"index {self.index.root} ({name})")
         return version
@@ -127,7 +130,11 @@ class Searcher:
             raise RalmError("queries must be non-empty strings")
         if isinstance(version.index, BM25Index):
             return version.index.search(list(queries), k)
-        return version.index.search(self.retriever.encode_queries(list(queries)), k)
+        return version.index.search(self.encode_queries(queries), k)
+
+    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """[Q] strings -> [Q, D] float32 query vectors, in this searcher's compute dtype."""
+        return self.retriever.encode_queries(list(queries), dtype=self.dtype).numpy()
 
     def search(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
         version = self.current  # one version for the whole call, even if a swap happens meanwhile

@@ -45,7 +45,8 @@ def piece_path(staging: Path, a: int, b: int) -> Path:
 
 
 def encode_pieces(encode, tokens, lengths: np.ndarray, dim: int, staging: Path, env: DistEnv, device: torch.device,
-                  batch_size: int = 64, pad_id: int = 0, piece_rows: int = 1 << 20, show_progress: bool = True) -> int:
+                  batch_size: int = 64, pad_id: int = 0, piece_rows: int = 1 << 20, show_progress: bool = True,
+                  dtype: torch.dtype | None = None) -> int:
     """Embed this rank's missing pieces into `staging`; returns how many pieces it encoded."""
     staging.mkdir(parents=True, exist_ok=True)
     done = 0
@@ -56,7 +57,7 @@ def encode_pieces(encode, tokens, lengths: np.ndarray, dim: int, staging: Path, 
         with atomic_path(target) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(b - a, dim))
             encode_rows(encode, RowView(tokens, a), lengths[a:b], out, batch_size, device, pad_id,
-                        show_progress and env.is_main, f"embedding rows {a}-{b}")
+                        show_progress and env.is_main, f"embedding rows {a}-{b}", dtype)
             out.flush()
             del out
         done += 1
@@ -78,11 +79,12 @@ def assemble_pieces(staging: Path, n: int, dim: int, out: Path, world: int, piec
 class ShardedExactIndex:
     """Exact MIPS where rank r holds rows shard_range(N, r, world); same results on every rank."""
 
-    def __init__(self, embeddings: np.ndarray, env: DistEnv, device: torch.device | None = None):
+    def __init__(self, embeddings: np.ndarray, env: DistEnv, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None):
         self.env = env
         self.count, self.dim = embeddings.shape
         self.lo, self.hi = shard_range(self.count, env.rank, env.world)
-        self.local = ExactIndex(embeddings[self.lo : self.hi], device) if self.hi > self.lo else None
+        self.local = ExactIndex(embeddings[self.lo : self.hi], device, dtype=dtype) if self.hi > self.lo else None
         self.device = device or torch.device("cpu")
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:

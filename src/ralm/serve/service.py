@@ -19,6 +19,7 @@ from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.hybrid import fuse
 from ralm.retrieval.live import LiveSearcher, Snapshot
 from ralm.retrieval.searcher import Hit, Searcher
+from ralm.runtime import resolve_dtype
 
 log = logging.getLogger("ralm.serve")
 
@@ -48,15 +49,16 @@ class Pinned:
 
 
 class Service:
-    def __init__(self, cfg: ServeConfig, device: torch.device | None = None):
+    def __init__(self, cfg: ServeConfig, device: torch.device | None = None, dtype: str | torch.dtype | None = None):
         self.cfg = cfg
         self.device = device or torch.device("cpu")
-        base = open_searcher(cfg.index, cfg.model, device=self.device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        base = open_searcher(cfg.index, cfg.model, device=self.device, dtype=self.dtype)
         if not isinstance(base, Searcher):
             raise RalmError("--index must be a dense or BM25 index directory")
         self.searchers: dict[str, LiveSearcher] = {base.index.kind: LiveSearcher(base)}
         if cfg.bm25:
-            other = LiveSearcher(Searcher.open(cfg.bm25, device=self.device))
+            other = LiveSearcher(Searcher.open(cfg.bm25, device=self.device, dtype=self.dtype))
             if other.index.kind != "bm25":
                 raise RalmError(f"--bm25 {cfg.bm25} is a {other.index.kind} index, not a BM25 one")
             if other.current.manifest["blocks"] != base.current.manifest["blocks"]:
@@ -135,7 +137,7 @@ class Service:
         """Answers with evidence (one batched retrieval and reader call)."""
         if self.reader is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
-        qa = OpenQA(self.reader, Pinned(self._live(retriever)), k=k, device=self.device)
+        qa = OpenQA(self.reader, Pinned(self._live(retriever)), k=k, device=self.device, dtype=self.dtype)
         return [a.to_json() for a in qa.answer(list(questions))]
 
     def record_latency(self, endpoint: str, seconds: float) -> None:

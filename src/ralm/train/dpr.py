@@ -29,8 +29,8 @@ from ralm.progress import progress_bar
 from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import compute_dtype
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.runtime import autocast
+from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, start_run, wrap_ddp
 
 
@@ -50,15 +50,11 @@ class DPRConfig:
     seed: int = 0
     save_every: int = 200
     log_every: int = 10
+    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "bm25_depth", "save_every", "log_every"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.hard_negatives < 0:
-            raise RalmError(f"--hard-negatives must be >= 0, got {self.hard_negatives}")
-        if self.limit is not None and self.limit <= 0:
-            raise RalmError(f"--limit must be positive, got {self.limit}")
+        check_options(self, positive=("steps", "batch_size", "bm25_depth", "save_every", "log_every", "lr", "limit",
+                                      "dim"), non_negative=("hard_negatives",), fractions=("warmup",))
 
 
 def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
@@ -122,14 +118,14 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     run = Path(out)
     questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
+    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
     retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
     if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):
         build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)  # rank 0 builds
     searcher = Searcher.open(run / "bm25")
     blocks = searcher.current.blocks
     if env.is_main and not retriever.cfg.projection_ready and resume is None:  # PCA, as in `ralm index build`
-        init_projection(retriever, blocks, device, show_progress=show_progress)
+        init_projection(retriever, blocks, device, show_progress=show_progress, dtype=dtype)
     retriever.cfg.projection_ready = True
     with main_first(env):
         keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
@@ -154,7 +150,7 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
             texts = [questions[int(keep[i])].question for i in idx]
             rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
             tok = retriever.tokenize_queries(texts)
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
+            with autocast(device, dtype):
                 q, p = model(tok["input_ids"].to(device), tok["attention_mask"].to(device),
                              *_block_inputs(retriever, blocks, rows, device))  # [B, D], [B(1+h), D]
             loss, acc = in_batch_contrastive(q, p, env)  # every rank's passages are negatives

@@ -28,8 +28,8 @@ from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import compute_dtype
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.runtime import autocast, full_precision
+from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, rank_batch, search_rank_queries, start_run, wrap_ddp
 
 
@@ -51,13 +51,11 @@ class FinetuneConfig:
     seed: int = 0
     save_every: int = 200
     log_every: int = 10
+    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "k", "save_every", "log_every", "max_len"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.limit is not None and self.limit <= 0:
-            raise RalmError(f"--limit must be positive, got {self.limit}")
+        check_options(self, positive=("steps", "batch_size", "k", "save_every", "log_every", "max_len", "lr",
+                                      "retriever_lr", "limit"), non_negative=("trainable_layers",))
         if not 0 <= self.warmup < 1:
             raise RalmError(f"warmup must be in [0, 1), got {self.warmup}")
 
@@ -104,7 +102,8 @@ def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, question
     _, rows = search_rank_queries(searcher.current.index, q, k, env)  # the fixed index
     cand = torch.from_numpy(np.asarray(embeddings[rows.reshape(-1)], dtype=np.float32)).to(device)
     cand = cand.view(len(questions), rows.shape[1], -1)  # [B, K, D]
-    return torch.einsum("bd,bkd->bk", q, cand), rows
+    with full_precision(device):  # p(z|x) logits in fp32 even inside the step's autocast
+        return torch.einsum("bd,bkd->bk", q, cand), rows
 
 
 def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray,
@@ -144,10 +143,10 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     """Train (or resume) the run at `out`; returns a summary. Under torchrun every rank trains
     on its `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    env, device, show_progress, resume = start_run(out, cfg, device, show_progress)
+    env, device, dtype, show_progress, resume = start_run(out, cfg, device, show_progress)
 
     reader_src, retriever_src = resolve_init(cfg.init)
-    searcher = Searcher.open(cfg.index, model=retriever_src, device=device)
+    searcher = Searcher.open(cfg.index, model=retriever_src, device=device, dtype=dtype)
     dense = searcher.retriever is not None
     embeddings = np.load(searcher.index.version_path(searcher.current.name) / "embeddings.npy", mmap_mode="r",
                          allow_pickle=False) if dense else None
@@ -183,7 +182,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
         task = bar.add_task("fine-tuning", total=cfg.steps, completed=step)
         while step < cfg.steps:
             qs = [questions[int(i)] for i in rank_batch(step, cfg.batch_size, len(questions), cfg.seed, env)]
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=cuda):
+            with autocast(device, dtype):
                 logits, scores, valid, match = ddp(qs, cfg.k)
             loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable
             mine = int(answerable.sum())

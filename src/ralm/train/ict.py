@@ -26,8 +26,8 @@ from ralm.errors import RalmError
 from ralm.retrieval.build import ensure_blocks, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import compute_dtype
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.runtime import autocast
+from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, rank_slice, start_run, wrap_ddp
 
 
@@ -46,15 +46,14 @@ class IctConfig:
     save_every: int = 200
     log_every: int = 10
     seed: int = 0
+    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "save_every", "log_every", "max_query_len"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        check_options(self, positive=("steps", "batch_size", "save_every", "log_every", "max_query_len", "lr", "dim",
+                                      "block_len"),
+                      non_negative=("warmup",), fractions=("keep_sentence",))
         if self.batch_size < 2:
             raise RalmError("ICT needs --batch-size >= 2 (the other blocks of a batch are the negatives)")
-        if not 0 <= self.keep_sentence <= 1:
-            raise RalmError(f"keep_sentence must be in [0, 1], got {self.keep_sentence}")
 
 
 def corpus_sentences(run: Path, corpus: str, tokenizer, block_len: int = 288,
@@ -88,7 +87,7 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     """Train (or resume) the run at `run`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     run = Path(run)
-    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
+    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
     notify = notify if notify and env.is_main else (lambda _: None)
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
@@ -101,7 +100,7 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
                         f"need at least --batch-size x ranks = {cfg.batch_size * env.world}")
     retriever.to(device)
     if env.is_main and not retriever.cfg.projection_ready and resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=dtype)
     retriever.cfg.projection_ready = True
     retriever.train()
     opt = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -123,7 +122,7 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
                  for s, k in zip(idx, keep[rank_slice(cfg.batch_size, env)])]
         q_ids, q_mask = pad_rows([q for q, _ in pairs], pad)  # [B, Lq]
         c_ids, c_mask = pad_rows([c for _, c in pairs], pad)  # [B, Lc]
-        with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+        with autocast(device, dtype):
             q, c = model(q_ids.to(device), q_mask.to(device), c_ids.to(device), c_mask.to(device))  # [B, D] each
         loss, acc = in_batch_contrastive(q, c, env)  # every rank's contexts are negatives
         opt.zero_grad(set_to_none=True)

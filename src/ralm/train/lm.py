@@ -29,8 +29,8 @@ from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import default_model_path
-from ralm.runtime import compute_dtype, seed_everything
-from ralm.train.loop import MetricsLog, batch_indices, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.runtime import autocast, resolve_dtype, seed_everything
+from ralm.train.loop import MetricsLog, batch_indices, check_options, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
 
 
 @dataclass
@@ -46,13 +46,11 @@ class OptimConfig:
     seed: int = 0
     log_every: int = 10
     save_every: int = 200
+    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "log_every", "save_every"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise RalmError(f"--lr must be positive, got {self.lr}")
+        check_options(self, positive=("steps", "batch_size", "log_every", "save_every", "lr", "grad_clip"),
+                      non_negative=("warmup", "weight_decay"))
 
 
 @dataclass
@@ -88,6 +86,7 @@ def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: C
     """The shared loop: returns {"steps", "loss", "seconds", "parameters"} and exports RUN/model."""
     run, optim = Path(run), config  # the OptimConfig fields of either trainer config
     resume = prepare_run(run, config)
+    dtype = resolve_dtype(config.dtype, device)
     model.to(device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.ndim >= 2]
@@ -104,7 +103,7 @@ def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: C
             while step < optim.steps:
                 t0 = time.perf_counter()
                 idx = batch_indices(step, optim.batch_size, n_examples, optim.seed)
-                with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+                with autocast(device, dtype):
                     loss = loss_of_batch(idx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

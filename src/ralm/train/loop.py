@@ -26,6 +26,30 @@ from safetensors.torch import load_file, save_file
 from ralm.atomic import atomic_path, read_json, write_json, write_text
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
+from ralm.runtime import DTYPES
+
+
+# -- options --------------------------------------------------------------------------------
+
+def check_options(cfg, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
+                  fractions: Iterable[str] = ()) -> None:
+    """The checks every trainer config runs before anything loads. A wrong sign is no typo to
+    train through: a negative learning rate is gradient ascent, a negative warm-up a silent
+    no-op. `None` means "not set" and passes; NaN fails every check."""
+    def fail(name: str, what: str) -> None:
+        raise RalmError(f"--{name.replace('_', '-')} must be {what}, got {getattr(cfg, name)}")
+
+    for name in positive:
+        if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
+            fail(name, "positive")
+    for name in non_negative:
+        if getattr(cfg, name) is not None and not getattr(cfg, name) >= 0:
+            fail(name, ">= 0")
+    for name in fractions:
+        if not 0 <= getattr(cfg, name) <= 1:
+            fail(name, "in [0, 1]")
+    if getattr(cfg, "dtype", "auto") not in DTYPES:
+        fail("dtype", f"one of {', '.join(DTYPES)}")
 
 
 # -- data order ---------------------------------------------------------------------------
@@ -143,7 +167,7 @@ def prepare_run(run: str | os.PathLike, config) -> Path | None:
 
 
 # Options a user may change when resuming (train longer, save more often).
-RESUMABLE_CHANGES = {"steps", "save_every", "log_every"}
+RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype"}
 
 
 # -- metrics ------------------------------------------------------------------------------

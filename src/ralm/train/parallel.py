@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ralm.distributed import DistEnv, dist_env
-from ralm.runtime import seed_everything
+from ralm.runtime import full_precision, resolve_dtype, seed_everything
 from ralm.train.loop import batch_indices, prepare_run
 
 
@@ -34,13 +34,15 @@ def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> n
 
 
 def start_run(run, config, device: torch.device | None, show_progress: bool):
-    """Every trainer's start, alone or under torchrun: (env, this rank's device, progress on
-    rank 0 only, the checkpoint to resume from). Rank 0 creates RUN (or checks that its config
-    matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
+    """Every trainer's start, alone or under torchrun: (env, this rank's device, the compute
+    dtype, progress on rank 0 only, the checkpoint to resume from). Rank 0 creates RUN (or
+    checks that its config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
     env = dist_env()
+    device = env.device(device or torch.device("cpu"))
+    dtype = resolve_dtype(config.dtype, device)  # before any work: `bf16` on a CPU without it fails here
     seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
     resume = env.broadcast_object(prepare_run(run, config) if env.is_main else None)
-    return env, env.device(device or torch.device("cpu")), show_progress and env.is_main, resume
+    return env, device, dtype, show_progress and env.is_main, resume
 
 
 @contextmanager
@@ -98,7 +100,8 @@ def in_batch_contrastive(query: torch.Tensor, passages: torch.Tensor, env: DistE
     Returns (mean NLL over this rank's queries, accuracy).
     """
     everyone = gather_with_grad(passages.float(), env)  # [W * P, D]
-    scores = query.float() @ everyone.T  # [B, W * P]
+    with full_precision(query.device):  # the contrastive softmax must not see bf16 rounding
+        scores = query.float() @ everyone.T  # [B, W * P]
     target = torch.arange(len(query), device=query.device) + env.rank * len(passages)
     return F.cross_entropy(scores, target), (scores.argmax(1) == target).float().mean()
 

@@ -41,9 +41,9 @@ from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import compute_dtype
+from ralm.runtime import autocast, dtype_name
 from ralm.train.ict import corpus_sentences
-from ralm.train.loop import MetricsLog, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
 
 REFRESH_MODES = ("async", "sync", "none")
@@ -73,15 +73,12 @@ class PretrainConfig:
     save_every: int = 200
     log_every: int = 10
     seed: int = 0
+    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "k", "refresh_every", "save_every", "log_every"):
-            if getattr(self, name) <= 0:
-                raise RalmError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.retriever_lr is not None and self.retriever_lr <= 0:
-            raise RalmError(f"--retriever-lr must be positive, got {self.retriever_lr}")
-        if self.retriever_warmup < 0:
-            raise RalmError(f"--retriever-warmup must be >= 0, got {self.retriever_warmup}")
+        check_options(self, positive=("steps", "batch_size", "k", "refresh_every", "save_every", "log_every", "lr",
+                                      "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
+                      non_negative=("warmup", "retriever_warmup"), fractions=("random_prob",))
         if self.refresh not in REFRESH_MODES:
             raise RalmError(f"--refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
@@ -138,11 +135,12 @@ def _clean_partial_versions(index: IndexDir) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _newest_version(index: IndexDir, version: LoadedVersion, device: torch.device, env: DistEnv) -> LoadedVersion:
+def _newest_version(index: IndexDir, version: LoadedVersion, device: torch.device, env: DistEnv,
+                    dtype: torch.dtype) -> LoadedVersion:
     """The newest complete index version, the same on every rank (rank 0 reads LATEST: a
     sharded index must not mix the shards of two versions)."""
     name = env.broadcast_object(index.latest())
-    return version if name == version.name else load_version(index, name, device)
+    return version if name == version.name else load_version(index, name, device, dtype)
 
 
 def _schedules(cfg: PretrainConfig) -> list[Callable[[int], float]]:
@@ -164,7 +162,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     `batch_size` share of a `batch_size x world` global batch and searches its shard of the
     index; rank 0 writes the run, refreshes the index and runs the async builder."""
     run = Path(run)
-    env, device, show_progress, resume = start_run(run, cfg, device, show_progress)
+    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
     notify = notify if notify and env.is_main else (lambda _: None)
     with main_first(env):
         source = _retriever_source(cfg)
@@ -184,7 +182,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
 
     model = Realm(retriever, encoder, RealmConfig(cfg.k, cfg.max_len, cfg.max_query_len)).to(device)
     if env.is_main and not retriever.cfg.projection_ready and resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress)
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=dtype)
     retriever.cfg.projection_ready = True
     opt = torch.optim.AdamW([{"params": model.encoder.parameters()},
                              {"params": model.retriever.parameters(), "lr": cfg.retriever_lr or cfg.lr}],
@@ -199,15 +197,15 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
         if cfg.index:
             _import_version(cfg.index, index, key)
         else:
-            publish_embeddings(index, retriever, key, blocks, 0, device, show_progress=show_progress)
+            publish_embeddings(index, retriever, key, blocks, 0, device, show_progress=show_progress, dtype=dtype)
     env.barrier()
-    version = load_version(index, env.broadcast_object(index.latest()), device)
+    version = load_version(index, env.broadcast_object(index.latest()), device, dtype)
     ddp = wrap_ddp(model, env, device)  # broadcasts rank 0's weights (its PCA projection, fresh MLM head)
     snapshots = Snapshots(run / "refresh")
     refresher = None
     if cfg.refresh == "async" and env.is_main:
         refresher = start_refresher(index.root, snapshots.root, run / "refresh.log",
-                                    device="cpu" if device.type == "cpu" else str(device))
+                                    device="cpu" if device.type == "cpu" else str(device), dtype=dtype_name(dtype))
         notify(f"index builder started (pid {refresher.pid}, log {run / 'refresh.log'})")
 
     metrics = MetricsLog(run, step) if env.is_main else None
@@ -218,9 +216,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
         while step < cfg.steps:
             if cfg.refresh == "sync" and step - version.manifest.get("step", 0) >= cfg.refresh_every:
                 if env.is_main:
-                    publish_embeddings(index, retriever, key, blocks, step, device)
+                    publish_embeddings(index, retriever, key, blocks, step, device, dtype=dtype)
                 env.barrier()
-            if cfg.refresh != "none" and (newest := _newest_version(index, version, device, env)) is not version:
+            if cfg.refresh != "none" and (newest := _newest_version(index, version, device, env, dtype)) is not version:
                 version = newest
                 m = version.manifest
                 notify(f"step {step}: index {version.name} (built at step {m.get('step')}, {m.get('seconds')} s)")
@@ -230,7 +228,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
 
             idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
             batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, step)
-            with torch.autocast(device.type, dtype=compute_dtype(device), enabled=device.type == "cuda"):
+            with autocast(device, dtype):
                 out = ddp(batch, blocks, search)
             loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
             opt.zero_grad(set_to_none=True)

@@ -1,0 +1,116 @@
+"""Compute dtypes: auto/fp32/bf16 resolution, bf16 exact search, bf16 training with fp32
+master weights, and logits that stay fp32 inside autocast."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ralm.errors import RalmError
+from ralm.retrieval.encoders import Retriever, encode_rows
+from ralm.retrieval.exact import ExactIndex
+from ralm.runtime import autocast, cpu_has_bf16, resolve_dtype
+
+CPU = torch.device("cpu")
+needs_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
+
+
+def test_auto_is_bf16_on_cuda_and_on_cpus_with_native_bf16(monkeypatch):
+    import ralm.runtime as runtime
+
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("fp32", torch.device("cuda")) == torch.float32
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
+    assert resolve_dtype("auto", CPU) == resolve_dtype(None, CPU) == torch.bfloat16
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
+    assert resolve_dtype("auto", CPU) == torch.float32  # falls back, no error
+    with pytest.raises(RalmError, match="no native bf16"):
+        resolve_dtype("bf16", CPU)
+    with pytest.raises(RalmError, match="--dtype must be one of auto, fp32, bf16"):
+        resolve_dtype("fp16", CPU)
+
+
+def test_cli_bf16_on_a_cpu_without_it_is_a_one_line_error(monkeypatch, ralm, tiny_bert, corpus_file, tmp_path):
+    import ralm.runtime as runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
+    code, _, err = ralm("index", "build", corpus_file, "--out", tmp_path / "i", "--model", tiny_bert, "--dtype", "bf16")
+    assert code == 2 and "no native bf16" in err and "Traceback" not in err
+    assert not (tmp_path / "i").exists()  # refused before any work
+    code, _, err = ralm("ict", "--corpus", corpus_file, "--out", tmp_path / "r", "--model", tiny_bert, "--dtype", "bf16")
+    assert code == 2 and "no native bf16" in err
+
+
+@needs_bf16
+def test_bf16_and_fp32_exact_search_return_the_same_top_k():
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((5000, 32), dtype=np.float32)
+    q = rng.standard_normal((64, 32), dtype=np.float32)
+    s32, i32 = ExactIndex(emb, dtype="fp32").search(q, 10)
+    s16, i16 = ExactIndex(emb, dtype="bf16", chunk_size=700).search(q, 10)
+    # bf16 only shortlists; the shortlist is rescored in fp32, so ids and scores equal fp32's
+    np.testing.assert_array_equal(i16, i32)
+    np.testing.assert_allclose(s16, s32, rtol=1e-5, atol=1e-5)
+    assert ExactIndex(emb, dtype="bf16")._matrix.dtype == torch.bfloat16  # half the RAM of fp32
+
+
+@needs_bf16
+def test_bf16_encoding_matches_fp32_to_cosine_0_99(tiny_bert):
+    r = Retriever.from_pretrained(str(tiny_bert)).eval()
+    rng = np.random.default_rng(1)
+    rows = [np.concatenate([[101], rng.integers(1000, 5000, size=int(n)), [102]]) for n in rng.integers(5, 60, size=20)]
+    lengths = np.array([len(x) for x in rows])
+    out = {d: encode_rows(r.doc, rows, lengths, np.zeros((20, r.dim), np.float32), 4, show_progress=False, dtype=d)
+           for d in ("fp32", "bf16")}
+    cos = torch.nn.functional.cosine_similarity(torch.from_numpy(out["fp32"]), torch.from_numpy(out["bf16"]))
+    assert cos.min() > 0.99 and not np.array_equal(out["fp32"], out["bf16"])  # bf16 really ran
+
+
+@needs_bf16
+def test_a_bf16_training_step_updates_fp32_master_weights(tiny_bert):
+    r = Retriever.from_pretrained(str(tiny_bert), dim=8).train()
+    opt = torch.optim.SGD(r.parameters(), lr=0.1)
+    weight = r.query.bert.encoder.layer[0].attention.self.query.weight
+    before = weight.detach().clone()
+    ids = torch.randint(1000, 5000, (4, 12))
+    mask = torch.ones_like(ids)
+    with autocast(CPU, torch.bfloat16):
+        q, d = r(ids, mask, ids.flip(0), mask)
+        assert r.query.bert(input_ids=ids, attention_mask=mask).pooler_output.dtype == torch.bfloat16  # matmuls ran in bf16
+        loss = torch.nn.functional.cross_entropy(q @ d.T, torch.arange(4))
+    loss.backward()
+    opt.step()
+    assert weight.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    assert not torch.equal(weight, before)
+
+
+@needs_bf16
+def test_relevance_logits_stay_fp32_inside_autocast():
+    from ralm.models.realm import relevance_log_probs
+
+    torch.manual_seed(0)
+    q, docs = torch.randn(3, 16) * 4, torch.randn(3, 5, 16) * 4
+    exact = relevance_log_probs(q, docs)
+    with autocast(CPU, torch.bfloat16):
+        mixed = relevance_log_probs(q, docs)
+        naive = torch.einsum("bd,bkd->bk", q.float(), docs.float())  # what autocast does to an einsum
+    assert naive.dtype == torch.bfloat16  # the trap: fp32 inputs, bf16 result
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, exact)
+
+
+@needs_bf16
+def test_lm_logits_stay_fp32_inside_autocast():
+    from ralm.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=50, dim=32, layers=1, heads=2, max_len=16)).eval()
+    ids = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        hidden = lm.features(ids)
+        exact = hidden @ lm.embed.weight.T
+        with autocast(CPU, torch.bfloat16):
+            logits = lm.head(hidden)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, exact)
