@@ -64,3 +64,19 @@ def test_rejects_indexes_over_different_blocks(tiny_dense_index, tmp_path, tiny_
         HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(tiny_dense_index))
     with pytest.raises(RalmError, match="alpha"):
         HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(tmp_path / "other"), alpha=2.0)
+
+
+def test_queries_are_encoded_once_and_dense_scores_are_exact(tiny_dense_index, bm25_index):
+    dense = Searcher.open(tiny_dense_index)
+    hybrid = HybridSearcher(dense, Searcher.open(bm25_index), alpha=1.0, depth=1)
+    calls = []
+    real = dense.retriever.encode_queries
+    dense.retriever.encode_queries = lambda texts: (calls.append(len(texts)), real(texts))[1]
+    queries = ["capital of France", "Who created Python?"]
+    scores, rows = hybrid.search_rows(queries, 2)
+    assert calls == [2]
+    # alpha 1: fused = dense - min over the candidates; every candidate's dense score is exact
+    q = real(queries).numpy()
+    emb = np.load(next((tiny_dense_index / "versions").iterdir()) / "embeddings.npy")
+    exact = np.take_along_axis(q @ emb.T, rows, 1)
+    np.testing.assert_allclose(scores[:, 0] - scores[:, 1], exact[:, 0] - exact[:, 1], rtol=1e-4)

@@ -126,3 +126,20 @@ def test_bf16_matrix_search_matches_fp32_except_near_ties(data):
         for a, b in zip(i16[row], i32[row]):
             if a != b:
                 assert abs(full[row, a] - full[row, b]) < 0.05 * abs(full[row]).max()
+
+
+def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
+    """Parity: scored with the index's statistics, a text gets the score bm25s gives it as a block of the index."""
+    from ralm.retrieval.bm25 import LiveBM25
+
+    texts = ["the cat sat on the mat", "dogs chase cars in the street", "a zebra named Quagga lives here with a zebra",
+             "stocks fell sharply", "the cat and the dog"]
+    index = BM25Index.build(texts, show_progress=False)
+    index.save(tmp_path / "bm25")
+    index = BM25Index.load(tmp_path / "bm25", len(texts))  # the average length is saved with it
+    queries = ["where does the zebra quagga live", "cat dog", "cat cat"]
+    full, ids = index.search(queries, len(texts))
+    by_row = np.take_along_axis(full, np.argsort(ids, 1), 1)  # [Q, N] in row order
+    np.testing.assert_allclose(LiveBM25(index, texts[2:]).scores(queries), by_row[:, 2:], rtol=1e-5)
+    unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
+    assert unseen > rare > common > 0 and LiveBM25(index, ["an okapi"]).scores(["okapi"])[0, 0] > 0

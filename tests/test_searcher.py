@@ -119,3 +119,11 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     a = embed_blocks(r, blocks, tmp_path / "a.npy", torch.device("cpu"), show_progress=False, pooled=pooled)
     b = embed_blocks(r, blocks, tmp_path / "b.npy", torch.device("cpu"), show_progress=False)
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_bm25_lists_only_blocks_that_share_a_term_with_the_query(tiny_bert, corpus_file, tmp_path):
+    build_index(corpus_file, tmp_path / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
+    s = Searcher.open(tmp_path / "bm25")
+    assert [h.id for h in s.search(["Guido van Rossum"], 5)[0]] == ["python:0"]
+    assert s.search(["zzzz"], 5) == [[]]
+    assert s.search_rows(["Guido van Rossum"], 5)[0].shape == (1, 5)  # rows for the reader keep their k

@@ -7,6 +7,8 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
+from ralm.data.corpus import Document
+from ralm.errors import RalmError
 from ralm.retrieval.build import build_index
 from ralm.retrieval.store import IndexDir
 from ralm.serve.app import create_app
@@ -46,7 +48,7 @@ def service(dirs, **kw):
 
 
 def client(svc, watcher=False):
-    return TestClient(create_app(svc, start_watcher=watcher))
+    return TestClient(create_app(svc, start_watcher=watcher), base_url="http://127.0.0.1:8000")
 
 
 def test_every_endpoint(dirs):
@@ -56,7 +58,7 @@ def test_every_endpoint(dirs):
         assert stats["corpus_blocks"] == len(DOCS) and stats["index_version"] == "v000001"
         assert set(stats["retrievers"]) == {"dense", "bm25", "hybrid"} and stats["reader_loaded"]
         for retriever in ("dense", "bm25", "hybrid"):
-            hits = c.post("/search", json={"query": "Guido van Rossum Python", "k": 3, "retriever": retriever}).json()
+            hits = c.post("/search", json={"query": "capital city river", "k": 3, "retriever": retriever}).json()
             assert len(hits) == 3 and set(hits[0]) == {"id", "title", "score", "text"}, retriever
         assert c.post("/search", json={"query": "Guido van Rossum", "k": 1, "retriever": "bm25"}).json()[0]["id"] == "python:0"
         answer = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "bm25"}).json()
@@ -194,10 +196,197 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(dirs):
                 "Nepal China mountain": "everest:0"}
 
     async def burst():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             return await asyncio.gather(*(c.post("/search", json={"query": q, "k": 1, "retriever": "bm25"}) for q in queries))
 
     responses = asyncio.run(burst())
     assert all(r.status_code == 200 for r in responses)
     assert [r.json()[0]["id"] for r in responses] == [expected[q] for q in queries]
     assert sum(calls) == len(queries) and len(calls) < len(queries)  # fewer model calls than requests
+
+
+def _hits(c, query, retriever, k=20):
+    return [(h["id"], h["text"]) for h in c.post("/search", json={"query": query, "k": k, "retriever": retriever}).json()]
+
+
+@pytest.mark.parametrize("torn", ['{"op": "add", "id": "torn", "te'.encode(), '{"op": "add", "id": "café'.encode()[:-1]])
+def test_an_update_acknowledged_after_a_crash_mid_append_survives_a_restart(dirs, caplog, torn):
+    log = dirs[0] / "dense" / "updates.jsonl"
+    log.write_bytes(torn)  # a crash mid-append (the second one even inside a UTF-8 character)
+    with client(service(dirs)) as c:
+        assert c.post("/documents", json={"documents": [NEW]}).status_code == 200
+    with client(service(dirs)) as c:  # a new process reads the same directory
+        assert ("zanzibar:0", NEW["text"]) in _hits(c, "archipelago cloves", "dense")
+    assert "cut a torn last record" in caplog.text
+    assert log.read_text(encoding="utf-8") == json.dumps({"op": "add", **NEW}) + "\n"
+
+
+def test_a_log_damaged_by_an_older_ralm_gives_back_its_acknowledged_updates(dirs):
+    """ralm <= 0.2.0 appended onto a torn record; and a text may hold U+2028, a line break to str.splitlines."""
+    kili = {"op": "add", "id": "kili", "title": "Kilimanjaro", "text": "Kilimanjaro is a volcano\u2028in Tanzania."}
+    for name in ("dense", "bm25"):
+        (dirs[0] / name / "updates.jsonl").write_text('{"op": "add", "id": "torn", "te' + json.dumps({"op": "add", **NEW}) + "\n"
+                                                      + json.dumps(kili, ensure_ascii=False) + "\n", encoding="utf-8")
+    with client(service(dirs)) as c:
+        ids = [i for i, _ in _hits(c, "Zanzibar Kilimanjaro volcano archipelago", "bm25")]
+        assert {"zanzibar:0", "kili:0"} <= set(ids) and not any(i.startswith("torn") for i in ids)
+        assert c.delete("/documents/kili").status_code == 200
+
+
+def test_the_same_id_twice_in_one_request_keeps_the_last_and_a_restart_changes_nothing(dirs):
+    first, last = NEW | {"text": "Zanzibar grows cloves."}, NEW | {"text": "Zanzibar now grows nutmeg instead."}
+    queries = {"dense": "Zanzibar cloves nutmeg", "bm25": "Zanzibar cloves nutmeg", "hybrid": "Zanzibar cloves nutmeg"}
+    with client(service(dirs)) as c:
+        assert c.post("/documents", json={"documents": [first, last]}).json()["added"] == ["zanzibar"]
+        before = {r: _hits(c, q, r) for r, q in queries.items()}
+    assert [h for h in before["bm25"] if h[0].startswith("zanzibar")] == [("zanzibar:0", last["text"])]
+    with client(service(dirs)) as c:
+        assert {r: _hits(c, q, r) for r, q in queries.items()} == before
+
+
+def test_hybrid_refuses_indexes_whose_live_updates_differ(dirs):
+    root, _ = dirs
+    alone = Service(ServeConfig(index=str(root / "bm25")))  # the BM25 index served and updated on its own
+    alone.add([Document(NEW["id"], NEW["title"], NEW["text"])])
+    with pytest.raises(RalmError, match="different live updates.*'zanzibar'"):
+        service(dirs)
+
+
+def test_hybrid_matches_live_documents_by_id_not_by_row(dirs):
+    kili = {"op": "add", "id": "kili", "title": "Kilimanjaro", "text": "Kilimanjaro is a dormant volcano in Tanzania."}
+    zanzibar = {"op": "add", **NEW}
+    for name, order in (("dense", [zanzibar, kili]), ("bm25", [kili, zanzibar])):  # same documents, other rows
+        (dirs[0] / name / "updates.jsonl").write_text("".join(json.dumps(e) + "\n" for e in order))
+    with client(service(dirs)) as c:
+        for query, doc in (("Kilimanjaro dormant volcano", kili), ("Zanzibar archipelago cloves", zanzibar)):
+            top = c.post("/search", json={"query": query, "k": 1, "retriever": "hybrid"}).json()[0]
+            assert (top["id"], top["text"]) == (doc["id"] + ":0", doc["text"])
+
+
+def test_hybrid_is_one_implementation_for_the_server_and_the_cli(dirs):
+    """The server's hybrid is HybridSearcher over its live searchers: with no live documents it
+    ranks and scores exactly as `ralm search/ask --hybrid` (dense scores computed exactly)."""
+    from ralm.retrieval.hybrid import HybridSearcher
+    from ralm.retrieval.searcher import Searcher
+
+    root, _ = dirs
+    svc = service(dirs, hybrid_depth=2)
+    cli = HybridSearcher(Searcher.open(root / "dense"), Searcher.open(root / "bm25"), depth=2)
+    queries = ["capital city on a river", "Who created Python?", "highest mountain", "Apollo mission to the Moon"]
+    for server_hits, cli_hits in zip(svc.search(queries, 4, "hybrid"), cli.search(queries, 4)):
+        assert [(h.id, round(h.score, 5)) for h in server_hits] == [(h.id, round(h.score, 5)) for h in cli_hits]
+    with client(svc) as c:  # /ask offers hybrid too
+        answer = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "hybrid"})
+        assert answer.status_code == 200 and len(answer.json()["evidence"]) == 2
+
+
+def test_live_bm25_documents_score_on_the_index_scale_and_bm25_lists_only_matches(dirs):
+    with client(service(dirs)) as c:
+        assert [i for i, _ in _hits(c, "Guido van Rossum", "bm25", k=5)] == ["python:0"]  # no 0-score padding
+        c.post("/documents", json={"documents": [NEW]})
+        hits = c.post("/search", json={"query": "capital of Zanzibar, the archipelago famous for cloves", "k": 3,
+                                       "retriever": "bm25"}).json()
+        assert hits[0]["id"] == "zanzibar:0" and hits[0]["score"] > 2 * hits[1]["score"]
+
+
+def test_a_chunked_body_is_held_to_the_limit(dirs):
+    body = json.dumps({"documents": [{"id": "big", "text": "x" * 5000}]}).encode()
+    with client(service(dirs, max_body_bytes=1000)) as c:
+        r = c.post("/documents", content=iter([body[i:i + 100] for i in range(0, len(body), 100)]),
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json() == {"error": "request body exceeds the limit of 1000 bytes"}
+        assert c.post("/documents", json={"documents": [NEW]}).status_code == 200
+
+
+def test_one_error_shape_strict_types_and_an_openapi_that_documents_them(dirs):
+    with client(service(dirs)) as c:
+        assert c.get("/no-such-page").json() == {"error": "Not Found"}
+        r = c.put("/ask", json={})
+        assert r.json() == {"error": "Method Not Allowed"} and r.headers["allow"] == "POST"
+        for k in (True, "5", 2.0):
+            r = c.post("/search", json={"query": "x", "k": k})
+            assert r.status_code == 422 and "k" in r.json()["error"], k
+        spec = c.get("/openapi.json").json()
+    assert "HTTPValidationError" not in json.dumps(spec)  # the framework's {"detail": ...} shape is nowhere
+    ask = spec["paths"]["/ask"]["post"]["responses"]
+    assert set(ask) == {"200", "400", "409", "413", "422"}
+    assert ask["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}
+    assert set(spec["paths"]["/documents"]["post"]["responses"]) == {"200", "400", "401", "413", "422"}
+    assert set(spec["paths"]["/documents/{doc_id}"]["delete"]["responses"]) == {"200", "400", "401", "404", "422"}
+    question = spec["components"]["schemas"]["AskRequest"]["properties"]["question"]
+    assert question["pattern"] == r"\S" and question["maxLength"] == 2000
+    k = spec["components"]["schemas"]["AskRequest"]["properties"]["k"]
+    assert (k["minimum"], k["maximum"], k["type"]) == (1, 100, "integer")
+
+
+@pytest.mark.parametrize("bound, extra, host, ok", [
+    ("127.0.0.1", (), "127.0.0.1:8000", True),
+    ("127.0.0.1", (), "localhost:8000", True),
+    ("127.0.0.1", (), "[::1]:8000", True),
+    ("127.0.0.1", (), "attacker.example:8000", False),  # DNS rebinding: an outside name pointing at loopback
+    ("127.0.0.1", ("ralm.internal",), "ralm.internal", True),
+    ("10.0.0.5", (), "10.0.0.5:8000", True),
+    ("0.0.0.0", (), "10.0.0.5:8000", False),  # a wildcard bind has no name of its own: name it with --allowed-host
+    ("0.0.0.0", ("*",), "anything.example", True),
+])
+def test_the_host_header_must_name_this_server(dirs, bound, extra, host, ok):
+    with TestClient(create_app(service(dirs, host=bound, allowed_hosts=extra), start_watcher=False), base_url=f"http://{host}") as c:
+        r = c.post("/documents", json={"documents": [NEW]})
+        assert r.status_code == (200 if ok else 400), r.text
+        assert ok or "--allowed-host" in r.json()["error"]
+
+
+def test_stats_show_no_file_paths(dirs):
+    with client(service(dirs)) as c:
+        stats = c.get("/stats").text
+    assert str(dirs[0]) not in stats and str(dirs[1]) not in stats
+
+
+def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_document(dirs):
+    from ralm.data.blocks import BlockStore
+
+    svc = service(dirs)
+    svc.add([Document(NEW["id"], NEW["title"], NEW["text"])])
+    retriever = svc.searchers["dense"].searcher.retriever
+    calls = []
+    real = retriever.encode_queries
+    retriever.encode_queries = lambda texts: (calls.append(len(texts)), real(texts))[1]
+    svc.search(["archipelago", "river"], 3, "dense")
+    svc.search(["archipelago", "river"], 3, "hybrid")
+    assert calls == [2, 2]
+    reads = []
+    real_record = BlockStore.record
+    BlockStore.record = lambda self, i: (reads.append(i), real_record(self, i))[1]
+    try:
+        svc.delete("paris")  # builds the document -> rows map of the main index
+    finally:
+        BlockStore.record = real_record
+    assert len(reads) <= 2 * len(DOCS)  # one record per document (and per side), not one per block
+
+
+def test_a_bm25_index_without_its_average_length_measures_it(dirs, caplog):
+    """BM25 indexes built by ralm 0.2.0 lack ralm.json; on a small corpus the measure is exact."""
+    from ralm.retrieval.bm25 import STATS
+
+    root, _ = dirs
+    doc = Document(NEW["id"], NEW["title"], NEW["text"])
+
+    def live_score():
+        svc = Service(ServeConfig(index=str(root / "bm25")))
+        svc.add([doc])
+        score = svc.search(["Zanzibar cloves"], 1)[0][0].score
+        svc.delete(doc.id)
+        return score
+
+    recorded = live_score()
+    (next((root / "bm25" / "versions").iterdir()) / "bm25" / STATS).unlink()
+    assert live_score() == pytest.approx(recorded) and "measured it on 6 blocks" in caplog.text
+
+
+def test_a_log_line_that_is_no_update_record_is_a_clear_error_and_bm25_goes_with_a_dense_index(dirs):
+    root, _ = dirs
+    (root / "dense" / "updates.jsonl").write_text(json.dumps({"op": "add", **NEW}) + "\nnot json\n")
+    with pytest.raises(RalmError, match=r"updates.jsonl:2: not an update record"):
+        service(dirs)
+    with pytest.raises(RalmError, match="--bm25 goes with a dense --index"):
+        Service(ServeConfig(index=str(root / "bm25"), bm25=str(root / "bm25")))

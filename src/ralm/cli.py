@@ -822,6 +822,8 @@ def serve(
     bm25: Optional[Path] = typer.Option(None, "--bm25", help="a BM25 index over the same corpus (enables bm25 and hybrid)"),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
     port: int = typer.Option(8000, "--port"),
+    allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
+                                           "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -835,8 +837,8 @@ def serve(
     _quiet_libraries()
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
-    svc = Service(ServeConfig(index=str(index_dir), model=model, bm25=str(bm25) if bm25 else None, api_key=api_key),
-                  *_runtime(device, dtype))
+    svc = Service(ServeConfig(index=str(index_dir), model=model, bm25=str(bm25) if bm25 else None, api_key=api_key,
+                              host=host, allowed_hosts=tuple(allowed_host)), *_runtime(device, dtype))
     err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
               f"{', reader loaded' if svc.reader else ', no reader: /ask disabled'}) on http://{host}:{port}")
     uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")

@@ -1,16 +1,24 @@
-"""BM25 (bm25s) behind the same search interface as the dense indexes, but over text queries."""
+"""BM25 (bm25s) behind the same search interface as the dense indexes, but over text queries.
+
+`LiveBM25` scores texts outside an index (documents added while it is served) with the
+index's own statistics, so that their scores and the index's are on one scale.
+"""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from ralm.atomic import read_json, write_json
 from ralm.errors import RalmError
 from ralm.progress import progress_enabled
 from ralm.retrieval.exact import check_k
+
+STATS = "ralm.json"  # beside bm25s's files: what bm25s does not save (the average length)
 
 
 def _tokens(texts: Sequence[str], show_progress: bool = False) -> list[list[str]]:
@@ -20,9 +28,10 @@ def _tokens(texts: Sequence[str], show_progress: bool = False) -> list[list[str]
 
 
 class BM25Index:
-    def __init__(self, model, count: int):
+    def __init__(self, model, count: int, avgdl: float | None):
         self.model = model
         self.count = count
+        self.avgdl = avgdl  # mean block length in terms; None for indexes built by ralm <= 0.2.0
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 0.9, b: float = 0.4, show_progress: bool = True) -> "BM25Index":
@@ -30,13 +39,14 @@ class BM25Index:
         import bm25s
 
         show_progress = progress_enabled(show_progress)  # bm25s draws its own (tqdm) bars
+        tokens = _tokens(texts, show_progress)
         model = bm25s.BM25(k1=k1, b=b)
-        model.index(_tokens(texts, show_progress), show_progress=show_progress)
-        return cls(model, len(texts))
+        model.index(tokens, show_progress=show_progress)
+        return cls(model, len(texts), float(np.mean([len(t) for t in tokens])))
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """[Q] query strings -> (scores [Q, k] float32, row ids [Q, k] int64), best first.
-        A query with no indexed term scores 0 everywhere."""
+        Blocks that share no term with a query score 0; they fill its list up to k."""
         check_k(k)
         if isinstance(queries, str):
             raise RalmError("BM25 search takes a list of query strings")
@@ -51,14 +61,56 @@ class BM25Index:
             ids[live], scores[live] = found.astype(np.int64), s.astype(np.float32)
         return scores, ids
 
+    def idf(self, terms: Sequence[str]) -> np.ndarray:
+        """[T] terms -> Lucene's idf, log(1 + (N - df + 0.5) / (df + 0.5)), the variant bm25s
+        indexes with by default, from this index's document frequencies (0 for an unseen term)."""
+        indptr, vocab = self.model.scores["indptr"], self.model.vocab_dict  # term t's blocks: indptr[t]:indptr[t+1]
+        df = np.array([indptr[vocab[t] + 1] - indptr[vocab[t]] if t in vocab else 0 for t in terms], dtype=np.float64)
+        return np.log1p((self.count - df + 0.5) / (df + 0.5))
+
     def save(self, folder: str | os.PathLike) -> None:
         """Writes bm25s's npy/json files into `folder` (the caller publishes it atomically)."""
         self.model.save(str(folder), show_progress=False)
+        write_json(Path(folder) / STATS, {"avgdl": self.avgdl})
 
     @classmethod
     def load(cls, folder: str | os.PathLike, count: int) -> "BM25Index":
         import bm25s
 
-        if not Path(folder).is_dir():
+        folder = Path(folder)
+        if not folder.is_dir():
             raise RalmError(f"BM25 index not found: {folder}")
-        return cls(bm25s.BM25.load(str(folder), mmap=True, show_progress=False), count)
+        avgdl = read_json(folder / STATS)["avgdl"] if (folder / STATS).is_file() else None
+        return cls(bm25s.BM25.load(str(folder), mmap=True, show_progress=False), count, avgdl)
+
+
+class LiveBM25:
+    """BM25 over texts that are not in `index` (live documents), with the index's statistics
+    (block count, document frequencies, average length, k1, b): each text scores as it would
+    as one more block of the index, so live and indexed blocks rank on one scale. A term the
+    index has never seen counts as rare (df 0), so a live document is found by its new words."""
+
+    def __init__(self, index: BM25Index, texts: Sequence[str]):
+        self.count = len(texts)
+        tokens = _tokens(texts)
+        terms = sorted({t for doc in tokens for t in doc})
+        idf = dict(zip(terms, index.idf(terms)))
+        k1, b = index.model.k1, index.model.b
+        postings: dict[str, tuple[list[int], list[float]]] = {}
+        for row, doc in enumerate(tokens):
+            norm = k1 * (1 - b + b * len(doc) / index.avgdl)
+            for term, tf in Counter(doc).items():
+                rows, weights = postings.setdefault(term, ([], []))
+                rows.append(row)
+                weights.append(idf[term] * tf / (tf + norm))
+        self.postings = {t: (np.array(r), np.array(w, dtype=np.float32)) for t, (r, w) in postings.items()}
+
+    def scores(self, queries: Sequence[str]) -> np.ndarray:
+        """[Q] query strings -> [Q, M] scores of every text (0 where it shares no term)."""
+        out = np.zeros((len(queries), self.count), dtype=np.float32)
+        for i, query in enumerate(_tokens(queries)):
+            for term in query:  # a repeated query term counts again, as in bm25s
+                if term in self.postings:
+                    rows, weights = self.postings[term]
+                    out[i, rows] += weights
+        return out

@@ -1,12 +1,14 @@
 """Hybrid retrieval: BM25 and dense scores fused, behind the Searcher's search interface.
 
 Both indexes must cover the same block store (same corpus, tokenizer and block config), so a
-row means the same block in each. For a query, the union of each side's top `depth` rows is
-scored by both: the dense score exactly (query · embeddings.npy row), the BM25 score from its
-list, or for a row outside BM25's top `depth`, that list's lowest score (an upper bound).
-Each score is min-max normalised over the union, then
+row means the same block in each; live documents (ralm.retrieval.live), which each side
+numbers in its own overlay, are matched by block id. For a query, the union of each side's
+top `depth` rows is scored by both: the dense score exactly (query · the stored embedding),
+the BM25 score from its list, or for a row outside BM25's top `depth`, that list's lowest
+score (an upper bound). Each score is min-max normalised over the union, then
     fused = (alpha · dense + (1 - alpha) · bm25) · (alpha · range(dense) + (1 - alpha) · range(bm25)),
 the last factor putting fused scores back on the retrievers' own scale (it matters for p(z|x)).
+The same class serves the CLI (two Searchers) and the server (two LiveSearchers).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from ralm.errors import RalmError
 from ralm.retrieval.exact import check_k
-from ralm.retrieval.searcher import Hit, LoadedVersion, Searcher
+from ralm.retrieval.searcher import Hit, hits
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -36,21 +38,20 @@ def fuse(dense: np.ndarray, bm25: np.ndarray, alpha: float) -> np.ndarray:
 
 
 class HybridSearcher:
-    def __init__(self, dense: Searcher, bm25: Searcher, alpha: float = 0.5, depth: int = 100):
+    def __init__(self, dense, bm25, alpha: float = 0.5, depth: int = 100):
+        """`dense` and `bm25`: two Searchers, or two LiveSearchers."""
         if not 0.0 <= alpha <= 1.0:
             raise RalmError(f"hybrid weight alpha must be in [0, 1], got {alpha}")
         if dense.index.kind != "dense" or bm25.index.kind != "bm25":
             raise RalmError(f"hybrid search needs a dense index and a BM25 index, got {dense.index.root} "
                             f"({dense.index.kind}) and {bm25.index.root} ({bm25.index.kind})")
-        if dense.current.manifest["blocks"] != bm25.current.manifest["blocks"]:
-            raise RalmError(f"{dense.index.root} and {bm25.index.root} were built over different block stores "
-                            "(corpus, tokenizer or block size differ); build both from the same corpus with the same model")
+        _check_same_blocks(dense.current, bm25.current, dense, bm25)
         check_k(depth)
         self.dense, self.bm25, self.alpha, self.depth = dense, bm25, alpha, depth
 
     @property
-    def current(self) -> LoadedVersion:
-        """The dense side's version; its block store is the BM25 side's too."""
+    def current(self):
+        """The dense side's version (or snapshot); hits are read from its blocks."""
         return self.dense.current
 
     @property
@@ -60,39 +61,39 @@ class HybridSearcher:
     def __len__(self) -> int:
         return len(self.dense)
 
-    def _embeddings(self, version: LoadedVersion) -> np.ndarray:
-        path = self.dense.index.version_path(version.name) / "embeddings.npy"
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-
-    def search_rows(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """[Q] strings -> (fused scores [Q, k], block rows [Q, k]), best first."""
+    def search_rows(self, queries: Sequence[str], k: int, snap=None) -> tuple[np.ndarray, np.ndarray]:
+        """[Q] strings -> (fused scores [Q, k'], rows of the dense side's `snap` [Q, k']), best
+        first; k' = k unless fewer blocks are live."""
         check_k(k)
-        version = self.dense.current
+        d_snap, b_snap = snap or self.dense.current, self.bm25.current
+        _check_same_blocks(d_snap, b_snap, self.dense, self.bm25)
         depth = max(k, self.depth)
-        b_scores, b_rows = self.bm25.search_rows(queries, depth)  # [Q, depth]
-        _, d_rows = self.dense.search_rows(queries, depth, version)
-        qvecs = self.dense.encode_queries(queries)  # [Q, D]
-        emb = self._embeddings(version)
-        k = min(k, len(version.blocks))
-        out_s = np.zeros((len(queries), k), np.float32)
-        out_r = np.zeros((len(queries), k), np.int64)
-        for i in range(len(queries)):
-            rows = np.union1d(b_rows[i], d_rows[i])  # [C]
-            dense = np.asarray(emb[rows], dtype=np.float32) @ qvecs[i]  # [C]
+        b_scores, b_rows = self.bm25.search_rows(queries, depth, b_snap)  # [Q, depth]
+        b_rows = self.dense.match_rows(b_rows, b_snap, d_snap)  # -1: a block the dense side does not hold
+        qvecs = self.dense.encode(queries)  # [Q, D], once for the search and the exact scores
+        _, d_rows = self.dense.search_encoded(qvecs, depth, d_snap)
+        fused_rows = []
+        for i, qvec in enumerate(qvecs.numpy()):
+            rows = np.union1d(b_rows[i][b_rows[i] >= 0], d_rows[i])  # [C]
+            dense = self.dense.exact_scores(qvec, rows, d_snap)  # [C]
             bm25_of = dict(zip(b_rows[i].tolist(), b_scores[i].tolist()))
-            floor = float(b_scores[i].min())
+            floor = float(b_scores[i].min()) if b_scores.shape[1] else 0.0
             bm25 = np.array([bm25_of.get(int(r), floor) for r in rows], dtype=np.float32)
             fused = fuse(dense, bm25, self.alpha)
             top = np.argsort(-fused, kind="stable")[:k]
-            out_s[i], out_r[i] = fused[top], rows[top]
-        return out_s, out_r
+            fused_rows.append((fused[top], rows[top]))
+        k = min([k] + [len(r) for _, r in fused_rows])
+        return (np.array([s[:k] for s, _ in fused_rows], dtype=np.float32).reshape(len(queries), k),
+                np.array([r[:k] for _, r in fused_rows], dtype=np.int64).reshape(len(queries), k))
 
     def search(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
-        scores, rows = self.search_rows(queries, k)
-        blocks = self.current.blocks
-        hits = []
-        for srow, rrow in zip(scores, rows):
-            recs = [blocks.record(int(r)) for r in rrow]
-            hits.append([Hit(int(r), rec["id"], rec["doc_id"], rec["title"], rec["text"], float(s)) for s, r, rec in zip(srow, rrow, recs)])
-        return hits
+        snap = self.current
+        scores, rows = self.search_rows(queries, k, snap)
+        return hits(snap.blocks, scores, rows)
 
+
+def _check_same_blocks(d_version, b_version, dense, bm25) -> None:
+    if d_version.manifest["blocks"] != b_version.manifest["blocks"]:
+        raise RalmError(f"{dense.index.root} ({d_version.name}) and {bm25.index.root} ({b_version.name}) were built over "
+                        "different block stores (corpus, tokenizer or block size differ); build both from the same corpus "
+                        "with the same model")

@@ -120,28 +120,48 @@ class Searcher:
     def __len__(self) -> int:
         return len(self.current.blocks)
 
+    def encode(self, queries: Sequence[str]) -> torch.Tensor | list[str]:
+        """Queries in the form the index searches: [Q, D] query vectors (dense) or the strings (BM25)."""
+        if any(not isinstance(q, str) or not q.strip() for q in queries):
+            raise RalmError("queries must be non-empty strings")
+        return list(queries) if self.retriever is None else self.retriever.encode_queries(list(queries), dtype=self.dtype)
+
+    def search_encoded(self, encoded: torch.Tensor | list[str], k: int, version: LoadedVersion | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """`encode`'s output -> (scores [Q, k], block rows [Q, k])."""
+        check_k(k)
+        return (version or self.current).index.search(encoded, k)
+
     def search_rows(self, queries: Sequence[str], k: int, version: LoadedVersion | None = None) -> tuple[np.ndarray, np.ndarray]:
         """[Q] strings -> (scores [Q, k], block rows [Q, k])."""
         check_k(k)
-        version = version or self.current
         if not queries:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        if any(not isinstance(q, str) or not q.strip() for q in queries):
-            raise RalmError("queries must be non-empty strings")
-        if isinstance(version.index, BM25Index):
-            return version.index.search(list(queries), k)
-        return version.index.search(self.encode_queries(queries), k)
+        return self.search_encoded(self.encode(queries), k, version)
 
-    def encode_queries(self, queries: Sequence[str]) -> np.ndarray:
-        """[Q] strings -> [Q, D] float32 query vectors, in this searcher's compute dtype."""
-        return self.retriever.encode_queries(list(queries), dtype=self.dtype).numpy()
+    def exact_scores(self, qvec: np.ndarray, rows: np.ndarray, version: LoadedVersion) -> np.ndarray:
+        """Dense: [D] query vector, [C] rows -> [C] inner products with the stored float32
+        embeddings (whatever the search index approximates or stores in bf16)."""
+        emb = np.load(self.index.version_path(version.name) / "embeddings.npy", mmap_mode="r", allow_pickle=False)
+        return np.asarray(emb[rows], dtype=np.float32) @ qvec
+
+    def match_rows(self, rows: np.ndarray, other: LoadedVersion, version: LoadedVersion) -> np.ndarray:
+        """Rows of another searcher's version as rows of `version`: over the same block store
+        (which hybrid search checks) a row is the same block in both."""
+        return rows
 
     def search(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
         version = self.current  # one version for the whole call, even if a swap happens meanwhile
         scores, rows = self.search_rows(queries, k, version)
-        return [[_hit(version.blocks, int(r), float(s)) for s, r in zip(srow, rrow)] for srow, rrow in zip(scores, rows)]
+        return hits(version.blocks, scores, rows, bm25=self.retriever is None)
 
 
-def _hit(blocks: BlockStore, row: int, score: float) -> Hit:
-    rec = blocks.record(row)
-    return Hit(row, rec["id"], rec["doc_id"], rec["title"], rec["text"], score)
+def hits(blocks, scores: np.ndarray, rows: np.ndarray, bm25: bool = False) -> list[list[Hit]]:
+    """search_rows' output as Hits with their block's text. BM25 fills a list up to k with
+    blocks that share no term with the query (score 0); they are not results, so they go."""
+    out = []
+    for srow, rrow in zip(scores, rows):
+        keep = srow > 0 if bm25 else np.ones(len(srow), dtype=bool)
+        recs = [blocks.record(int(r)) for r in rrow[keep]]
+        out.append([Hit(int(r), x["id"], x["doc_id"], x["title"], x["text"], float(s)) for s, r, x in zip(srow[keep], rrow[keep], recs)])
+    return out

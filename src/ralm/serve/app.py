@@ -1,11 +1,13 @@
 """The HTTP API and web page. Routes validate and translate; the Service does the work.
 
-Every bad request gets a 4xx with {"error": "..."} saying what is wrong; never a 500.
+Every bad request gets a 4xx with {"error": "..."} saying what is wrong, and the OpenAPI
+schema documents each of them with the request constraints the server enforces.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from contextlib import asynccontextmanager, contextmanager
@@ -15,14 +17,18 @@ from typing import Annotated, Iterator, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.serve.batching import MicroBatcher
+from ralm.serve.guards import BodyLimit, HostGuard, allowed_hosts, error
 from ralm.serve.service import Service
+
+log = logging.getLogger("ralm.serve")
 
 
 def _not_blank(v: str) -> str:
@@ -31,29 +37,35 @@ def _not_blank(v: str) -> str:
     return v.strip()
 
 
-NonBlank = Annotated[str, AfterValidator(_not_blank)]
+# Not only whitespace; the schema says so with a pattern (JSON Schema patterns search, unanchored).
+NonBlank = Annotated[str, AfterValidator(_not_blank), Field(json_schema_extra={"pattern": r"\S"})]
 Retriever = Literal["dense", "bm25", "hybrid"]
 
 
-class AskRequest(BaseModel):
+class Strict(BaseModel):
+    """Request bodies: JSON types as the schema states them (no `true` for 1, no "5" for 5)."""
+    model_config = ConfigDict(strict=True)
+
+
+class AskRequest(Strict):
     question: NonBlank = Field(..., max_length=2000, description="the question")
     k: int = Field(5, ge=1, le=100, description="number of passages to read")
-    retriever: Retriever | None = None
+    retriever: Retriever | None = Field(None, description="default: the --index's kind (dense or bm25)")
 
 
-class SearchRequest(BaseModel):
+class SearchRequest(Strict):
     query: NonBlank = Field(..., max_length=2000)
     k: int = Field(5, ge=1, le=100)
-    retriever: Retriever | None = None
+    retriever: Retriever | None = Field(None, description="default: the --index's kind (dense or bm25)")
 
 
-class DocumentIn(BaseModel):
+class DocumentIn(Strict):
     id: NonBlank = Field(..., max_length=500)
     title: str = Field("", max_length=1000)
     text: NonBlank = Field(..., max_length=200_000)
 
 
-class DocumentsRequest(BaseModel):
+class DocumentsRequest(Strict):
     documents: list[DocumentIn] = Field(..., min_length=1, max_length=1000)
 
 
@@ -82,8 +94,23 @@ class AskResponse(BaseModel):
     best: int | None = None
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": message})
+class ErrorOut(BaseModel):
+    error: str
+
+
+ERRORS = {
+    400: "a retriever this server has no index for, or a Host header it does not answer to",
+    401: "the API key is missing or wrong (writes, when the server has one)",
+    404: "no document with that id",
+    409: "no reader is loaded (start the server with --model)",
+    413: "the request body exceeds the limit (1 MiB by default)",
+    422: "the request does not match the schema; the message names the field",
+}
+
+
+def _errors(*codes: int) -> dict:
+    """OpenAPI responses for the error statuses a route can answer; every one has the Host check's 400."""
+    return {code: {"model": ErrorOut, "description": ERRORS[code]} for code in sorted({400, *codes})}
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -121,24 +148,25 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         finally:
             service.record_latency(endpoint, time.perf_counter() - start)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > service.cfg.max_body_bytes:
-            return _error(413, f"request body of {length} bytes exceeds the limit of {service.cfg.max_body_bytes}")
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=service.cfg.max_body_bytes)
+    app.add_middleware(HostGuard, allowed=allowed_hosts(service.cfg.host, service.cfg.allowed_hosts))  # outermost
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError):
-        return _error(422, _validation_message(exc))
+        return error(422, _validation_message(exc))
 
     @app.exception_handler(RalmError)
     async def ralm_error(_: Request, exc: RalmError):
-        return _error(400, str(exc))
+        return error(400, str(exc))
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException):
-        return _error(exc.status_code, str(exc.detail))
+    @app.exception_handler(StarletteHTTPException)  # ours and the framework's (unknown path, wrong method)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        return error(exc.status_code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception):
+        log.error("internal error", exc_info=exc)
+        return error(500, f"internal error: {type(exc).__name__}")
 
     async def run(fn, *args):
         async with lock:
@@ -151,38 +179,38 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         if given is None or not secrets.compare_digest(given, service.cfg.api_key):
             raise HTTPException(401, "this server protects writes: send the API key in the X-API-Key header")
 
-    @app.post("/ask", response_model=AskResponse, summary="Answer a question with evidence")
+    @app.post("/ask", response_model=AskResponse, summary="Answer a question with evidence", responses=_errors(409, 413, 422))
     async def ask(req: AskRequest):
-        if req.k > service.cfg.max_k:
-            raise HTTPException(422, f"k: must be at most {service.cfg.max_k}")
         try:
             return await batched("ask", req.question, req.k, req.retriever)
         except LookupError as e:
             raise HTTPException(409, str(e)) from None
 
-    @app.post("/search", response_model=list[Passage], summary="Retrieve passages")
+    @app.post("/search", response_model=list[Passage], summary="Retrieve passages", responses=_errors(413, 422))
     async def search(req: SearchRequest):
         hits = await batched("search", req.query, req.k, req.retriever)
         return [h.to_json() for h in hits]
 
-    @app.post("/documents", dependencies=[Depends(require_key)], summary="Add or replace documents (durable, live)")
+    @app.post("/documents", dependencies=[Depends(require_key)], summary="Add or replace documents (durable, live)",
+              responses=_errors(401, 413, 422))
     async def add_documents(req: DocumentsRequest):
         docs = [Document(d.id, d.title.strip(), d.text.strip()) for d in req.documents]
         ids = await run(service.add, docs)
         return {"added": ids, "corpus_blocks": (await run(service.stats))["corpus_blocks"]}
 
-    @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document")
+    @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document",
+                responses=_errors(401, 404, 422))
     async def delete_document(doc_id: str):
         if not await run(service.exists, doc_id):
             raise HTTPException(404, f"no document with id {doc_id!r}")
         await run(service.delete, doc_id)
         return {"deleted": doc_id}
 
-    @app.get("/health")
+    @app.get("/health", responses=_errors())
     async def health():
         return {"status": "ok", "index_version": service.searchers[service.default_retriever].current.name}
 
-    @app.get("/stats")
+    @app.get("/stats", responses=_errors())
     async def stats():
         return await run(service.stats)
 

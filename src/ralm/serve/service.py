@@ -1,5 +1,5 @@
-"""What the server holds: live searchers (dense / BM25), the reader, latency statistics, and
-a watcher thread that swaps in new index versions between requests."""
+"""What the server holds: live searchers (dense / BM25, and hybrid over the two), the reader,
+latency statistics, and a watcher thread that swaps in new index versions between requests."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -16,8 +15,8 @@ import torch
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
-from ralm.retrieval.hybrid import fuse
-from ralm.retrieval.live import LiveSearcher, Snapshot
+from ralm.retrieval.hybrid import HybridSearcher
+from ralm.retrieval.live import LOG, LiveSearcher
 from ralm.retrieval.searcher import Hit, Searcher
 from ralm.runtime import resolve_dtype
 
@@ -30,7 +29,8 @@ class ServeConfig:
     model: str | None = None  # a fine-tuning run (RUN/final/reader), for /ask
     bm25: str | None = None  # a BM25 index over the same corpus, for retriever=bm25|hybrid
     api_key: str | None = None
-    max_k: int = 100
+    host: str = "127.0.0.1"  # the address the server binds; Host headers naming it are accepted
+    allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
     hybrid_alpha: float = 0.5
     hybrid_depth: int = 100
     poll_seconds: float = 1.0
@@ -38,14 +38,14 @@ class ServeConfig:
 
 
 class Pinned:
-    """A live searcher pinned to one snapshot, so a request reads the rows it searched even if
+    """A searcher pinned to one snapshot, so a request reads the rows it searched even if
     documents are added or the index swaps meanwhile."""
 
-    def __init__(self, live: LiveSearcher):
-        self.live, self.current = live, live.current
+    def __init__(self, searcher: LiveSearcher | HybridSearcher):
+        self.searcher, self.current = searcher, searcher.current
 
     def search_rows(self, queries: Sequence[str], k: int):
-        return self.live.search_rows(queries, k, self.current)
+        return self.searcher.search_rows(queries, k, self.current)
 
 
 class Service:
@@ -53,17 +53,19 @@ class Service:
         self.cfg = cfg
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)
-        base = open_searcher(cfg.index, cfg.model, device=self.device, dtype=self.dtype)
-        if not isinstance(base, Searcher):
-            raise RalmError("--index must be a dense or BM25 index directory")
-        self.searchers: dict[str, LiveSearcher] = {base.index.kind: LiveSearcher(base)}
+        base = LiveSearcher(open_searcher(cfg.index, cfg.model, device=self.device, dtype=self.dtype))
+        self.live: dict[str, LiveSearcher] = {base.index.kind: base}  # where documents are written
+        self.searchers: dict[str, LiveSearcher | HybridSearcher] = dict(self.live)
         if cfg.bm25:
-            other = LiveSearcher(Searcher.open(cfg.bm25, device=self.device, dtype=self.dtype))
-            if other.index.kind != "bm25":
-                raise RalmError(f"--bm25 {cfg.bm25} is a {other.index.kind} index, not a BM25 one")
-            if other.current.manifest["blocks"] != base.current.manifest["blocks"]:
-                raise RalmError(f"--bm25 {cfg.bm25} was built over another corpus than --index {cfg.index}")
-            self.searchers.setdefault("bm25", other)
+            if base.index.kind != "dense":
+                raise RalmError(f"--bm25 goes with a dense --index; {cfg.index} is a {base.index.kind} index")
+            bm25 = LiveSearcher(Searcher.open(cfg.bm25, device=self.device, dtype=self.dtype))
+            if bm25.index.kind != "bm25":
+                raise RalmError(f"--bm25 {cfg.bm25} is a {bm25.index.kind} index, not a BM25 one")
+            hybrid = HybridSearcher(base, bm25, cfg.hybrid_alpha, cfg.hybrid_depth)
+            _check_same_updates(base, bm25, cfg)
+            self.live["bm25"] = bm25
+            self.searchers.update(bm25=bm25, hybrid=hybrid)
         self.default_retriever = base.index.kind
         self.reader = None
         if cfg.model:
@@ -89,7 +91,7 @@ class Service:
     def refresh(self) -> bool:
         """Swap any searcher whose index directory has a newer version; errors keep the old one."""
         swapped = False
-        for live in self.searchers.values():
+        for live in self.live.values():
             try:
                 if live.refresh():
                     swapped = True
@@ -101,43 +103,25 @@ class Service:
 
     # -- queries --------------------------------------------------------------------------
     def retrievers(self) -> list[str]:
-        names = list(self.searchers)
-        return names + ["hybrid"] if {"dense", "bm25"} <= set(names) else names
+        return list(self.searchers)
 
-    def _live(self, retriever: str | None) -> LiveSearcher:
+    def _searcher(self, retriever: str | None) -> LiveSearcher | HybridSearcher:
         name = retriever or self.default_retriever
         if name not in self.searchers:
-            raise RalmError(f"retriever '{name}' is not available on this server (available: {', '.join(self.retrievers())})")
+            needs = {"dense": "a dense --index", "bm25": "--bm25 DIR", "hybrid": "a dense --index and --bm25 DIR"}[name]
+            raise RalmError(f"retriever '{name}' is not available on this server (available: {', '.join(self.retrievers())}); "
+                            f"it needs {needs}")
         return self.searchers[name]
 
     def search(self, queries: Sequence[str], k: int, retriever: str | None = None) -> list[list[Hit]]:
         """Top-k passages of each query (one batched model call)."""
-        if retriever == "hybrid":
-            return [self._hybrid(q, k) for q in queries]
-        return self._live(retriever).search(list(queries), k)
-
-    def _hybrid(self, query: str, k: int) -> list[Hit]:
-        if "hybrid" not in self.retrievers():
-            raise RalmError("retriever 'hybrid' needs both a dense and a BM25 index (start with --bm25 DIR)")
-        dense, bm25 = self.searchers["dense"], self.searchers["bm25"]
-        d_snap, b_snap = dense.current, bm25.current
-        depth = max(k, self.cfg.hybrid_depth)
-        d_s, d_r = dense.search_rows([query], depth, d_snap)
-        b_s, b_r = bm25.search_rows([query], depth, b_snap)
-        rows = np.union1d(d_r[0], b_r[0])
-        # A row outside one side's list gets that list's lowest score (an upper bound).
-        d_of, b_of = dict(zip(d_r[0].tolist(), d_s[0].tolist())), dict(zip(b_r[0].tolist(), b_s[0].tolist()))
-        d_floor, b_floor = float(d_s[0].min()), float(b_s[0].min())
-        fused = fuse(np.array([d_of.get(int(r), d_floor) for r in rows]), np.array([b_of.get(int(r), b_floor) for r in rows]),
-                     self.cfg.hybrid_alpha)
-        top = np.argsort(-fused, kind="stable")[:k]
-        return [_hit(d_snap, int(rows[i]), float(fused[i])) for i in top]
+        return self._searcher(retriever).search(list(queries), k)
 
     def ask(self, questions: Sequence[str], k: int, retriever: str | None = None) -> list[dict]:
         """Answers with evidence (one batched retrieval and reader call)."""
         if self.reader is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
-        qa = OpenQA(self.reader, Pinned(self._live(retriever)), k=k, device=self.device, dtype=self.dtype)
+        qa = OpenQA(self.reader, Pinned(self._searcher(retriever)), k=k, device=self.device, dtype=self.dtype)
         return [a.to_json() for a in qa.answer(list(questions))]
 
     def record_latency(self, endpoint: str, seconds: float) -> None:
@@ -146,37 +130,44 @@ class Service:
     # -- documents ------------------------------------------------------------------------
     def add(self, docs: Sequence[Document]) -> list[str]:
         ids = []
-        for live in self.searchers.values():
+        for live in self.live.values():
             ids = live.add(docs)
         return ids
 
     def delete(self, doc_id: str) -> None:
-        for live in self.searchers.values():
+        for live in self.live.values():
             live.delete(doc_id)
 
     def exists(self, doc_id: str) -> bool:
-        return next(iter(self.searchers.values())).exists(doc_id)
+        return self.live[self.default_retriever].exists(doc_id)
 
     # -- stats ----------------------------------------------------------------------------
     def stats(self) -> dict:
+        """Sizes, versions and latencies; no file paths (anyone who can read /stats sees it)."""
         def pct(values, q):
             return round(1000 * float(np.percentile(list(values), q)), 2) if values else None
 
-        main = self.searchers[self.default_retriever]
+        main = self.live[self.default_retriever]
         snap = main.current
         return {
             "corpus_blocks": len(main),
             "overlay_documents": len(snap.delta.docs),
-            "index": str(Path(self.cfg.index)),
             "index_version": snap.name,
             "index_swaps": self.swaps,
             "retrievers": self.retrievers(),
-            "model": self.cfg.model,
             "reader_loaded": self.reader is not None,
             "latency_ms": {name: {"count": len(v), "p50": pct(v, 50), "p99": pct(v, 99)} for name, v in self.latency.items()},
         }
 
 
-def _hit(snap: Snapshot, row: int, score: float) -> Hit:
-    rec = snap.blocks.record(row)
-    return Hit(row, rec["id"], rec["doc_id"], rec["title"], rec["text"], score)
+def _check_same_updates(dense: LiveSearcher, bm25: LiveSearcher, cfg: ServeConfig) -> None:
+    """Hybrid search fuses the two sides' scores of one block: their live documents must agree
+    (they do when only this server writes them, to both)."""
+    a, b = dense.current, bm25.current
+    differ = sorted(i for i in a.delta.docs.keys() | b.delta.docs.keys() if a.delta.docs.get(i) != b.delta.docs.get(i))
+    if not differ and not np.array_equal(a.hidden_rows, b.hidden_rows):
+        differ = sorted(a.delta.hidden_docs ^ b.delta.hidden_docs)
+    if differ:
+        raise RalmError(f"--index {cfg.index} and --bm25 {cfg.bm25} hold different live updates ({LOG}): documents "
+                        f"{', '.join(map(repr, differ[:3]))}{' ...' if len(differ) > 3 else ''} differ; with the server "
+                        f"stopped, copy one {LOG} over the other, or rebuild both indexes from a corpus with the updates")
