@@ -71,7 +71,7 @@ def test_queries_are_encoded_once_and_dense_scores_are_exact(tiny_dense_index, b
     hybrid = HybridSearcher(dense, Searcher.open(bm25_index), alpha=1.0, depth=1)
     calls = []
     real = dense.retriever.encode_queries
-    dense.retriever.encode_queries = lambda texts: (calls.append(len(texts)), real(texts))[1]
+    dense.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
     queries = ["capital of France", "Who created Python?"]
     scores, rows = hybrid.search_rows(queries, 2)
     assert calls == [2]

@@ -350,7 +350,7 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
     retriever = svc.searchers["dense"].searcher.retriever
     calls = []
     real = retriever.encode_queries
-    retriever.encode_queries = lambda texts: (calls.append(len(texts)), real(texts))[1]
+    retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
     svc.search(["archipelago", "river"], 3, "dense")
     svc.search(["archipelago", "river"], 3, "hybrid")
     assert calls == [2, 2]
