@@ -1,0 +1,132 @@
+"""Recall@k of the default dense index (built in each --dtype) next to the same encoder used
+as sentence-transformers users use it (mean pooling, L2-normalised, cosine, 256 wordpieces,
+fp32), on the same blocks and questions, in one run.
+
+  python benchmarks/squad_retrieval.py --work runs/sqret \\
+      --corpus ../shared/data/squad_corpus.jsonl ../shared/data/squad_dev_official_corpus.jsonl \\
+      --questions ../shared/data/squad_dev_official.jsonl ../shared/data/squad_dev.jsonl
+
+Several --corpus files are concatenated (ids must stay unique). Indexes and the plain
+embeddings are kept in --work, so a rerun (or a resume after a kill) only evaluates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def combined_corpus(paths: list[str], work: Path) -> Path:
+    if len(paths) == 1:
+        return Path(paths[0])
+    out = work / "corpus.jsonl"
+    if not out.is_file():
+        from ralm.atomic import atomic_path
+
+        with atomic_path(out) as tmp:
+            tmp.write_text("".join(Path(p).read_text(encoding="utf-8") for p in paths), encoding="utf-8")
+    return out
+
+
+def plain_embeddings(searcher, work: Path, batch_size: int = 64) -> np.ndarray:
+    """Every block as "title text", encoded by the plain HF model: mean pooling, normalised."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from ralm.atomic import atomic_path
+    from ralm.progress import track
+    from ralm.retrieval.encoders import default_model_path, pool
+
+    out = work / "plain.npy"
+    if out.is_file():
+        return np.load(out, allow_pickle=False)
+    path = default_model_path()
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    blocks = searcher.current.blocks
+    texts = [f"{r['title']} {r['text']}" for r in (blocks.record(i) for i in range(len(blocks)))]
+    vecs = []
+    with torch.inference_mode():
+        for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain MiniLM (fp32)"):
+            enc = tok(texts[i : i + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            h = model(**enc).last_hidden_state
+            vecs.append(torch.nn.functional.normalize(pool(h, enc["attention_mask"], "mean"), dim=-1).numpy())
+    emb = np.concatenate(vecs).astype(np.float32)
+    with atomic_path(out) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, emb)
+    return emb
+
+
+def plain_recall(emb: np.ndarray, searcher, questions, ks) -> dict:
+    from transformers import AutoModel, AutoTokenizer
+
+    from ralm.data.qa import has_answer
+    from ralm.eval.metrics import recall_at_k
+    from ralm.retrieval.encoders import default_model_path, pool
+
+    path = default_model_path()
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    matrix = torch.from_numpy(emb)
+    blocks = searcher.current.blocks
+    hits = []
+    with torch.inference_mode():
+        for i in range(0, len(questions), 256):
+            batch = questions[i : i + 256]
+            enc = tok([q.question for q in batch], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            q = torch.nn.functional.normalize(pool(model(**enc).last_hidden_state, enc["attention_mask"], "mean"), dim=-1)
+            top = torch.topk(q @ matrix.T, max(ks), dim=1).indices.numpy()
+            hits.extend([has_answer(blocks.record(int(r))["text"], qq.answers) for r in row] for qq, row in zip(batch, top))
+    return recall_at_k(hits, ks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--corpus", nargs="+", required=True)
+    ap.add_argument("--questions", nargs="+", required=True)
+    ap.add_argument("--dtypes", default="fp32,bf16", help="one default index per compute dtype")
+    ap.add_argument("--ks", default="1,5,20,100")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain sentence-transformers-style baseline")
+    args = ap.parse_args()
+
+    from ralm.data.qa import read_questions
+    from ralm.eval.retrieval import evaluate_retrieval
+    from ralm.retrieval.build import build_index
+    from ralm.retrieval.searcher import Searcher
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = combined_corpus(args.corpus, work)
+    ks = [int(k) for k in args.ks.split(",")]
+    question_sets = {Path(q).name: read_questions(q) for q in args.questions}
+    result: dict = {"corpus": [str(c) for c in args.corpus], "threads": torch.get_num_threads(), "torch": torch.__version__}
+    searcher = None
+    for dtype in args.dtypes.split(","):
+        index = work / f"dense-{dtype}"
+        if not (index / "LATEST").is_file():
+            t = time.perf_counter()
+            build_index(corpus, index, dtype=dtype)
+            result[f"build_seconds_{dtype}"] = round(time.perf_counter() - t, 1)
+        searcher = Searcher.open(index, dtype=dtype)
+        result[f"blocks"] = len(searcher)
+        for name, qs in question_sets.items():
+            r = evaluate_retrieval(searcher, qs, ks, show_progress=True)
+            result[f"default_{dtype}/{name}"] = {k: v for k, v in r.items() if k.startswith("recall") or k in ("questions", "seconds")}
+            print(json.dumps({f"default_{dtype}/{name}": result[f"default_{dtype}/{name}"]}), flush=True)
+    if not args.no_plain and searcher is not None:
+        t = time.perf_counter()
+        emb = plain_embeddings(searcher, work)
+        result["plain_embed_seconds"] = round(time.perf_counter() - t, 1)
+        for name, qs in question_sets.items():
+            result[f"plain_minilm/{name}"] = plain_recall(emb, searcher, qs, ks)
+            print(json.dumps({f"plain_minilm/{name}": result[f"plain_minilm/{name}"]}), flush=True)
+    (work / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Training speed in bf16 vs fp32: `ralm finetune` and `ralm pretrain` with the same settings,
+one run per dtype on the same machine, on the first N SQuAD paragraphs. Prints steps/s and the
+loss curves' agreement as JSON and draws both curves per trainer into benchmarks/figures/.
+
+    python benchmarks/train_dtype.py --work runs/train-dtype
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def run(cmd: list[str], log: Path) -> float:
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    return round(time.perf_counter() - start, 1)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def plot(name: str, curves: dict[str, list[dict]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for dtype, rows in curves.items():
+        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker="o", ms=3, label=dtype)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"ralm {name}: bf16 vs fp32")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--work", required=True)
+    p.add_argument("--paragraphs", type=int, default=300)
+    p.add_argument("--finetune-steps", type=int, default=60)
+    p.add_argument("--pretrain-steps", type=int, default=40)
+    p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
+    args = p.parse_args()
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus, questions = work / "corpus.jsonl", work / "questions.jsonl"
+    if not corpus.is_file():
+        lines = (DATA / "squad_corpus.jsonl").read_text().splitlines()[: args.paragraphs]
+        corpus.write_text("".join(line + "\n" for line in lines))
+        ids = {json.loads(line)["id"] for line in lines}
+        qs = [line for line in (DATA / "squad_train.jsonl").read_text().splitlines() if json.loads(line)["doc_id"] in ids]
+        questions.write_text("".join(line + "\n" for line in qs))
+    ralm = [sys.executable, "-m", "ralm"]
+    if not (work / "bm25" / "LATEST").is_file():
+        run([*ralm, "index", "build", str(corpus), "--out", str(work / "bm25"), "--retriever", "bm25"], work / "bm25.log")
+
+    jobs = {
+        "finetune": lambda out, dt: [*ralm, "finetune", "--questions", str(questions), "--index", str(work / "bm25"),
+                                     "--out", str(out), "--steps", str(args.finetune_steps), "--batch-size", "4", "-k", "4",
+                                     "--max-len", "256", "--log-every", "5", "--save-every", "1000", "--dtype", dt, "--device", "cpu"],
+        "pretrain": lambda out, dt: [*ralm, "pretrain", "--corpus", str(corpus), "--out", str(out),
+                                     "--steps", str(args.pretrain_steps), "--batch-size", "4", "-k", "4", "--dim", "128",
+                                     "--block-len", "96", "--max-len", "160", "--refresh", "none", "--warmup", "5",
+                                     "--log-every", "5", "--save-every", "1000", "--dtype", dt, "--device", "cpu"],
+    }
+    result = {}
+    for name, cmd in jobs.items():
+        curves = {}
+        for dtype in ("fp32", "bf16"):
+            out = work / f"{name}-{dtype}"
+            if not (out / "final").is_dir():
+                result[f"{name}_{dtype}_wall_s"] = run(cmd(out, dtype), work / f"{name}-{dtype}.log")
+            curves[dtype] = metrics(out)
+        # steps/s over the logged windows after the first (which holds start-up and warm-up)
+        sps = {d: float(np.mean([r["steps_per_s"] for r in rows[1:]])) for d, rows in curves.items()}
+        loss = {d: np.array([r["loss"] for r in rows]) for d, rows in curves.items()}
+        result[name] = {
+            "steps_per_s_fp32": round(sps["fp32"], 4), "steps_per_s_bf16": round(sps["bf16"], 4),
+            "speedup": round(sps["bf16"] / sps["fp32"], 3),
+            "loss_fp32": [round(x, 4) for x in loss["fp32"]], "loss_bf16": [round(x, 4) for x in loss["bf16"]],
+            "max_abs_loss_gap": round(float(np.abs(loss["fp32"] - loss["bf16"]).max()), 4),
+        }
+        plot(name, curves, Path(args.figures) / f"dtype_{name}_loss.png")
+        print(json.dumps({name: result[name]}), flush=True)
+    (work / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
