@@ -201,3 +201,18 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(dirs):
     assert all(r.status_code == 200 for r in responses)
     assert [r.json()[0]["id"] for r in responses] == [expected[q] for q in queries]
     assert sum(calls) == len(queries) and len(calls) < len(queries)  # fewer model calls than requests
+
+
+def test_a_failing_swap_is_logged_once_not_at_every_poll(dirs, caplog):
+    svc = service(dirs)
+    latest = dirs[0] / "dense" / "LATEST"
+    latest.write_text("v000042\n")  # damaged: names a version that does not exist
+    with caplog.at_level("WARNING", logger="ralm.serve"):
+        for _ in range(3):
+            assert not svc.refresh()
+        latest.write_text("v000001\n")
+        svc.refresh()
+        latest.write_text("v000042\n")
+        svc.refresh()
+    failures = [r for r in caplog.records if "not swapping" in r.getMessage()]
+    assert len(failures) == 2 and "v000042" in failures[0].getMessage()  # once, then again after a recovery

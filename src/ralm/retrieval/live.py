@@ -42,6 +42,16 @@ class Delta:
     docs: dict = field(default_factory=dict)  # doc id -> Document, the overlay's documents
 
 
+def _check_entry(e, path: Path, lineno: int) -> None:
+    """A well-formed JSON line that is not an update record was not written by ralm (edited by
+    hand, another program): stop with its file:line, as replaying around it could silently drop
+    or resurrect documents."""
+    add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
+    if not (isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")):
+        raise RalmError(f'{path}:{lineno}: not an update record ({{"op": "add", "id", "title", "text"}} or '
+                        f'{{"op": "delete", "id"}}); fix or remove the line')
+
+
 class OverlayBlocks:
     """BlockStore-like view: main rows first, then the overlay's blocks."""
 
@@ -142,6 +152,7 @@ class LiveSearcher:
                 e = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn last line from a crash mid-append: it was never acknowledged
+            _check_entry(e, self.log_path, lineno)
             if e["op"] == "add":
                 adds[e["id"]] = Document(e["id"], e.get("title", ""), e["text"])
                 deleted.discard(e["id"])
