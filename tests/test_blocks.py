@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from ralm.data.blocks import BlockConfig, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
+from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
 from ralm.data.corpus import Document
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 from ralm.retrieval.encoders import default_model_path
 
 
@@ -76,3 +76,45 @@ def test_join_query_evidence_layout():
     assert ids == [101, 5, 6, 7, 102, 8, 9, 10, 102]
     assert types == [0, 0, 0, 0, 0, 1, 1, 1, 1]
     assert start == 5 and ids[start] == 8
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda d: _truncate(d / "tokens" / "values.bin", 10), "values.bin"),
+    (lambda d: _truncate(d / "tokens" / "offsets.npy", 40), "offsets.npy"),
+    (lambda d: _truncate(d / "body_start.npy", 0), "body_start.npy"),
+    (lambda d: (d / "manifest.json").write_text("{garbage"), "manifest.json"),
+    (lambda d: (d / "manifest.json").write_bytes(b"\xff\xfe"), "manifest.json"),
+    (lambda d: _truncate(d / "blocks.jsonl", 30), "blocks.jsonl"),
+    (lambda d: np.save(d / "doc_index.npy", np.zeros(1, np.int64)), "doc_index.npy"),
+])
+def test_a_damaged_block_store_is_an_error_naming_the_file(tmp_path, tokenizer, damage, named):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "One text."}\n{"id": "b", "text": "Another text."}\n')
+    build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False).close()
+    damage(tmp_path / "blocks")
+    with pytest.raises(RalmError, match=rf"{named} is damaged.*rebuild"):
+        BlockStore(tmp_path / "blocks")
+
+
+def test_a_block_record_overwritten_in_place_is_an_error_naming_blocks_jsonl(tmp_path, tokenizer):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "One text."}\n{"id": "b", "text": "Another text."}\n')
+    build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False).close()
+    meta = tmp_path / "blocks" / "blocks.jsonl"
+    meta.write_bytes(b"#" * meta.stat().st_size)  # same size: only reading the record finds it
+    store = BlockStore(tmp_path / "blocks")
+    with pytest.raises(RalmError, match=r"blocks.jsonl is damaged \(block 1 "):
+        store.record(1)
+
+
+def test_documents_with_empty_text_are_skipped_with_a_warning(tmp_path, tokenizer):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "One text."}\n{"id": "e", "title": "Empty", "text": " "}\n{"id": "b", "text": "Two."}\n')
+    with pytest.warns(RalmWarning, match=r"skipped 1 document\(s\) with empty text \(the first at .*c.jsonl:2\)"):
+        store = build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False)
+    assert [store.record(i)["doc_id"] for i in range(len(store))] == ["a", "b"]  # no title-only block

@@ -2,13 +2,13 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+import pytest
 
 from conftest import DOCS
-
-
 
 
 def test_index_build_search_and_eval_retrieval(ralm, tiny_bert, corpus_file, tmp_path):
@@ -73,3 +73,61 @@ def test_a_real_process_exits_2_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ralm", "search", str(tmp_path), "anything"], capture_output=True, text=True,
                           env={**os.environ, "RALM_NO_PROGRESS": "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not an index directory" in proc.stderr
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+# The six damaged-index cases of issue #19 (item 7): each names its file in one line.
+DAMAGES = {
+    "embeddings.npy truncated": (lambda v, b, r: _truncate(v / "embeddings.npy", 200), "embeddings.npy is damaged"),
+    "token file truncated": (lambda v, b, r: _truncate(b / "tokens" / "values.bin", 10), "values.bin is damaged"),
+    "version manifest garbage": (lambda v, b, r: (v / "manifest.json").write_text("{garbage"), "v000001/manifest.json is damaged"),
+    "index manifest garbage": (lambda v, b, r: (r / "manifest.json").write_text("not json"), "manifest.json is damaged"),
+    "blocks.jsonl garbage": (lambda v, b, r: (b / "blocks.jsonl").write_text("garbage\n"), "blocks.jsonl is damaged"),
+    "LATEST names a missing version": (lambda v, b, r: (r / "LATEST").write_text("v000042\n"), "LATEST names 'v000042'"),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGES)
+def test_a_damaged_index_is_one_line_naming_the_file(ralm, tiny_dense_index, tmp_path, name):
+    damage, needle = DAMAGES[name]
+    root = tmp_path / "idx"
+    shutil.copytree(tiny_dense_index, root)
+    damage(root / "versions" / "v000001", next((root / "blocks").iterdir()), root)
+    _one_line_error(*ralm("search", root, "paris", "-k", 2)[::2], needle)
+
+
+def test_out_pointing_at_a_file_is_one_line(ralm, tiny_bert, corpus_file, tmp_path):
+    afile = tmp_path / "a_file"
+    afile.write_text("x")
+    _one_line_error(*ralm("index", "build", corpus_file, "--out", afile, "--retriever", "bm25")[::2], "a_file is a file")
+    _one_line_error(*ralm("ict", "--corpus", corpus_file, "--out", afile, "--model", tiny_bert, "--dim", 16, "--steps", 1,
+                          "--batch-size", 2)[::2], "a_file is a file")
+
+
+def test_a_wrong_shaped_update_log_line_stops_serve_with_one_line(ralm, tiny_bert, corpus_file, tmp_path):
+    rc, _, err = ralm("index", "build", corpus_file, "--out", tmp_path / "idx", "--retriever", "bm25")
+    assert rc == 0, err
+    (tmp_path / "idx" / "updates.jsonl").write_text('{"op": "add", "id": "a", "title": "", "text": "fine"}\n[1, 2]\n')
+    _one_line_error(*ralm("serve", "--index", tmp_path / "idx")[::2], "updates.jsonl:2: not an update record")
+
+
+def test_empty_documents_and_an_index_of_another_corpus_are_one_warning_line(ralm, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in [*DOCS, {"id": "stub", "title": "Stub", "text": ""}]))
+    rc, out, err = ralm("index", "build", corpus, "--out", tmp_path / "idx", "--retriever", "bm25", "--json")
+    assert rc == 0 and json.loads(out)["blocks"] == len(DOCS)
+    assert err.strip() == f"warning: {corpus}: skipped 1 document(s) with empty text (the first at {corpus}:{len(DOCS) + 1})"
+
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"id": f"o{i}", "title": "Soup", "text": f"Stir the soup {i} times."}) + "\n" for i in range(4)))
+    assert ralm("index", "build", other, "--out", tmp_path / "other-idx", "--retriever", "bm25")[0] == 0
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Who created Python?", "answers": ["Guido van Rossum"]}) + "\n")
+    rc, out, err = ralm("eval", "retrieval", "--index", tmp_path / "other-idx", "--questions", questions, "--ks", "1,5", "--json")
+    assert rc == 0 and json.loads(out)["recall@5"] == 0.0
+    assert err.startswith("warning: no question has an answer in its top-4 passages") and str(other) in err
+    assert len(err.strip().splitlines()) == 1

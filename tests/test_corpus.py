@@ -3,7 +3,7 @@ import json
 import pytest
 
 from ralm.data.corpus import corpus_fingerprint, read_corpus
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 
 
 def test_jsonl_tsv_and_txt_folder_read_the_same_documents(tmp_path):
@@ -64,3 +64,18 @@ def test_fingerprint_changes_with_content(tmp_path):
     before = corpus_fingerprint(path)
     path.write_text('{"id": "a", "text": "y"}\n')
     assert corpus_fingerprint(path) != before
+
+
+def test_documents_with_empty_text_are_skipped_with_one_warning_naming_the_first(tmp_path):
+    path = tmp_path / "c.tsv"
+    path.write_text("id\ttitle\ttext\na\tA\tSome text.\nb\tB\t \nc\tC\t\nd\tD\tMore text.\n")
+    with pytest.warns(RalmWarning, match=r"c.tsv: skipped 2 document\(s\) with empty text \(the first at .*c.tsv:3\)") as caught:
+        assert [d.id for d in read_corpus(path)] == ["a", "d"]
+    assert len(caught) == 1
+
+
+def test_a_corpus_of_only_empty_texts_is_an_error(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": ""}\n')
+    with pytest.raises(RalmError, match="the corpus is empty .*1 had empty text"):
+        list(read_corpus(path))

@@ -1,8 +1,13 @@
 """What every trainer shares: checkpoints round-trip exactly, resume refuses another world size."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from ralm.atomic import temp_dir
 from ralm.errors import RalmError
 from ralm.train import loop
 
@@ -36,3 +41,25 @@ def test_resuming_with_another_number_of_processes_is_a_clear_error(tmp_path, mo
     monkeypatch.setattr(loop, "world_size", lambda: 2)
     with pytest.raises(RalmError, match="saved by 1 process.*has 2.*--nproc_per_node 1"):
         loop.load_checkpoint(path, model, opt)
+
+
+def test_a_run_killed_while_checkpointing_leaves_nothing_behind_once_restarted(tmp_path):
+    """A killed run's half-written checkpoint (hidden, named after its pid) goes when the run
+    starts again; the folder of a writer still at work stays."""
+    code = ("import os, signal, torch; from ralm.train import loop\n"
+            "import safetensors.torch as st\n"
+            "def killed(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+            "loop.save_file = lambda *a, **k: (st.save_file(*a, **k), killed())\n"
+            f"loop.save_checkpoint({str(tmp_path)!r}, 2, torch.nn.Linear(4, 3), None)")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    left = list((tmp_path / "checkpoints").iterdir())
+    assert len(left) == 1 and left[0].name.startswith(".step-000002-")  # the killed writer's debris
+    live = temp_dir(tmp_path / "checkpoints", "step-000004")  # this process: still writing
+    assert loop.prepare_run(tmp_path, {"lr": 0.1}) is None
+    assert list((tmp_path / "checkpoints").iterdir()) == [live]
+
+
+def test_out_pointing_at_a_file_is_an_error(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(RalmError, match="--out .*f is a file"):
+        loop.prepare_run(tmp_path / "f", {"lr": 0.1})

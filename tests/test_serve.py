@@ -390,3 +390,18 @@ def test_a_log_line_that_is_no_update_record_is_a_clear_error_and_bm25_goes_with
         service(dirs)
     with pytest.raises(RalmError, match="--bm25 goes with a dense --index"):
         Service(ServeConfig(index=str(root / "bm25"), bm25=str(root / "bm25")))
+
+
+def test_a_failing_swap_is_logged_once_not_at_every_poll(dirs, caplog):
+    svc = service(dirs)
+    latest = dirs[0] / "dense" / "LATEST"
+    latest.write_text("v000042\n")  # damaged: names a version that does not exist
+    with caplog.at_level("WARNING", logger="ralm.serve"):
+        for _ in range(3):
+            assert not svc.refresh()
+        latest.write_text("v000001\n")
+        svc.refresh()
+        latest.write_text("v000042\n")
+        svc.refresh()
+    failures = [r for r in caplog.records if "not swapping" in r.getMessage()]
+    assert len(failures) == 2 and "v000042" in failures[0].getMessage()  # once, then again after a recovery

@@ -2,13 +2,15 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from ralm.atomic import atomic_path, write_json
+from ralm.atomic import atomic_path, remove_stale_temps, temp_dir, write_json
 from ralm.errors import RalmError
 from ralm.retrieval.store import IndexDir
 
@@ -75,6 +77,7 @@ def test_killing_the_writer_leaves_the_old_index_intact(tmp_path):
     assert again.latest() == "v000001" and again.versions() == ["v000001"]
     assert np.load(again.version_path("v000001") / "embeddings.npy")[0, 0] == 1.0
     assert again.publish(_write_version(3.0)) == "v000002"  # the debris does not block the next version
+    assert not [p for p in (tmp_path / "idx" / "versions").iterdir() if p.name.startswith(".")]  # and is removed
 
 
 def test_concurrent_reader_never_sees_a_partial_version(tmp_path):
@@ -126,3 +129,50 @@ def test_atomic_file_write_keeps_old_content_on_error(tmp_path):
             raise ValueError("crash")
     assert json.loads(target.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_only_temp_folders_of_writers_that_are_gone_are_removed(tmp_path):
+    """The rule: a temp folder names its writer (pid and machine); it is removed only when that
+    writer ran on this machine and its pid no longer exists."""
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(exited.stdout)  # a process that has exited
+    live = temp_dir(tmp_path, "step-000002")  # this process: a writer still at work
+    dead = live.with_name(live.name.replace(f"-{os.getpid()}@", f"-{dead_pid}@"))
+    dead.mkdir()
+    elsewhere = dead.with_name(dead.name.replace("@", "@another-host.", 1))  # a pid on another machine means nothing here
+    elsewhere.mkdir()
+    foreign = tmp_path / ".not-ours.tmp"  # a name without a writer is never touched
+    foreign.mkdir()
+    assert remove_stale_temps(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, elsewhere, foreign))
+
+
+def test_an_atomic_write_removes_what_a_killed_writer_left_beside_it(tmp_path):
+    code = ("import os, signal; from ralm.atomic import atomic_path\n"
+            f"with atomic_path({str(tmp_path / 'big.bin')!r}) as tmp:\n"
+            "    tmp.write_bytes(b'x' * 1000); os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert [p.name.startswith(".big.bin-") for p in tmp_path.iterdir()] == [True]  # the killed writer's debris
+    write_json(tmp_path / "other.json", {"v": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda root: (root / "LATEST").write_text("v000042\n"), r"LATEST names 'v000042', which is not a version"),
+    (lambda root: (root / "LATEST").write_bytes(b"\xff\x00"), r"LATEST names .*not a version"),
+    (lambda root: (root / "manifest.json").write_text("{garbage"), r"idx/manifest.json is damaged \(not valid JSON"),
+    (lambda root: (root / "versions" / "v000001" / "manifest.json").write_text("[1]"), r"v000001/manifest.json is damaged \(a JSON list"),
+])
+def test_a_damaged_index_directory_is_an_error_naming_the_file(tmp_path, damage, message):
+    index = IndexDir.create(tmp_path / "idx", "dense")
+    index.publish(_write_version(1.0))
+    damage(tmp_path / "idx")
+    with pytest.raises(RalmError, match=message):
+        again = IndexDir(tmp_path / "idx")
+        again.version_manifest(again.latest())
+
+
+def test_out_pointing_at_a_file_is_an_error(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(RalmError, match="--out .*f is a file"):
+        IndexDir.create(tmp_path / "f", "dense")

@@ -1,15 +1,31 @@
 """One way to write anything a crash could half-write: write beside the target, fsync,
-then rename over it. Readers see the old file or the new one, never a mix."""
+then rename over it. Readers see the old file or the new one, never a mix.
+
+A write in progress lives in a hidden temp folder named after its writer,
+`.<label>-<pid>@<machine>~<random>.tmp`; a writer that is killed leaves it behind, and the next
+write into the same folder removes it (see `remove_stale_temps`).
+
+The readers here turn a damaged file (truncated, overwritten) into a RalmError naming it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+import numpy as np
+
+from ralm.errors import RalmError
+
+_OWNED_TEMP = re.compile(r"^\..+-(\d+)@([^~]+)~[^~]+\.tmp$")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -27,6 +43,48 @@ def fsync_tree(path: Path) -> None:
             os.fsync(fh.fileno())
 
 
+@functools.cache
+def _machine() -> str:
+    """The host name and, on Linux, the pid namespace: two containers on one host may share
+    a host name, but a pid only means something inside its namespace."""
+    try:
+        namespace = re.sub(r"\D", "", os.readlink("/proc/self/ns/pid"))  # "pid:[4026531836]"
+    except OSError:
+        namespace = ""
+    return socket.gethostname() + (f".{namespace}" if namespace else "")
+
+
+def temp_dir(parent: Path, label: str) -> Path:
+    """A new hidden folder in `parent` whose name records this process as its writer."""
+    return Path(tempfile.mkdtemp(prefix=f".{label}-{os.getpid()}@{_machine()}~", suffix=".tmp", dir=parent))
+
+
+def _writer_is_gone(name: str) -> bool:
+    """True only when the folder's writer ran on this machine and its pid no longer exists.
+
+    A live writer keeps its folder; so does one from another machine sharing the disk (its pid
+    means nothing here), and a dead writer whose pid was reused (kept, never wrongly removed)."""
+    m = _OWNED_TEMP.match(name)
+    if os.name != "posix" or not m or m.group(2) != _machine() or int(m.group(1)) <= 0:
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)  # signal 0: only asks whether the pid exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, run by another user
+        return False
+    return False
+
+
+def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
+    """Remove the temp folders that killed writers left in `parent`; returns what was removed."""
+    parent = Path(parent)
+    stale = [p for p in parent.glob(".*@*~*.tmp") if p.is_dir() and _writer_is_gone(p.name)] if parent.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it replaces `target` atomically.
@@ -36,7 +94,8 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    remove_stale_temps(target.parent)
+    tmp = temp_dir(target.parent, target.name)
     # mkdtemp made a directory; callers writing a file get the path of a file inside it.
     inner = tmp / target.name
     try:
@@ -78,6 +137,25 @@ def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, 
         (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
 
 
-def read_json(path: str | os.PathLike):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def read_json(path: str | os.PathLike) -> dict:
+    """A JSON object written by ralm (a manifest, a config)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except UnicodeDecodeError as e:
+        raise RalmError(f"{path} is damaged (not UTF-8 text at byte {e.start}); rebuild it") from None
+    except json.JSONDecodeError as e:
+        raise RalmError(f"{path} is damaged (not valid JSON: {e.msg}, line {e.lineno}); rebuild it") from None
+    if not isinstance(obj, dict):
+        raise RalmError(f"{path} is damaged (a JSON {type(obj).__name__}, not an object); rebuild it")
+    return obj
+
+
+def read_npy(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.ndarray:
+    """A .npy array written by ralm, memory-mapped by default; never unpickles."""
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except FileNotFoundError:
+        raise RalmError(f"{path} is missing; rebuild it") from None
+    except (ValueError, EOFError) as e:  # a truncated header or body, an object array
+        raise RalmError(f"{path} is damaged ({e}); rebuild it") from None

@@ -1,6 +1,7 @@
 """The `ralm` command line: parse options, call the library, print. Nothing else lives here.
 
-Input errors (`RalmError`) print one line and exit with code 2.
+Input errors (`RalmError`) print one line and exit with code 2; warnings about accepted input
+(`RalmWarning`) print one `warning:` line.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Retrieval-augmented language models on your own corpus.")
@@ -875,9 +877,18 @@ def convert_hf_realm_cmd(
         out.print(f"[dim]{len(summary['ignored_tensors'])} unused tensors dropped (see {run / 'final' / 'conversion.json'})[/dim]")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, RalmWarning):  # a message for the user, not a code location
+        err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
+    else:
+        (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main() -> None:
-    try:
-        app()
-    except RalmError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            app()
+        except RalmError as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            sys.exit(2)

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
-from ralm.atomic import atomic_path, read_json
+from ralm.atomic import atomic_path, read_json, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
@@ -207,10 +207,25 @@ class BlockStore:
         if self.manifest.get("format") != FORMAT:
             raise RalmError(f"{self.folder}: unsupported block store format {self.manifest.get('format')!r}")
         self.tokens = RaggedArray(self.folder / "tokens")
-        self.body_start = np.load(self.folder / "body_start.npy", mmap_mode="r", allow_pickle=False)
-        self.doc_index = np.load(self.folder / "doc_index.npy", mmap_mode="r", allow_pickle=False)
-        self._line_offsets = np.load(self.folder / "blocks.idx.npy", mmap_mode="r", allow_pickle=False)
+        self.body_start = read_npy(self.folder / "body_start.npy")
+        self.doc_index = read_npy(self.folder / "doc_index.npy")
+        self._line_offsets = read_npy(self.folder / "blocks.idx.npy")
+        self._check_sizes()
         self._meta = open(self.folder / "blocks.jsonl", "rb")
+
+    def _check_sizes(self) -> None:
+        """Every file holds one entry per block, and blocks.jsonl ends where its index says:
+        a truncated or overwritten file is named here, not met as a crash in mid-search."""
+        n = self.manifest.get("count")
+        sizes = {"tokens/offsets.npy": len(self.tokens), "body_start.npy": len(self.body_start),
+                 "doc_index.npy": len(self.doc_index), "blocks.idx.npy": len(self._line_offsets) - 1}
+        for name, size in sizes.items():
+            if size != n:
+                raise RalmError(f"{self.folder / name} is damaged ({size} entries for {n} blocks); rebuild the index")
+        meta = self.folder / "blocks.jsonl"
+        size, expected = (meta.stat().st_size if meta.is_file() else 0), int(self._line_offsets[-1])
+        if size != expected:
+            raise RalmError(f"{meta} is damaged ({size} bytes, its index says {expected}); rebuild the index")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -222,7 +237,10 @@ class BlockStore:
     def record(self, i: int) -> dict:
         """{"id", "doc_id", "title", "text"} of block i, read from disk on demand."""
         start, end = int(self._line_offsets[i]), int(self._line_offsets[i + 1])
-        return json.loads(os.pread(self._meta.fileno(), end - start, start))
+        try:
+            return json.loads(os.pread(self._meta.fileno(), end - start, start))
+        except ValueError:  # JSON or UTF-8: bytes overwritten in place
+            raise RalmError(f"{self.folder / 'blocks.jsonl'} is damaged (block {i} is not a JSON record); rebuild the index") from None
 
     def records(self, rows: Iterable[int]) -> list[dict]:
         return [self.record(int(i)) for i in rows]

@@ -1,7 +1,9 @@
 """Read and validate corpora: JSON Lines, TSV, or a folder of .txt files.
 
 Every reader streams (a 13M-document corpus never sits in RAM) and raises `RalmError`
-naming file:line for malformed input.
+naming file:line for malformed input. A document whose text is empty is skipped with a
+`RalmWarning` that counts them and names the first: it would become a block with a title and
+no body, which holds no evidence, and one stub should not stop a 13M-document build.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import csv
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,14 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
                 raise RalmError(f"{path}:{lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
 
 
-def _read_jsonl(path: Path) -> Iterator[Document]:
+# Each reader yields (where, document): `where` is the file:line that an error or warning names.
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, Document]]:
     for lineno, obj in iter_jsonl(path):
-        yield _document(obj, path, lineno)
+        yield f"{path}:{lineno}", _document(obj, path, lineno)
 
 
-def _read_tsv(path: Path) -> Iterator[Document]:
+def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
     """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works)."""
     with open(path, "rb") as f:
         header = _decode(f.readline(), path, 1).rstrip("\r\n").split("\t")
@@ -82,19 +87,20 @@ def _read_tsv(path: Path) -> Iterator[Document]:
             if len(fields) != len(header):
                 raise RalmError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(fields)}")
             obj = {name: fields[i] for name, i in cols.items()}
-            yield _document(obj, path, lineno)
+            yield f"{path}:{lineno}", _document(obj, path, lineno)
 
 
-def _read_txt_dir(path: Path) -> Iterator[Document]:
+def _read_txt_dir(path: Path) -> Iterator[tuple[str, Document]]:
     """One document per .txt file: id = path relative to the folder, title = file stem."""
     for file in sorted(path.rglob("*.txt")):
         rel = file.relative_to(path).as_posix()
         text = _decode(file.read_bytes(), file, 1)
-        yield Document(rel, file.stem.replace("_", " "), text.strip())
+        yield str(file), Document(rel, file.stem.replace("_", " "), text.strip())
 
 
 def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
-    """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus."""
+    """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus
+    and warns (RalmWarning) about documents skipped for their empty text."""
     path = Path(path)
     if not path.exists():
         raise RalmError(f"corpus not found: {path}")
@@ -106,12 +112,17 @@ def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
         reader = _read_tsv(path)
     else:
         raise RalmError(f"{path}: unknown corpus format (use .jsonl, .tsv or a folder of .txt files)")
-    count = 0
-    for doc in reader:
+    count, empty, first_empty = 0, 0, None
+    for where, doc in reader:
+        if not doc.text:
+            empty, first_empty = empty + 1, first_empty or where
+            continue
         count += 1
         yield doc
     if count == 0:
-        raise RalmError(f"{path}: the corpus is empty (no documents)")
+        raise RalmError(f"{path}: the corpus is empty (no documents{f' with text: {empty} had empty text' if empty else ''})")
+    if empty:
+        warnings.warn(RalmWarning(f"{path}: skipped {empty} document(s) with empty text (the first at {first_empty})"), stacklevel=2)
 
 
 def corpus_fingerprint(path: str | os.PathLike) -> str:

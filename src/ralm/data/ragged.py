@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ralm.atomic import read_npy
+from ralm.errors import RalmError
+
 
 class RaggedWriter:
     def __init__(self, folder: str | os.PathLike, dtype=np.int32):
@@ -38,12 +41,21 @@ class RaggedWriter:
 class RaggedArray:
     def __init__(self, folder: str | os.PathLike):
         folder = Path(folder)
-        dtype = np.dtype((folder / "dtype").read_text().strip())
-        self.offsets = np.load(folder / "offsets.npy", mmap_mode="r", allow_pickle=False)
+        try:
+            dtype = np.dtype((folder / "dtype").read_text().strip())
+        except (OSError, UnicodeDecodeError, TypeError):
+            raise RalmError(f"{folder / 'dtype'} is missing or damaged; rebuild it") from None
+        self.offsets = read_npy(folder / "offsets.npy")
+        if len(self.offsets) == 0:
+            raise RalmError(f"{folder / 'offsets.npy'} is damaged (empty); rebuild it")
         size = int(self.offsets[-1])
+        values = folder / "values.bin"
+        found = values.stat().st_size if values.is_file() else 0
+        if found != size * dtype.itemsize:
+            raise RalmError(f"{values} is damaged ({found} bytes, its offsets say {size * dtype.itemsize}); rebuild it")
         # np.memmap refuses empty files; an empty array needs no mapping.
         self.values = (
-            np.memmap(folder / "values.bin", dtype=dtype, mode="r", shape=(size,))
+            np.memmap(values, dtype=dtype, mode="r", shape=(size,))
             if size
             else np.zeros(0, dtype=dtype)
         )

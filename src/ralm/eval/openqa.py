@@ -22,6 +22,7 @@ from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
 from ralm.eval.metrics import exact_match, f1, recall_at_k
+from ralm.eval.retrieval import warn_if_no_answer_retrieved
 from ralm.models.reader import Reader, best_spans, is_reader_dir, valid_spans
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import Retriever, is_retriever_dir
@@ -131,6 +132,7 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], ks: Sequence[int] = (
                              "span_prob": round(best.span_prob, 6), "answer_in_read": any(hits[-1][: qa.k]),
                              "read": [e.id for e in a.evidence]})
             bar.advance(task, len(chunk))
+    warn_if_no_answer_retrieved(hits, qa.searcher, max(max(ks), qa.k))
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
+from ralm.errors import RalmWarning
 from ralm.eval.metrics import recall_at_k
 from ralm.progress import progress_bar
 from ralm.retrieval.searcher import Searcher
@@ -31,8 +33,18 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Se
                              "retrieved": [{"id": h.id, "score": round(h.score, 4), "has_answer": f} for h, f in zip(ranked[:20], flags)]})
             bar.advance(task, len(batch))
     elapsed = time.perf_counter() - start
+    warn_if_no_answer_retrieved(hits, searcher, k_max)
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return {**recall_at_k(hits, ks), "questions": len(questions), "seconds": round(elapsed, 2),
             "index": str(searcher.index.root), "version": searcher.current.name, "retriever": searcher.index.kind}
+
+
+def warn_if_no_answer_retrieved(hits: Sequence[Sequence[bool]], searcher, k: int) -> None:
+    """Not one question with an answer among its passages almost always means an index of
+    another corpus than the questions': say so rather than report a quiet 0."""
+    if hits and not any(map(any, hits)):
+        warnings.warn(RalmWarning(
+            f"no question has an answer in its top-{k} passages: is {searcher.index.root} an index of the "
+            f"corpus these questions come from? It indexes {searcher.current.manifest.get('corpus')}"), stacklevel=2)

@@ -198,7 +198,9 @@ class LiveSearcher:
                 start = line.rfind(RECORD_START)
                 record = _record(line[start:]) if start > 0 else None
                 if record is None:
-                    raise RalmError(f"{self.log_path}:{lineno}: not an update record")
+                    # written by hand or another program: replaying around it could drop or resurrect documents
+                    raise RalmError(f'{self.log_path}:{lineno}: not an update record ({{"op": "add", "id", "title", "text"}} '
+                                    f'or {{"op": "delete", "id"}}); fix or remove the line')
                 log.warning("%s:%d: skipped a torn record before the update of %r", self.log_path, lineno, record["id"])
             records.append(record)
         return records
@@ -299,7 +301,8 @@ def _record(line: bytes) -> dict | None:
         e = json.loads(line)
     except ValueError:  # also a UnicodeDecodeError
         return None
-    ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (e.get("op") == "delete" or e.get("op") == "add" and "text" in e)
+    add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
+    ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")
     return e if ok else None
 
 

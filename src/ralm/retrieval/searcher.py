@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ralm.atomic import read_npy
 from ralm.data.blocks import BlockStore
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
@@ -60,7 +61,7 @@ def load_version(index: IndexDir, name: str, device: torch.device | None = None,
         ann.set_search_params(**manifest.get("faiss_params", {}))
         return LoadedVersion(name, manifest, blocks, ann)
     # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
-    emb = np.load(path / "embeddings.npy", mmap_mode="c", allow_pickle=False)
+    emb = read_npy(path / "embeddings.npy", mmap_mode="c")
     if emb.shape != (manifest["count"], manifest["dim"]):
         raise RalmError(f"{path}: embeddings have shape {emb.shape}, manifest says {(manifest['count'], manifest['dim'])}")
     env = dist_env()

@@ -8,7 +8,8 @@ version is being written (by `ralm index build` or the pre-training refresher).
   DIR/LATEST                name of the newest complete version (replaced atomically)
 
 A version directory is complete before it gets its name, and LATEST moves only after that,
-so a reader never sees a partial version.
+so a reader never sees a partial version. A version is written in `versions/.building-<pid>@...`
+(see ralm.atomic); one left by a killed build is removed by the next publish.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-from ralm.atomic import fsync_tree, read_json, write_json, write_text
+from ralm.atomic import fsync_tree, read_json, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 
@@ -48,6 +48,8 @@ class IndexDir:
     @classmethod
     def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
         root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise RalmError(f"--out {root} is a file; choose a directory (new, empty, or an index of the same kind)")
         if (root / "manifest.json").is_file():
             index = cls(root)
             if index.kind != retriever:
@@ -72,7 +74,11 @@ class IndexDir:
         f = self.root / "LATEST"
         if not f.is_file():
             raise RalmError(f"{self.root}: no complete index version yet")
-        return f.read_text().strip()
+        name = f.read_text(errors="replace").strip()
+        if not _VERSION.match(name) or not (self.version_path(name) / "manifest.json").is_file():
+            raise RalmError(f"{f} names {name[:40]!r}, which is not a version of this index; the index is damaged: "
+                            "rebuild it (`ralm index build` into the same directory publishes a new version)")
+        return name
 
     def version_path(self, name: str) -> Path:
         return self.root / "versions" / name
@@ -85,7 +91,8 @@ class IndexDir:
         point LATEST at it. Older versions beyond `keep` are removed."""
         vdir = self.root / "versions"
         vdir.mkdir(exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=vdir))
+        remove_stale_temps(vdir)
+        tmp = temp_dir(vdir, "building")
         try:
             manifest = write(tmp)
             fsync_tree(tmp)

@@ -74,6 +74,7 @@ class Service:
             self.reader = Reader.from_pretrained(resolve_reader(cfg.model)).to(self.device).eval()
         self.latency = {"ask": deque(maxlen=2000), "search": deque(maxlen=2000)}
         self.swaps = 0
+        self._swap_errors: dict[Path, str] = {}  # index root -> the last failure logged
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="ralm-index-watcher")
 
@@ -97,8 +98,11 @@ class Service:
                     swapped = True
                     self.swaps += 1
                     log.info("swapped %s to %s", live.index.root, live.current.name)
+                self._swap_errors.pop(live.index.root, None)
             except Exception as e:  # a bad new version must not take the server down
-                log.warning("not swapping %s: %s", live.index.root, e)
+                if self._swap_errors.get(live.index.root) != str(e):  # polled every second: log each failure once
+                    log.warning("not swapping %s: %s", live.index.root, e)
+                self._swap_errors[live.index.root] = str(e)
         return swapped
 
     # -- queries --------------------------------------------------------------------------

@@ -8,6 +8,8 @@ A run directory:
   RUN/*.png                       curves, drawn at the end
 
 Checkpoints hold tensors in safetensors and the rest in JSON: nothing is unpickled on resume.
+A checkpoint is written in a hidden `checkpoints/.step-N-<pid>@...tmp` folder (ralm.atomic);
+one a killed run left behind is removed when the run starts again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ralm.atomic import atomic_path, read_json, write_json, write_text
+from ralm.atomic import atomic_path, read_json, remove_stale_temps, write_json, write_text
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.runtime import DTYPES
@@ -154,6 +156,8 @@ def prepare_run(run: str | os.PathLike, config) -> Path | None:
     """Create RUN (saving its config) or check that an existing RUN was started with the same
     config; returns the checkpoint to resume from, if any."""
     run = Path(run)
+    if run.exists() and not run.is_dir():
+        raise RalmError(f"--out {run} is a file; choose a directory (new, or a run to resume)")
     cfg = _plain(config)
     saved = run / "config.json"
     if saved.is_file():
@@ -163,6 +167,7 @@ def prepare_run(run: str | os.PathLike, config) -> Path | None:
             raise RalmError(f"{run} was started with a different config ({', '.join(sorted(changed))}); use a new --out")
     run.mkdir(parents=True, exist_ok=True)
     write_json(saved, cfg)
+    remove_stale_temps(run / "checkpoints")  # a killed run's half-written checkpoint (can be GBs)
     return latest_checkpoint(run)
 
 

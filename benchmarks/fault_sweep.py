@@ -1,0 +1,435 @@
+"""Fault sweep: bad inputs and killed processes against the real `ralm` command.
+
+    python benchmarks/fault_sweep.py [--http] [--keep DIR] [--timeout 180]
+
+Builds tiny data in a temporary folder (a random 2-layer BERT with the bundled wordpieces, a
+six-document corpus, dense and BM25 indexes, a RETRO chunk DB), then
+  - runs every bad CLI input as its own process. Handled: exit code 2, one line on stderr,
+    no traceback, and that line names the fault. Inputs that are accepted with a warning
+    (empty documents, an index of another corpus) count when they exit 0 with a `warning:` line;
+  - kills index builds and training runs with SIGKILL mid-way and runs them again. Recovered:
+    the rerun succeeds (a training run resumes from its checkpoint) and leaves no temp folder;
+  - with --http, sends bad requests to `ralm serve` on 127.0.0.1. Handled: a 4xx with a JSON
+    {"error"} body, and the server still answers /health afterwards.
+Prints one JSON summary on stdout; progress goes to stderr. A few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+from conftest import DOCS, make_tiny_bert  # noqa: E402  (the tests' tiny model and corpus)
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RALM_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1",
+       "OMP_NUM_THREADS": "2"}
+LR = r"--lr|learning rate"
+
+
+@dataclass
+class Case:
+    name: str
+    args: list
+    needle: str = ""  # a regex the error line must match (the fault it names)
+    warn: bool = False  # accepted with a `warning:` line instead of refused
+    timeout: float | None = None  # seconds, when shorter than --timeout (a server that wrongly starts)
+
+
+def ralm(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ralm", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, timeout=timeout, cwd=ROOT)
+
+
+def check(case: Case, timeout: float) -> str | None:
+    """None when the case was handled, else why not."""
+    try:
+        proc = ralm(*case.args, timeout=min(timeout, case.timeout or timeout))
+    except subprocess.TimeoutExpired:
+        return f"still running after {min(timeout, case.timeout or timeout)} s"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if "Traceback" in proc.stderr:
+        return f"traceback (exit {proc.returncode}): {lines[-1] if lines else ''}"
+    if case.warn:
+        found = [line for line in lines if line.startswith("warning:")]
+        if proc.returncode != 0 or not found or not re.search(case.needle, found[0]):
+            return f"exit {proc.returncode}, no matching warning: {lines[-1] if lines else ''}"
+        return None
+    if proc.returncode != 2:
+        return f"exit {proc.returncode}: {lines[-1] if lines else ''}"
+    if len(lines) != 1 or not lines[0].startswith("error:") or not re.search(case.needle, lines[0]):
+        return f"not one matching error line: {' | '.join(lines)[:300]}"
+    return None
+
+
+# -- tiny data -----------------------------------------------------------------------------
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def big_corpus(path: Path, n: int) -> Path:
+    """n documents of a few sentences each: builds that take long enough to be killed mid-way."""
+    return write_jsonl(path, ({"id": f"d{i}", "title": f"{d['title']} {i}", "text": f"{d['text']} Number {i} follows {i - 1}."}
+                              for i, d in ((i, DOCS[i % len(DOCS)]) for i in range(n))))
+
+
+def make_data(tmp: Path) -> dict:
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    bert, other = make_tiny_bert(tmp / "bert"), make_tiny_bert(tmp / "bert2", seed=1)
+    corpus = write_jsonl(tmp / "corpus.jsonl", DOCS)
+    questions = write_jsonl(tmp / "q.jsonl", [{"id": "q1", "question": "Who created Python?", "answers": ["Guido van Rossum"]},
+                                              {"id": "q2", "question": "Where is the Nile?", "answers": ["Africa"]}])
+    for args in (["index", "build", corpus, "--out", tmp / "dense", "--model", bert, "--dim", 16],
+                 ["index", "build", corpus, "--out", tmp / "dense-other", "--model", other, "--dim", 16],
+                 ["index", "build", corpus, "--out", tmp / "bm25", "--retriever", "bm25"],
+                 ["retro", "build-db", corpus, "--out", tmp / "db", "--model", bert, "--chunk-len", 16]):
+        proc = ralm(*args)
+        if proc.returncode:
+            sys.exit(f"setup failed: ralm {' '.join(map(str, args))}\n{proc.stderr}")
+    (tmp / "a_file").write_text("not a directory\n")
+    other_retriever = next((tmp / "dense-other" / "retriever").iterdir())
+    return {"bert": bert, "other_retriever": other_retriever, "corpus": corpus, "questions": questions}
+
+
+def damaged(tmp: Path, name: str, src: str, damage) -> Path:
+    """A copy of index `src` with one file damaged by `damage(version dir, block store dir, root)`."""
+    dst = tmp / "damaged" / name
+    shutil.copytree(tmp / src, dst)
+    damage(next((dst / "versions").glob("v*")), next((dst / "blocks").iterdir()), dst)
+    return dst
+
+
+def truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+# -- the cases -----------------------------------------------------------------------------
+
+def cli_cases(tmp: Path, d: dict) -> list[Case]:
+    bert, corpus, q = d["bert"], d["corpus"], d["questions"]
+    bad = tmp / "bad"
+    bad.mkdir()
+    (bad / "malformed.jsonl").write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text" "oops"}\n')
+    write_jsonl(bad / "no_text.jsonl", [{"id": "a", "title": "A"}])
+    (bad / "latin1.jsonl").write_bytes('{"id": "a", "text": "caf\xe9"}\n'.encode("latin-1"))
+    (bad / "empty.jsonl").write_text("")
+    (bad / "corpus.csv").write_text("id,text\na,b\n")
+    (bad / "no_text_col.tsv").write_text("id\ttitle\na\tA\n")
+    (bad / "ragged.tsv").write_text("id\ttitle\ttext\na\tA\n")
+    write_jsonl(bad / "dup_ids.jsonl", [DOCS[0], DOCS[0]])
+    write_jsonl(bad / "empty_text.jsonl", [*DOCS, {"id": "blank", "title": "Blank", "text": "  "}])
+    write_jsonl(bad / "other_corpus.jsonl", [{"id": f"o{i}", "title": "Cooking", "text": f"Stir the soup {i} times."} for i in range(6)])
+    (bad / "q_malformed.jsonl").write_text('{"question": "x", "answers": ["y"]\n')
+    write_jsonl(bad / "q_no_answers.jsonl", [{"question": "x"}])
+    write_jsonl(bad / "q_empty.jsonl", [{"question": " ", "answers": ["y"]}])
+    write_jsonl(bad / "q_answers_int.jsonl", [{"question": "x", "answers": 3}])
+    proc = ralm("index", "build", bad / "other_corpus.jsonl", "--out", tmp / "other_bm25", "--retriever", "bm25")
+    assert proc.returncode == 0, proc.stderr
+
+    dense, bm25, db = tmp / "dense", tmp / "bm25", tmp / "db"
+    afile, missing = tmp / "a_file", tmp / "does-not-exist"
+    run = lambda name: tmp / "runs" / name  # noqa: E731
+    tiny_lm = ["--dim", 32, "--layers", 1, "--heads", 2, "--seq-len", 32]
+    tiny_ict = ["--model", bert, "--dim", 16, "--batch-size", 2, "--steps", 2]
+    cases = [
+        Case("corpus: malformed JSON line", ["index", "build", bad / "malformed.jsonl", "--out", run("i1"), "--retriever", "bm25"], r"malformed\.jsonl:2"),
+        Case("corpus: missing field", ["index", "build", bad / "no_text.jsonl", "--out", run("i2"), "--retriever", "bm25"], r"no_text\.jsonl:1.*'text'"),
+        Case("corpus: not UTF-8", ["index", "build", bad / "latin1.jsonl", "--out", run("i3"), "--retriever", "bm25"], r"latin1\.jsonl:1.*UTF-8"),
+        Case("corpus: empty", ["index", "build", bad / "empty.jsonl", "--out", run("i4"), "--retriever", "bm25"], "empty"),
+        Case("corpus: missing file", ["index", "build", missing, "--out", run("i5"), "--retriever", "bm25"], "not found"),
+        Case("corpus: unknown format", ["index", "build", bad / "corpus.csv", "--out", run("i6"), "--retriever", "bm25"], "unknown corpus format"),
+        Case("corpus: TSV without text column", ["index", "build", bad / "no_text_col.tsv", "--out", run("i7"), "--retriever", "bm25"], r"no_text_col\.tsv:1"),
+        Case("corpus: TSV ragged row", ["index", "build", bad / "ragged.tsv", "--out", run("i8"), "--retriever", "bm25"], r"ragged\.tsv:2"),
+        Case("corpus: duplicate ids", ["index", "build", bad / "dup_ids.jsonl", "--out", run("i9"), "--retriever", "bm25"], "more than once"),
+        Case("corpus: a document with empty text", ["index", "build", bad / "empty_text.jsonl", "--out", run("i10"), "--retriever", "bm25"],
+             r"empty_text\.jsonl:7", warn=True),
+        Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found"),
+        Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--retriever", "bm25"], "a_file"),
+        Case("index build: --out another kind", ["index", "build", corpus, "--out", bm25, "--model", bert, "--dim", 16], "bm25"),
+        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "--retriever"),
+        Case("index build: --batch-size 0", ["index", "build", corpus, "--out", run("i13"), "--batch-size", 0], "--batch-size"),
+        Case("index build: --dim -4", ["index", "build", corpus, "--out", run("i14"), "--model", bert, "--dim", -4], "dim"),
+        Case("search: -k 0", ["search", bm25, "capital", "-k", 0], "-k"),
+        Case("search: -k -3", ["search", bm25, "capital", "-k", -3], "-k"),
+        Case("search: empty query", ["search", bm25, " "], "empty"),
+        Case("search: not an index", ["search", tmp, "capital"], "not an index"),
+        Case("search: a model of another index", ["search", dense, "capital", "--model", d["other_retriever"]], "another model"),
+        Case("eval retrieval: --ks 0", ["eval", "retrieval", "--index", bm25, "--questions", q, "--ks", "0,5"], "--ks"),
+        Case("eval retrieval: --ks not numbers", ["eval", "retrieval", "--index", bm25, "--questions", q, "--ks", "a,b"], "--ks"),
+        Case("questions: malformed JSON", ["eval", "retrieval", "--index", bm25, "--questions", bad / "q_malformed.jsonl"], r"q_malformed\.jsonl:1"),
+        Case("questions: missing answers", ["eval", "retrieval", "--index", bm25, "--questions", bad / "q_no_answers.jsonl"], r":1.*answers"),
+        Case("questions: empty question", ["eval", "retrieval", "--index", bm25, "--questions", bad / "q_empty.jsonl"], r":1.*question"),
+        Case("questions: answers not a list", ["eval", "retrieval", "--index", bm25, "--questions", bad / "q_answers_int.jsonl"], r":1.*answers"),
+        Case("questions: missing file", ["eval", "retrieval", "--index", bm25, "--questions", missing], "not found"),
+        Case("eval retrieval: index of another corpus", ["eval", "retrieval", "--index", tmp / "other_bm25", "--questions", q],
+             "no question", warn=True),
+        Case("ask: empty question", ["ask", " ", "--model", bert, "--index", bm25], "empty"),
+        Case("serve: --port 70000", ["serve", "--index", bm25, "--port", 70000], "--port"),
+        Case("knnlm eval: --lmbda 2", ["knnlm", "eval", "--model", missing, "--store", missing, "--text", corpus, "--lmbda", 2], "--lmbda"),
+        Case("retro generate: --top-p 0", ["retro", "generate", "hi", "--model", missing, "--db", db, "--top-p", 0], "--top-p"),
+        # item 8 of issue #19: every trainer refuses nonsensical numbers before any work
+        Case("ict: --lr -1e-3", ["ict", "--corpus", corpus, "--out", run("t1"), *tiny_ict, "--lr", -1e-3], LR),
+        Case("ict: --steps 0", ["ict", "--corpus", corpus, "--out", run("t2"), *tiny_ict[:-2], "--steps", 0], "steps"),
+        Case("pretrain: --lr -1e-3", ["pretrain", "--corpus", corpus, "--out", run("t3"), "--model", bert, "--index", dense, "--steps", 2,
+                                      "--refresh", "none", "--masking", "random", "-k", 2, "--lr", -1e-3], LR),
+        Case("pretrain: --retriever-lr -1", ["pretrain", "--corpus", corpus, "--out", run("t4"), "--model", bert, "--index", dense, "--steps", 2,
+                                             "--refresh", "none", "--masking", "random", "-k", 2, "--retriever-lr", -1], "retriever.lr|learning rate"),
+        Case("finetune: --lr -1e-3", ["finetune", "--questions", q, "--index", bm25, "--out", run("t5"), "--init", bert, "--steps", 2,
+                                      "--batch-size", 2, "-k", 2, "--lr", -1e-3], LR),
+        Case("finetune: --retriever-lr -1", ["finetune", "--questions", q, "--index", bm25, "--out", run("t6"), "--init", bert, "--steps", 2,
+                                             "--batch-size", 2, "-k", 2, "--retriever-lr", -1], "retriever.lr|learning rate"),
+        Case("dpr: --lr -1e-3", ["dpr", "--questions", q, "--corpus", corpus, "--out", run("t7"), "--model", bert, "--dim", 16, "--steps", 2,
+                                 "--batch-size", 2, "--lr", -1e-3], LR),
+        Case("lm train: --lr -1e-3", ["lm", "train", "--text", corpus, "--out", run("t8"), *tiny_lm, "--steps", 2, "--lr", -1e-3], LR),
+        Case("retro train: --lr -1e-3", ["retro", "train", "--db", db, "--text", corpus, "--out", run("t9"), *tiny_lm, "--cca-start", 0,
+                                         "--steps", 2, "--lr", -1e-3], LR),
+        Case("lm train: --batch-size 0", ["lm", "train", "--text", corpus, "--out", run("t10"), *tiny_lm, "--steps", 2, "--batch-size", 0], "batch"),
+        Case("ict: --out is a file", ["ict", "--corpus", corpus, "--out", afile, *tiny_ict], "a_file"),
+        Case("lm train: --out is a file", ["lm", "train", "--text", corpus, "--out", afile, *tiny_lm, "--steps", 2], "a_file"),
+        Case("retro build-db: --out is a file", ["retro", "build-db", corpus, "--out", afile, "--model", bert, "--chunk-len", 16], "a_file"),
+        Case("convert hf-realm: missing source", ["convert", "hf-realm", missing, "--out", run("c1")], "not found|does-not-exist"),
+    ]
+    # A damaged index: one line naming the damaged file, never a traceback.
+    damages = {
+        "embeddings.npy truncated": ("dense", lambda v, b, r: truncate(v / "embeddings.npy", 200), "embeddings.npy"),
+        "embeddings.npy empty": ("dense", lambda v, b, r: truncate(v / "embeddings.npy", 0), "embeddings.npy"),
+        "token file truncated": ("dense", lambda v, b, r: truncate(b / "tokens" / "values.bin", 10), "values.bin"),
+        "token offsets truncated": ("dense", lambda v, b, r: truncate(b / "tokens" / "offsets.npy", 40), "offsets.npy"),
+        "index manifest garbage": ("dense", lambda v, b, r: (r / "manifest.json").write_text("{garbage"), "manifest.json"),
+        "version manifest garbage": ("dense", lambda v, b, r: (v / "manifest.json").write_text("{garbage"), "manifest.json"),
+        "version manifest wrong shape": ("dense", lambda v, b, r: (v / "manifest.json").write_text("[1, 2]\n"), "manifest.json"),
+        "block store manifest garbage": ("bm25", lambda v, b, r: (b / "manifest.json").write_text("\x00\xff garbage"), "manifest.json"),
+        "blocks.jsonl garbage": ("bm25", lambda v, b, r: (b / "blocks.jsonl").write_text("garbage\n" * 100), "blocks.jsonl"),
+        "blocks.jsonl truncated": ("bm25", lambda v, b, r: truncate(b / "blocks.jsonl", 50), "blocks.jsonl"),
+        "LATEST names a missing version": ("dense", lambda v, b, r: (r / "LATEST").write_text("v000042\n"), "v000042"),
+    }
+    for name, (src, damage, needle) in damages.items():
+        path = damaged(tmp, name.replace(" ", "_"), src, damage)
+        cases.append(Case(f"damaged index: {name}", ["search", path, "capital", "-k", 2], re.escape(needle)))
+    # A wrong-shaped line in the update log stops `ralm serve` with one line, not a traceback.
+    for name, line in (("a list", "[1, 2]"), ("no id", '{"op": "add", "text": "x"}'), ("unknown op", '{"op": "merge", "id": "x"}')):
+        path = damaged(tmp, f"updates_{name.replace(' ', '_')}", "bm25", lambda v, b, r, line=line: (r / "updates.jsonl").write_text(
+            json.dumps({"op": "add", "id": "ok", "title": "", "text": "fine"}) + "\n" + line + "\n"))
+        cases.append(Case(f"updates.jsonl: {name}", ["serve", "--index", path, "--port", free_port()], r"updates\.jsonl:2", timeout=60))
+    return cases
+
+
+# -- kill -9 -------------------------------------------------------------------------------
+
+def debris(root: Path) -> list[str]:
+    """Hidden temp folders a killed writer left (resumable `.pieces-*` staging excluded)."""
+    return [str(p.relative_to(root)) for p in root.rglob(".*") if p.is_dir() and (p.name.endswith(".tmp") or p.name.startswith(".building"))]
+
+
+def kill_when(args: list, ready, timeout: float) -> bool:
+    """Start `ralm ARGS`, SIGKILL it once `ready()` holds; False if it finished first."""
+    proc = subprocess.Popen([sys.executable, "-m", "ralm", *map(str, args)], env=ENV, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        if ready():
+            os.killpg(proc.pid, signal.SIGKILL)  # the process group: an index builder child dies too
+            proc.wait()
+            return True
+        time.sleep(0.01)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return True
+    return False
+
+
+def kill_faults(tmp: Path, d: dict, timeout: float) -> list[tuple[str, str | None]]:
+    """(name, None if recovered else why not) for each killed-and-rerun job."""
+    big = big_corpus(tmp / "big.jsonl", 6000)
+    bert = d["bert"]
+    results = []
+
+    def index_job(name: str, out: Path, args: list, ready):
+        build = ["index", "build", big, "--out", out, *args]
+        if not kill_when(build, ready, timeout):
+            return results.append((name, "finished before it could be killed"))
+        proc = ralm(*build, timeout=timeout)
+        if proc.returncode:
+            return results.append((name, f"rerun exit {proc.returncode}: {proc.stderr.strip()[-300:]}"))
+        left = debris(out)
+        hits = ralm("search", out, "capital", "-k", 1, "--json", timeout=timeout)
+        results.append((name, f"temp folders left: {left}" if left else None if hits.returncode == 0 else f"search after rerun: {hits.stderr[-300:]}"))
+
+    dense, dense2, bm25 = tmp / "kill-dense", tmp / "kill-dense2", tmp / "kill-bm25"
+    index_job("dense build killed while writing its block store", dense, ["--model", bert, "--dim", 16],
+              lambda: (dense / "blocks").is_dir() and any((dense / "blocks").iterdir()))
+    index_job("dense build killed while embedding", dense2, ["--model", bert, "--dim", 16],
+              lambda: (dense2 / "versions").is_dir() and any((dense2 / "versions").iterdir()))
+    index_job("bm25 build killed while publishing its version", bm25, ["--retriever", "bm25"],
+              lambda: (bm25 / "versions").is_dir() and any((bm25 / "versions").iterdir()))
+
+    def train_job(name: str, out: Path, args: list, steps: int):
+        ckpts = out / "checkpoints"
+        # --save-every 1: checkpoints are written all the time, so the kill often lands in one
+        cmd = [*args, "--out", out, "--steps", steps, "--save-every", 1, "--log-every", 1]
+        if not kill_when(cmd, lambda: (ckpts / "LATEST").is_file() and len(list(ckpts.glob("step-*"))) >= 2, timeout):
+            return results.append((name, "finished before it could be killed"))
+        proc = ralm(*cmd, "--json", timeout=timeout)
+        if proc.returncode:
+            return results.append((name, f"rerun exit {proc.returncode}: {proc.stderr.strip()[-300:]}"))
+        logged = [int(m.group(1)) for m in re.finditer(r"^step (\d+)", proc.stderr, re.M)]
+        finished = (ckpts / "LATEST").read_text().strip() == f"step-{steps:06d}"
+        left = debris(out)
+        # --log-every 1: a resumed run's first logged step is past 1
+        results.append((name, f"temp folders left: {left}" if left else None if finished and logged and logged[0] > 1
+                        else f"did not resume and finish: first logged step {logged[:1]}, LATEST {(ckpts / 'LATEST').read_text().strip()}"))
+
+    train_job("ict run killed mid-training", tmp / "kill-ict", ["ict", "--corpus", d["corpus"], "--model", bert, "--dim", 16,
+                                                                "--batch-size", 2], 20)
+    train_job("lm run killed mid-training", tmp / "kill-lm", ["lm", "train", "--text", d["corpus"], "--dim", 32, "--layers", 1,
+                                                              "--heads", 2, "--seq-len", 32, "--batch-size", 2], 40)
+    return results
+
+
+# -- HTTP ----------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
+    index = tmp / "serve-bm25"
+    shutil.copytree(tmp / "bm25", index)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port), "--host", "127.0.0.1",
+                               "--api-key", "secret"], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if request(port, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                return [("server start", f"did not start: {server.stderr.read()[-300:] if server.poll() is not None else 'timeout'}")]
+            time.sleep(0.5)
+        key = {"X-API-Key": "secret"}
+        j = lambda obj: json.dumps(obj).encode()  # noqa: E731
+        cases = [
+            ("search: malformed JSON", "POST", "/search", b'{"query": "x"', None),
+            ("search: not UTF-8", "POST", "/search", b'{"query": "caf\xe9"}', None),
+            ("search: missing query", "POST", "/search", j({}), None),
+            ("search: empty query", "POST", "/search", j({"query": "  "}), None),
+            ("search: query not a string", "POST", "/search", j({"query": 5}), None),
+            ("search: k 0", "POST", "/search", j({"query": "capital", "k": 0}), None),
+            ("search: k -1", "POST", "/search", j({"query": "capital", "k": -1}), None),
+            ("search: k 100000", "POST", "/search", j({"query": "capital", "k": 100000}), None),
+            ("search: k a string", "POST", "/search", j({"query": "capital", "k": "five"}), None),
+            ("search: unknown retriever", "POST", "/search", j({"query": "capital", "retriever": "tfidf"}), None),
+            ("search: dense on a BM25-only server", "POST", "/search", j({"query": "capital", "retriever": "dense"}), None),
+            ("search: body a list", "POST", "/search", j(["capital"]), None),
+            ("search: body declared too large", "POST", "/search", j({"query": "x"}), {"Content-Length": str(2 << 20)}),
+            ("ask: no reader loaded", "POST", "/ask", j({"question": "Who created Python?"}), None),
+            ("documents: no API key", "POST", "/documents", j({"documents": [{"id": "a", "text": "b"}]}), None),
+            ("documents: wrong API key", "POST", "/documents", j({"documents": [{"id": "a", "text": "b"}]}), {"X-API-Key": "nope"}),
+            ("documents: empty list", "POST", "/documents", j({"documents": []}), key),
+            ("documents: missing text", "POST", "/documents", j({"documents": [{"id": "a"}]}), key),
+            ("documents: empty text", "POST", "/documents", j({"documents": [{"id": "a", "text": " "}]}), key),
+            ("documents: empty id", "POST", "/documents", j({"documents": [{"id": "", "text": "b"}]}), key),
+            ("documents: delete unknown id", "DELETE", "/documents/no-such-doc", None, key),
+            ("unknown path", "GET", "/no-such-page", None, None),
+            ("wrong method", "GET", "/search", None, None),
+        ]
+        results = []
+        for name, method, path, body, headers in cases:
+            try:
+                status, raw = request(port, method, path, body, headers)
+            except OSError as e:
+                results.append((name, f"no answer: {e}"))
+                continue
+            try:
+                has_error = "error" in json.loads(raw)
+            except ValueError:
+                has_error = False
+            results.append((name, None if 400 <= status < 500 and has_error else f"status {status}: {raw[:200]!r}"))
+        alive = server.poll() is None and request(port, "GET", "/health")[0] == 200
+        results.append(("server alive after the bad requests", None if alive else "the server stopped answering"))
+        return results
+    finally:
+        server.terminate()  # only the server this sweep started
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+# -- main ----------------------------------------------------------------------------------
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--http", action="store_true", help="also send bad HTTP requests to `ralm serve` on 127.0.0.1")
+    p.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder, removed)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds one command may take")
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ralm-fault-sweep-")) if args.keep is None else args.keep
+    tmp.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    failures = []
+    try:
+        print(f"tiny data in {tmp}", file=sys.stderr)
+        data = make_data(tmp)
+        cases = cli_cases(tmp, data)
+        handled = 0
+        for case in cases:
+            why = check(case, args.timeout)
+            handled += why is None
+            print(f"{'ok  ' if why is None else 'FAIL'} {case.name}{'' if why is None else ': ' + why}", file=sys.stderr)
+            if why:
+                failures.append({"kind": "cli", "case": case.name, "why": why})
+        kills = kill_faults(tmp, data, args.timeout)
+        http = http_faults(tmp, args.timeout) if args.http else []
+        for kind, results in (("kill", kills), ("http", http)):
+            for name, why in results:
+                print(f"{'ok  ' if why is None else 'FAIL'} {name}{'' if why is None else ': ' + why}", file=sys.stderr)
+                if why:
+                    failures.append({"kind": kind, "case": name, "why": why})
+        summary = {"cli_inputs_tried": len(cases), "cli_handled": handled,
+                   "kills": len(kills), "kills_recovered": sum(why is None for _, why in kills),
+                   "http_tried": len(http), "http_handled": sum(why is None for _, why in http),
+                   "seconds": round(time.time() - start), "failures": failures}
+        print(json.dumps(summary, indent=1))
+    finally:
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
