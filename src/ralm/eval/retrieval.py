@@ -46,5 +46,5 @@ def warn_if_no_answer_retrieved(hits: Sequence[Sequence[bool]], searcher, k: int
     another corpus than the questions': say so rather than report a quiet 0."""
     if hits and not any(map(any, hits)):
         warnings.warn(RalmWarning(
-            f"no question has an answer in its top-{k} passages: is {searcher.index.root} an index of the "
+            f"no question has an answer in its top-{min(k, len(searcher.current.blocks))} passages: is {searcher.index.root} an index of the "
             f"corpus these questions come from? It indexes {searcher.current.manifest.get('corpus')}"), stacklevel=2)
