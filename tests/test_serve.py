@@ -201,3 +201,16 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(dirs):
     assert all(r.status_code == 200 for r in responses)
     assert [r.json()[0]["id"] for r in responses] == [expected[q] for q in queries]
     assert sum(calls) == len(queries) and len(calls) < len(queries)  # fewer model calls than requests
+
+
+def test_ask_withholds_answers_below_the_confidence_threshold(dirs, tmp_path):
+    from ralm.models.reader import write_calibration
+
+    root, reader = dirs
+    shutil.copytree(reader, tmp_path / "calibrated")
+    write_calibration(tmp_path / "calibrated", {"raw": [0.0, 1.0], "confidence": [0.0, 0.5]})  # confidence <= 0.5
+    for threshold, withheld in ((0.0, False), (0.6, True)):
+        with client(service((root, tmp_path / "calibrated"), min_confidence=threshold)) as c:
+            r = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "bm25"}).json()
+            assert r["no_answer"] == withheld and (r["answer"] == "") == withheld and 0 <= r["confidence"] <= 0.5
+            assert r["evidence"][r["best"]]["answer"]  # the evidence and its best span stay
