@@ -10,7 +10,7 @@ import torch
 from ralm.data.qa import Question
 from ralm.errors import RalmError
 from ralm.eval.openqa import OpenQA, evaluate_qa, open_searcher, resolve_reader
-from ralm.models.reader import Reader
+from ralm.models.reader import Reader, default_reader_path, is_reader_dir, write_calibration
 from ralm.retrieval.searcher import Searcher
 
 QUESTIONS = [
@@ -59,7 +59,37 @@ def test_evaluate_qa_with_an_oracle_reader(oracle_reader, tiny_dense_index, tmp_
     assert [r["id"] for r in rows] == ["q1", "q2", "q3"] and all(r["em"] == 1.0 for r in rows)
 
 
+def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_reader, tiny_dense_index, monkeypatch):
+    searcher = Searcher.open(tiny_dense_index)
+    (raw,) = OpenQA(oracle_reader, searcher, k=6).answer(["What is the capital of France?"])
+    assert raw.confidence is None and raw.answer == "Paris"  # uncalibrated: always answers
+    # confidence = 0.5 x the raw score, so the raw score s gets confidence s / 2
+    monkeypatch.setattr(oracle_reader.cfg, "calibration", {"raw": [0.0, 1.0], "confidence": [0.0, 0.5]})
+    for threshold, withheld in ((raw.score / 2 - 0.01, False), (raw.score / 2 + 0.01, True)):
+        (a,) = OpenQA(oracle_reader, searcher, k=6, min_confidence=threshold).answer(["What is the capital of France?"])
+        assert a.confidence == pytest.approx(raw.score / 2) and a.no_answer == withheld
+        assert a.answer == ("" if withheld else "Paris") and a.evidence[a.best].span_text == "Paris"
+        out = a.to_json()
+        assert out["no_answer"] == withheld and out["evidence"][out["best"]]["answer"] == "Paris"
+    with pytest.raises(RalmError, match="min-confidence"):
+        OpenQA(oracle_reader, searcher, min_confidence=1.5)
+
+
+def test_evaluate_qa_fits_a_calibration_and_reports_reliability(oracle_reader, tiny_dense_index, tmp_path, monkeypatch):
+    monkeypatch.setattr(oracle_reader.cfg, "calibration", None)
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6, min_confidence=1.0)  # would withhold everything
+    wrong = Question("q4", "What is the capital of France?", ("Lyon",))
+    result = evaluate_qa(qa, [*QUESTIONS, wrong], ks=(1, 6), predictions=tmp_path / "p.jsonl", show_progress=False,
+                         calibrate=True)
+    assert result["em"] == 75.0  # the threshold never hides the best span from EM
+    assert qa.calibration is not None and qa.calibration.questions == 4
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert all(0 <= r["confidence"] <= 1 for r in rows) and rows[3]["prediction"] == "Paris"
+    assert sum(b["count"] for b in result["reliability"]["bins"]) == 4
+
+
 def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
+    assert resolve_reader(None) == default_reader_path() and is_reader_dir(default_reader_path())
     reader = Reader.from_encoder(tiny_bert, max_len=96)
     reader.save_pretrained(tmp_path / "run" / "final" / "reader")
     assert resolve_reader(tmp_path / "run") == tmp_path / "run" / "final" / "reader"
@@ -71,7 +101,9 @@ def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
     assert open_searcher(tiny_dense_index, model=tmp_path / "run").retriever is not None
 
 
-def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm):
+def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": list(q.answers)}) + "\n" for q in QUESTIONS))
     run = tmp_path / "run"
@@ -83,7 +115,16 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm):
     assert code == 0, err
     result = json.loads(out)
     assert {"em", "f1", "recall@1", "recall@5", "recall@20"} <= set(result) and result["questions"] == 3
-    assert len((run / "predictions" / f"q-{tiny_dense_index.name}.jsonl").read_text().splitlines()) == 3
+    # predictions go to the current directory by default, never into the model directory
+    assert len((tmp_path / "work" / f"q-{tiny_dense_index.name}.predictions.jsonl").read_text().splitlines()) == 3
+    assert not list(run.rglob("*predictions*"))
+    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "-k", 2,
+                          "--predictions", tmp_path / "mine" / "p.jsonl", "--calibrate", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["predictions"] == str(tmp_path / "mine" / "p.jsonl") and (tmp_path / "mine" / "p.jsonl").is_file()
+    assert "reliability" in result and result["calibration"] == str(run / "final" / "reader" / "config.json")
+    assert Reader.from_pretrained(run / "final" / "reader").cfg.calibration["questions"] == 3
     code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
     assert code == 0, err
     answer = json.loads(out)
@@ -91,7 +132,16 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm):
     for e in answer["evidence"]:
         assert {"id", "title", "text", "retrieval_score", "span"} <= set(e)
         assert e["text"][e["span"][0]:e["span"][1]] == e["answer"]
-    code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
-    assert code == 0 and "A:" in out
+    assert 0 <= answer["confidence"] <= 1  # calibrated above
+    write_calibration(run / "final" / "reader", {"raw": [0.0, 1.0], "confidence": [0.0, 0.5]})  # confidence <= 0.5
+    ask = ("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
+    code, out, err = ralm(*ask, "--min-confidence", 0, "--json")
+    assert code == 0 and json.loads(out)["no_answer"] is False and json.loads(out)["answer"]
+    code, out, err = ralm(*ask, "--min-confidence", 0.6, "--json")
+    assert code == 0 and json.loads(out)["no_answer"] is True and json.loads(out)["answer"] == ""
+    code, out, err = ralm(*ask, "--min-confidence", 0.6)
+    assert code == 0 and "no answer found in the corpus" in out and "best guess" in out
+    code, out, err = ralm(*ask)
+    assert code == 0 and "A:" in out and "confidence" in out
     code, out, err = ralm("ask", "Who?", "--model", tmp_path, "--index", tiny_dense_index)
     assert code == 2 and "ralm finetune" in err

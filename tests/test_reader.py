@@ -182,3 +182,24 @@ def test_partial_reader_trains_and_saves_only_its_top_layers(tiny_bert, tmp_path
         assert torch.allclose(reader(batch), again(batch), atol=1e-6)
     with pytest.raises(RalmError, match="exceeds"):
         Reader.from_encoder(tiny_bert, trainable_layers=3)
+
+
+def test_windows_cover_the_text_stride_apart(reader):
+    text = " ".join(f"word{i}" for i in range(60))  # about 120 wordpieces: several 64-wordpiece inputs
+    batch, owner = reader.featurize_windows(["which word ?", "short ?"], [text, "one two ."], stride=20)
+    pieces = reader._wordpieces.encode(text, add_special_tokens=False).offsets
+    windows = [n for n in range(len(owner)) if owner[n] == 0]
+    assert owner[-1] == 1 and owner.count(1) == 1 and len(windows) > 2
+    firsts = [pieces.index(batch.offsets[n][0]) for n in windows]
+    assert firsts == [20 * j for j in range(len(windows))]
+    assert batch.offsets[windows[-1]][-1] == pieces[-1]  # the last window reaches the end
+    assert all(batch.offsets[n][-1] != pieces[-1] for n in windows[:-1])  # and no earlier one does
+    for n in windows:
+        ev, end = int(batch.evidence_start[n]), int(batch.evidence_end[n])
+        assert batch.input_ids[n, ev - 1] == reader.tokenizer.sep_token_id and end - ev == len(batch.offsets[n])
+        assert batch.texts[n] == text
+    first = reader.featurize(["which word ?"], [text])
+    assert torch.equal(first.input_ids[0], batch.input_ids[0, : first.input_ids.shape[1]])
+    assert reader.span_text(batch, windows[1], int(batch.evidence_start[windows[1]]), 0)[0] == text[slice(*pieces[20])]
+    with pytest.raises(RalmError, match="stride 100"):
+        reader.featurize_windows(["q ?"], [text], stride=100)

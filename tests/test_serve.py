@@ -405,3 +405,16 @@ def test_a_failing_swap_is_logged_once_not_at_every_poll(dirs, caplog):
         svc.refresh()
     failures = [r for r in caplog.records if "not swapping" in r.getMessage()]
     assert len(failures) == 2 and "v000042" in failures[0].getMessage()  # once, then again after a recovery
+
+
+def test_ask_withholds_answers_below_the_confidence_threshold(dirs, tmp_path):
+    from ralm.models.reader import write_calibration
+
+    root, reader = dirs
+    shutil.copytree(reader, tmp_path / "calibrated")
+    write_calibration(tmp_path / "calibrated", {"raw": [0.0, 1.0], "confidence": [0.0, 0.5]})  # confidence <= 0.5
+    for threshold, withheld in ((0.0, False), (0.6, True)):
+        with client(service((root, tmp_path / "calibrated"), min_confidence=threshold)) as c:
+            r = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "bm25"}).json()
+            assert r["no_answer"] == withheld and (r["answer"] == "") == withheld and 0 <= r["confidence"] <= 0.5
+            assert r["evidence"][r["best"]]["answer"]  # the evidence and its best span stay

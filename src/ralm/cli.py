@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ralm.errors import RalmError, RalmWarning
+from ralm.eval.calibration import MIN_CONFIDENCE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Retrieval-augmented language models on your own corpus.")
@@ -80,6 +81,9 @@ def _positive(name: str, value: int) -> int:
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
 DtypeOpt = typer.Option("auto", "--dtype", help="compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, "
                         "else fp32), fp32 or bf16; weights and checkpoints stay fp32")
+MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence",
+                                help="below this calibrated confidence the answer is 'no answer found in the corpus' "
+                                     "(0 always answers; an uncalibrated reader always answers)")
 
 
 @index_app.command("build")
@@ -192,18 +196,19 @@ def eval_retrieval(
 
 @app.command()
 def demo(
-    k: int = typer.Option(3, "-k", help="passages per question"),
+    k: int = typer.Option(5, "-k", help="passages read per question (5, as `ralm ask`)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
+    min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Index the bundled demo corpus (cached) and answer its sample questions with a fine-tuned reader, with evidence."""
+    """Index the bundled demo corpus (cached) and answer its sample questions with the package's reader, with evidence."""
     from ralm.demo import run_demo
 
     _quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(*_runtime(device, dtype), _positive("-k", k), rebuild)
+    path, built, results = run_demo(*_runtime(device, dtype), _positive("-k", k), rebuild, min_confidence=min_confidence)
     if as_json:
         print(json.dumps([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
                                                                              for e in a.evidence]} for q, a in results], ensure_ascii=False))
@@ -645,18 +650,58 @@ def knnlm_eval_cmd(
 
 # -- open-domain QA: `ralm finetune`, `ralm dpr`, `ralm eval qa`, `ralm ask` (models/reader.py) --
 
-def _open_qa(model: str, index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str, dtype: str):
+def _open_qa(model: Optional[str], index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str, dtype: str,
+             min_confidence: float):
     from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
     from ralm.models.reader import Reader
 
     dev, dt = _runtime(device, dtype)
     reader = Reader.from_pretrained(resolve_reader(model)).to(dev)
     searcher = open_searcher(index_dir, model=model, hybrid=hybrid, alpha=alpha, device=dev, dtype=dt)
-    return OpenQA(reader, searcher, _positive("-k", k), dev, dt)
+    return OpenQA(reader, searcher, _positive("-k", k), dev, dt, min_confidence)
 
 
 HybridOpt = typer.Option(None, "--hybrid", help="a BM25 index over the same corpus to fuse with a dense --index")
 AlphaOpt = typer.Option(0.5, "--alpha", help="hybrid weight of the dense score (1 - alpha for BM25)")
+ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpoint (default: the package's general reader)")
+
+
+@app.command("train-reader")
+def train_reader_cmd(
+    questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with --corpus"),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="the corpus the questions' doc_id refer to"),
+    run: Path = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)"),
+    init: Optional[str] = typer.Option(None, "--init", help="reader checkpoint or HF encoder dir (default: bundled MiniLM)"),
+    steps: int = typer.Option(5000, "--steps"),
+    batch_size: int = typer.Option(32, "--batch-size", help="questions per step and rank (under torchrun)"),
+    lr: float = typer.Option(1e-4, "--lr"),
+    max_len: int = typer.Option(384, "--max-len", help="reader input length: [CLS] question [SEP] window [SEP]"),
+    stride: int = typer.Option(128, "--stride", help="wordpieces between the starts of a passage's windows"),
+    trainable_layers: Optional[int] = typer.Option(None, "--trainable-layers", help="train only the top N layers (default: all)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N training questions only"),
+    save_every: int = typer.Option(500, "--save-every"),
+    log_every: int = typer.Option(10, "--log-every"),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
+):
+    """Train the span reader on each question's gold passage, SQuAD-style (exports RUN/final/reader)."""
+    from ralm.train.reader import ReaderTrainConfig, train_reader
+
+    _quiet_libraries()
+    cfg = ReaderTrainConfig(str(questions), corpus=str(corpus) if corpus else None, init=init, steps=steps,
+                            batch_size=batch_size, lr=lr, max_len=max_len, stride=stride, trainable_layers=trainable_layers,
+                            limit=limit, save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
+    summary = train_reader(cfg, run, _device(device))
+    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
+        return
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        out.print(f"[green]done[/green] {run}: {summary['steps']} steps, {100 * summary['answerable_share']:.1f}% of "
+                  f"questions had a gold span; exported {run / 'final' / 'reader'} (continue open-domain with "
+                  f"`ralm finetune --init {run}`)")
 
 
 @app.command()
@@ -739,14 +784,16 @@ def dpr(
 
 @eval_app.command("qa")
 def eval_qa(
-    model: str = typer.Option(..., "--model", help="fine-tuning RUN (or a reader checkpoint)"),
+    model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
     k: int = typer.Option(5, "-k", "--k", help="retrieved blocks read per question"),
     hybrid: Optional[Path] = HybridOpt,
     alpha: float = AlphaOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
-    predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: RUN/predictions/<questions>-<index>.jsonl)"),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: ./<questions>-<index>.predictions.jsonl)"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="fit the reader's confidence calibration on these (held-back) "
+                                                              "questions and save it in the reader's config.json"),
     batch_size: int = typer.Option(8, "--batch-size", help="questions per reader batch"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -754,17 +801,21 @@ def eval_qa(
 ):
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
     from ralm.data.qa import read_questions
-    from ralm.eval.openqa import evaluate_qa
+    from ralm.eval.openqa import evaluate_qa, resolve_reader
+    from ralm.models.reader import write_calibration
 
     _quiet_libraries()
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: _positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype)
+    qa = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence=0.0)
     name = f"{questions.stem}-{index_dir.name}" + (f"-hybrid-{hybrid.name}" if hybrid else "")
-    predictions = predictions or Path(model) / "predictions" / f"{name}.jsonl"
-    result = evaluate_qa(qa, qs, (1, 5, 20), _positive("--batch-size", batch_size), predictions)
+    predictions = predictions or Path(f"{name}.predictions.jsonl")  # the current directory, never the model's
+    result = evaluate_qa(qa, qs, (1, 5, 20), _positive("--batch-size", batch_size), predictions, calibrate=calibrate)
     result = {**result, "index": str(index_dir), "hybrid": str(hybrid) if hybrid else None, "predictions": str(predictions)}
+    if calibrate:
+        write_calibration(resolve_reader(model), qa.calibration.to_json())
+        result["calibration"] = str(resolve_reader(model) / "config.json")
     if as_json:
         print(json.dumps(result))
         return
@@ -773,26 +824,43 @@ def eval_qa(
         table.add_column(key.upper() if len(key) == 2 else key)
     table.add_row(*(f"{result[key]:.1f}" for key in ("em", "f1", "recall@1", "recall@5", "recall@20")))
     out.print(table)
+    if "reliability" in result:
+        _print_reliability(result["reliability"])
+    if calibrate:
+        out.print(f"calibration fitted on {len(qs)} questions, saved in {result['calibration']}")
     out.print(f"{result['seconds']} s; predictions in {predictions}")
+
+
+def _print_reliability(rel: dict) -> None:
+    table = Table(title=f"confidence vs exact match (ECE {rel['ece']:.3f})")
+    for col in ("confidence bin", "questions", "mean confidence", "share correct"):
+        table.add_column(col)
+    for b in rel["bins"]:
+        table.add_row(f"{b['lo']:.1f}-{b['hi']:.1f}", str(b["count"]), f"{b['confidence']:.3f}", f"{b['accuracy']:.3f}")
+    out.print(table)
+    for t in rel["at"]:
+        acc = "-" if t["accuracy"] is None else f"{100 * t['accuracy']:.1f}% correct"
+        out.print(f"confidence >= {t['min_confidence']}: {100 * t['answered']:.1f}% of questions answered, {acc}")
 
 
 @app.command()
 def ask(
     question: str = typer.Argument(...),
-    model: str = typer.Option(..., "--model", help="fine-tuning RUN (or a reader checkpoint)"),
+    model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
     k: int = typer.Option(5, "-k", "--k", help="retrieved blocks read"),
     hybrid: Optional[Path] = HybridOpt,
     alpha: float = AlphaOpt,
+    min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print {answer, score, evidence: [{id, title, text, retrieval_score, span}]}"),
+    as_json: bool = typer.Option(False, "--json", help="print {answer, no_answer, score, confidence, evidence: [{id, title, text, retrieval_score, span}]}"),
 ):
     """Answer a question with evidence: the best span over the top-k blocks."""
     _quiet_libraries()
     if not question.strip():
         raise RalmError("the question is empty")
-    answer = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype).answer([question])[0]
+    answer = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence).answer([question])[0]
     if as_json:
         print(json.dumps(answer.to_json(), ensure_ascii=False))
         return
@@ -803,7 +871,12 @@ def _print_answer(answer) -> None:
     from rich.text import Text
 
     out.print(f"[bold]Q:[/bold] {answer.question}")
-    out.print(f"[bold green]A: {answer.answer}[/bold green]  [dim](p = {answer.score:.3f})[/dim]")
+    confidence = "uncalibrated" if answer.confidence is None else f"confidence {answer.confidence:.2f}"
+    if answer.no_answer:
+        best = answer.evidence[answer.best].span_text
+        out.print(f"[bold yellow]A: no answer found in the corpus[/bold yellow]  [dim](best guess {best!r}, {confidence})[/dim]")
+    else:
+        out.print(f"[bold green]A: {answer.answer}[/bold green]  [dim]({confidence}, p = {answer.score:.3f})[/dim]")
     table = Table(show_lines=True, expand=True)
     for col, width in (("#", 3), ("p(z|x)", 7), ("p(span)", 7), ("evidence", None)):
         table.add_column(col, width=width)
@@ -820,29 +893,32 @@ def _print_answer(answer) -> None:
 @app.command()
 def serve(
     index_dir: Path = typer.Option(..., "--index", help="index directory (dense or BM25); new versions are swapped in live"),
-    model: Optional[str] = typer.Option(None, "--model", help="a `ralm finetune` run (its reader answers /ask)"),
+    model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", help="a BM25 index over the same corpus (enables bm25 and hybrid)"),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
     port: int = typer.Option(8000, "--port"),
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
+    min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
     import uvicorn
 
+    from ralm.eval.openqa import resolve_reader
     from ralm.serve.app import create_app
     from ralm.serve.service import ServeConfig, Service
 
     _quiet_libraries()
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
-    svc = Service(ServeConfig(index=str(index_dir), model=model, bm25=str(bm25) if bm25 else None, api_key=api_key,
-                              host=host, allowed_hosts=tuple(allowed_host)), *_runtime(device, dtype))
+    svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)), bm25=str(bm25) if bm25 else None,
+                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
+                  *_runtime(device, dtype))
     err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
-              f"{', reader loaded' if svc.reader else ', no reader: /ask disabled'}) on http://{host}:{port}")
+              f", reader {svc.cfg.model}) on http://{host}:{port}")
     uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")
 
 

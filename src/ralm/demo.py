@@ -1,5 +1,6 @@
 """`ralm demo`: index the corpus that ships in the package and answer its sample questions
-with the reader fine-tuned for it (shipped in data/demo/reader)."""
+with the package's general-purpose reader (data/reader), exactly what `ralm ask` gives on a
+user's own corpus: nothing in it was trained on the demo corpus or its questions."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import ralm
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
 from ralm.errors import RalmError
-from ralm.eval.openqa import Answer, OpenQA
+from ralm.eval.calibration import MIN_CONFIDENCE
+from ralm.eval.openqa import Answer, OpenQA, resolve_reader
 from ralm.models.reader import Reader
 from ralm.retrieval.build import build_index
 from ralm.retrieval.searcher import Searcher
@@ -49,16 +51,11 @@ def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool 
     return path, True
 
 
-def demo_reader(device: torch.device) -> Reader:
-    """The span reader fine-tuned for the demo corpus, shipped in the package (the bundled
-    MiniLM with its top layers and span scorer trained; see benchmarks/demo_reader.sh)."""
-    return Reader.from_pretrained(demo_file("reader")).to(device).eval()
-
-
-def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = 3, rebuild: bool = False,
-             show_progress: bool = True) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
+def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = 5, rebuild: bool = False,
+             show_progress: bool = True, min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(device, rebuild, show_progress, dtype)
-    qa = OpenQA(demo_reader(device), Searcher.open(path, device=device, dtype=dtype), k, device, dtype)
+    reader = Reader.from_pretrained(resolve_reader(None)).to(device)
+    qa = OpenQA(reader, Searcher.open(path, device=device, dtype=dtype), k, device, dtype, min_confidence)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

@@ -3,6 +3,8 @@
 For each retrieved block z the reader's best span s_z is taken; the answer is the s_z with
 the highest p(z|x)·p(s_z|z,x), where p(z|x) is the softmax of the retrieval scores over the
 top-k (as in training) and p(s|z,x) the reader's softmax over the spans of z.
+A calibrated reader (eval/calibration.py) turns that raw score into a confidence, P(correct);
+below `min_confidence` the answer is "no answer found in the corpus" (the evidence is kept).
 `evaluate_qa` adds EM/F1 (SQuAD v1.1, max over gold answers) and retrieval recall@k.
 """
 
@@ -21,9 +23,10 @@ import torch
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
+from ralm.eval.calibration import MIN_CONFIDENCE, Calibration, fit_isotonic, reliability
 from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
-from ralm.models.reader import Reader, best_spans, is_reader_dir, valid_spans
+from ralm.models.reader import Reader, best_spans, default_reader_path, is_reader_dir, valid_spans
 from ralm.progress import progress_bar
 from ralm.retrieval.encoders import Retriever, is_retriever_dir
 from ralm.retrieval.hybrid import HybridSearcher
@@ -53,30 +56,42 @@ class Evidence:
 @dataclass(frozen=True)
 class Answer:
     question: str
-    answer: str
+    answer: str  # "" when no answer is found (confidence below the threshold)
     score: float  # p(z|x)·p(span|z,x) of the chosen span
-    evidence: list[Evidence]  # in retrieval order; evidence[best] holds the answer
+    confidence: float | None  # calibrated P(correct) of that span; None for an uncalibrated reader
+    evidence: list[Evidence]  # in retrieval order; evidence[best] holds the best span (even when withheld)
     best: int
     retrieved_rows: list[int]  # all retrieved rows (may be more than the k read)
     retrieved_texts: list[str]
 
+    @property
+    def no_answer(self) -> bool:
+        return not self.answer
+
     def to_json(self) -> dict:
-        return {"answer": self.answer, "score": round(self.score, 6), "evidence": [e.to_json() for e in self.evidence],
-                "best": self.best}
+        return {"answer": self.answer, "no_answer": self.no_answer, "score": round(self.score, 6),
+                "confidence": None if self.confidence is None else round(self.confidence, 4),
+                "evidence": [e.to_json() for e in self.evidence], "best": self.best}
 
 
 class OpenQA:
     """A reader over a searcher (dense, BM25 or hybrid): questions in, answers with evidence out."""
 
     def __init__(self, reader: Reader, searcher: Searcher | HybridSearcher, k: int = 5,
-                 device: torch.device | None = None, dtype: str | torch.dtype | None = None):
+                 device: torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 min_confidence: float = MIN_CONFIDENCE):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
+        if not 0 <= min_confidence <= 1:
+            raise RalmError(f"--min-confidence must be in [0, 1], got {min_confidence}")
         self.reader = reader.eval()
         self.searcher = searcher
         self.k = k
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)
+        self.min_confidence = min_confidence
+        cal = reader.cfg.calibration
+        self.calibration = Calibration.from_json(cal, "reader config.json") if cal else None
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -105,47 +120,64 @@ class OpenQA:
                                          float(p_z[qi, j]), text, float(log_p_span[n].exp()) if has_span else 0.0, span))
             joint = [e.retrieval_prob * e.span_prob for e in evidence]
             best = int(np.argmax(joint))
-            out.append(Answer(question, evidence[best].span_text, joint[best], evidence, best,
-                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]]))
+            confidence = None if self.calibration is None else float(self.calibration(joint[best]))
+            withheld = confidence is not None and confidence < self.min_confidence
+            out.append(Answer(question, "" if withheld else evidence[best].span_text, joint[best], confidence, evidence,
+                              best, [int(r) for r in rows[qi]], [r["text"] for r in records[qi]]))
         return out
 
 
 def evaluate_qa(qa: OpenQA, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
-                predictions: Path | None = None, show_progress: bool = True) -> dict:
-    """EM / F1 (percentages, max over gold answers) and recall@k; per-question JSONL to `predictions`."""
-    ems, f1s, hits, rows = [], [], [], []
+                predictions: Path | None = None, show_progress: bool = True, calibrate: bool = False) -> dict:
+    """EM / F1 (percentages, max over gold answers) and recall@k of the best span (also when the
+    threshold would withhold it); per-question JSONL to `predictions`. `calibrate` fits
+    `qa.calibration` on these questions (raw score -> exact match); with a calibration the
+    result holds reliability bins and each prediction its confidence."""
+    ems, f1s, hits, rows, raw = [], [], [], [], []
     start = time.perf_counter()
     with progress_bar(show_progress) as bar:
         task = bar.add_task("answering", total=len(questions))
         for i in range(0, len(questions), batch_size):
             chunk = questions[i : i + batch_size]
             for q, a in zip(chunk, qa.answer([q.question for q in chunk], retrieve=max(ks))):
-                em, f = exact_match(a.answer, q.answers), f1(a.answer, q.answers)
+                best = a.evidence[a.best]
+                em, f = exact_match(best.span_text, q.answers), f1(best.span_text, q.answers)
                 ems.append(em)
                 f1s.append(f)
+                raw.append(a.score)
                 # a block counts when its text holds an answer, as in `ralm eval retrieval`
                 hits.append([has_answer(t, q.answers) for t in a.retrieved_texts])
-                best = a.evidence[a.best]
-                rows.append({"id": q.id, "question": q.question, "answers": list(q.answers), "prediction": a.answer,
+                rows.append({"id": q.id, "question": q.question, "answers": list(q.answers), "prediction": best.span_text,
                              "score": round(a.score, 6), "em": em, "f1": round(f, 4), "evidence_id": best.id,
                              "evidence_title": best.title, "retrieval_prob": round(best.retrieval_prob, 6),
                              "span_prob": round(best.span_prob, 6), "answer_in_read": any(hits[-1][: qa.k]),
                              "read": [e.id for e in a.evidence]})
             bar.advance(task, len(chunk))
     warn_if_no_answer_retrieved(hits, qa.searcher, max(max(ks), qa.k))
+    n = max(len(questions), 1)
+    result = {"em": round(100 * sum(ems) / n, 2), "f1": round(100 * sum(f1s) / n, 2),
+              **{key: round(v, 2) for key, v in recall_at_k(hits, ks).items()},
+              "questions": len(questions), "k": qa.k, "seconds": round(time.perf_counter() - start, 2)}
+    if calibrate:
+        qa.calibration = fit_isotonic(raw, ems)
+    if qa.calibration is not None:
+        confidence = qa.calibration(raw)
+        for row, c in zip(rows, confidence):
+            row["confidence"] = round(float(c), 4)
+        result["reliability"] = reliability(confidence, ems)
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    n = max(len(questions), 1)
-    return {"em": round(100 * sum(ems) / n, 2), "f1": round(100 * sum(f1s) / n, 2),
-            **{key: round(v, 2) for key, v in recall_at_k(hits, ks).items()},
-            "questions": len(questions), "k": qa.k, "seconds": round(time.perf_counter() - start, 2)}
+    return result
 
 
 # -- loading a fine-tuned run against an index ------------------------------------------------
 
-def resolve_reader(model: str | os.PathLike) -> Path:
-    """RUN (uses RUN/final/reader) or a reader checkpoint directory."""
+def resolve_reader(model: str | os.PathLike | None) -> Path:
+    """RUN (uses RUN/final/reader), a reader checkpoint directory, or None: the package's
+    general-purpose reader."""
+    if model is None:
+        return default_reader_path()
     path = Path(model)
     for candidate in (path / "final" / "reader", path):
         if is_reader_dir(candidate):

@@ -2,6 +2,9 @@
 MLP([h_start; h_end]) over every evidence span of at most W wordpieces, and the marginal
 likelihood log Σ_z p(z|x) p(y|z,x) that fine-tunes it together with the query tower.
 
+A long passage can also be read as overlapping windows (`featurize_windows`, BERT's doc stride),
+as gold-passage training does (train/reader.py).
+
 Shapes: B questions, K retrieved blocks per question, N = B*K reader inputs, L input length,
 H BERT hidden size, S span-MLP hidden size, W maximum span width. A span is (start i, width w):
 wordpieces i .. i+w of the input.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import write_model_dir
+from ralm.atomic import write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import bert_from_config, default_model_path, load_hf_encoder, pad_rows
@@ -45,6 +49,8 @@ class ReaderConfig:
     trainable_layers: int | None = None
     base_model: str = ""
     encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the encoder
+    # raw answer score -> P(correct), fitted by `ralm eval qa --calibrate` (eval/calibration.py)
+    calibration: dict | None = None
 
     def __post_init__(self):
         if self.max_span_width <= 0 or self.span_hidden <= 0:
@@ -88,9 +94,17 @@ class ReaderBatch:
     offsets: list[list[tuple[int, int]]]
     texts: list[str]
 
+    TENSORS = ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")
+
     def to(self, device: torch.device) -> "ReaderBatch":
-        move = {k: getattr(self, k).to(device) for k in ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")}
+        move = {k: getattr(self, k).to(device) for k in self.TENSORS}
         return ReaderBatch(**move, offsets=self.offsets, texts=self.texts)
+
+    def take(self, rows: Sequence[int]) -> "ReaderBatch":
+        """The inputs `rows` only, in that order."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        pick = {k: getattr(self, k)[index] for k in self.TENSORS}
+        return ReaderBatch(**pick, offsets=[self.offsets[r] for r in rows], texts=[self.texts[r] for r in rows])
 
 
 def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
@@ -173,23 +187,41 @@ class Reader(nn.Module):
 
     # -- featurisation ---------------------------------------------------------------------
     def featurize(self, questions: Sequence[str], texts: Sequence[str]) -> ReaderBatch:
-        """One reader input per (question, evidence text) pair (both lists of length N)."""
+        """One reader input per (question, evidence text) pair (both lists of length N); the
+        evidence is cut to what fits in `max_len`."""
+        return self.featurize_windows(questions, texts, stride=None)[0]
+
+    def featurize_windows(self, questions: Sequence[str], texts: Sequence[str],
+                          stride: int | None) -> tuple[ReaderBatch, list[int]]:
+        """`[CLS] question [SEP] window [SEP]` for windows of each text that start `stride`
+        wordpieces apart (BERT's doc stride) until the text is covered; `stride=None` reads the
+        first window only. Returns (batch of every window, the pair index of each window)."""
         if len(questions) != len(texts):
             raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
         q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
         z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
-        rows, types, starts, ends, offsets = [], [], [], [], []
+        rows, types, starts, ends, offsets, window_texts, owner = [], [], [], [], [], [], []
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
-        for q, z in zip(q_enc, z_enc):
-            ids, tt, ev_start = join_query_evidence(q.ids, z.ids, cls_id, sep_id, self.cfg.max_len, self.cfg.max_query_len)
-            rows.append(ids)
-            types.append(tt)
-            starts.append(ev_start)
-            ends.append(len(ids) - 1)
-            offsets.append(list(z.offsets[: len(ids) - 1 - ev_start]))
+        for pair, (q, z) in enumerate(zip(q_enc, z_enc)):
+            room = self.cfg.max_len - min(len(q.ids), self.cfg.max_query_len) - 3
+            if stride is not None and not 0 < stride <= room:
+                raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {self.cfg.max_len}-wordpiece input)")
+            first = 0
+            while True:
+                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id, sep_id, self.cfg.max_len, self.cfg.max_query_len)
+                rows.append(ids)
+                types.append(tt)
+                starts.append(ev_start)
+                ends.append(len(ids) - 1)
+                offsets.append(list(z.offsets[first : first + len(ids) - 1 - ev_start]))
+                window_texts.append(texts[pair])  # the whole text: offsets index into it
+                owner.append(pair)
+                if stride is None or first + room >= len(z.ids):
+                    break
+                first += stride
         input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
         token_types, _ = pad_rows(types)
-        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, list(texts))
+        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, window_texts), owner
 
     def answer_match(self, batch: ReaderBatch, answers: Sequence[Sequence[str]]) -> torch.Tensor:
         """[N, L, W] bool: evidence spans whose wordpieces equal an answer's wordpieces, on
@@ -262,3 +294,18 @@ class Reader(nn.Module):
 def is_reader_dir(path: str | os.PathLike) -> bool:
     p = Path(path) / "config.json"
     return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
+
+
+def default_reader_path() -> Path:
+    """The general-purpose reader shipped in the package (ralm/data/reader): what answers when
+    no --model is given. Replacing the shipped weights is a copy into this directory."""
+    return Path(str(resources.files("ralm.data") / "reader"))
+
+
+def write_calibration(path: str | os.PathLike, calibration: dict) -> None:
+    """Store a fitted calibration in a reader checkpoint's config.json (weights untouched)."""
+    path = Path(path)
+    if not is_reader_dir(path):
+        raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
+    config = json.loads((path / "config.json").read_text())
+    write_text(path / "config.json", json.dumps({**config, "calibration": calibration}, indent=2) + "\n")

@@ -88,8 +88,10 @@ class EvidenceOut(BaseModel):
 
 
 class AskResponse(BaseModel):
-    answer: str
+    answer: str  # "" when no answer is found in the corpus (confidence below the server's threshold)
+    no_answer: bool = False
     score: float
+    confidence: float | None = None  # calibrated P(correct); None for an uncalibrated reader
     evidence: list[EvidenceOut]
     best: int | None = None
 

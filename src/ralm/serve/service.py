@@ -14,6 +14,7 @@ import torch
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
+from ralm.eval.calibration import MIN_CONFIDENCE
 from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.hybrid import HybridSearcher
 from ralm.retrieval.live import LOG, LiveSearcher
@@ -27,6 +28,7 @@ log = logging.getLogger("ralm.serve")
 class ServeConfig:
     index: str
     model: str | None = None  # a fine-tuning run (RUN/final/reader), for /ask
+    min_confidence: float = MIN_CONFIDENCE  # /ask withholds answers less likely to be right
     bm25: str | None = None  # a BM25 index over the same corpus, for retriever=bm25|hybrid
     api_key: str | None = None
     host: str = "127.0.0.1"  # the address the server binds; Host headers naming it are accepted
@@ -125,7 +127,8 @@ class Service:
         """Answers with evidence (one batched retrieval and reader call)."""
         if self.reader is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
-        qa = OpenQA(self.reader, Pinned(self._searcher(retriever)), k=k, device=self.device, dtype=self.dtype)
+        qa = OpenQA(self.reader, Pinned(self._searcher(retriever)), k=k, device=self.device, dtype=self.dtype,
+                    min_confidence=self.cfg.min_confidence)
         return [a.to_json() for a in qa.answer(list(questions))]
 
     def record_latency(self, endpoint: str, seconds: float) -> None:

@@ -30,7 +30,7 @@ from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import autocast
-from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, start_run, wrap_ddp
 
 
@@ -132,9 +132,7 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
     batch_size = _per_rank_batch(cfg, len(keep), env.world)
 
     optimizer = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
-    warm = max(1, int(cfg.warmup * cfg.steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warm, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(cfg.steps, cfg.warmup))
     step = 0
     if resume is not None:
         step = load_checkpoint(resume, retriever, optimizer, scheduler)["step"]

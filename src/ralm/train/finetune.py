@@ -29,7 +29,7 @@ from ralm.progress import progress_bar
 from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import autocast, full_precision
-from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
+from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, rank_batch, search_rank_queries, start_run, wrap_ddp
 
 
@@ -84,8 +84,12 @@ def resolve_init(init: str | None) -> tuple[str | None, str | None]:
 
 
 def load_reader(source: str | None, max_len: int, trainable_layers: int | None = None) -> Reader:
+    """The reader to train: a reader checkpoint (its own settings), else a fresh span scorer on
+    an HF encoder (None: the bundled MiniLM)."""
     if source is not None and is_reader_dir(source):
-        return Reader.from_pretrained(source)
+        reader = Reader.from_pretrained(source)
+        reader.cfg.calibration = None  # fitted to the old weights; training makes it stale
+        return reader
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
@@ -161,9 +165,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     if dense:
         searcher.retriever.doc.requires_grad_(False)  # the index is fixed; the doc tower must match it
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
-    warm = max(1, int(cfg.warmup * cfg.steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warm, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warm))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(cfg.steps, cfg.warmup))
 
     step = 0
     seen = answerable_total = 0

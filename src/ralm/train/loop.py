@@ -70,6 +70,12 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+def linear_warmup_decay(steps: int, warmup: float):
+    """LambdaLR factor: linear warm-up over the first `warmup` share of `steps`, then linear decay to 0."""
+    warm = max(1, int(warmup * steps))
+    return lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm)))
+
+
 # -- optimizer state as safetensors + JSON ----------------------------------------------------
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The recipe of the general-purpose reader shipped in src/ralm/data/reader (what `ralm ask`,
+# `eval qa`, `serve` and `demo` use without --model). Run from the repository root:
+#
+#   bash benchmarks/general_reader.sh [WORKDIR]        # default WORKDIR: runs/general-reader
+#
+# Every stage resumes where it stopped (trainers from their last checkpoint, finished stages
+# are skipped), so rerunning the same command after a crash continues the run.
+#  1. SQuAD-style training on each question's gold paragraph (windows of 384 wordpieces, stride 128),
+#     all layers of the bundled MiniLM, on the whole of squad_train.jsonl (78,449 questions).
+#  2. Open-domain fine-tuning from it (ORQA/REALM marginal likelihood over the top 5 blocks of the
+#     default dense index, retriever frozen so the index that users build matches).
+#  3. The weights, in fp16, into the package (about 46 MB), then a calibration fitted on half of
+#     the official-dev questions (retrieval over the SQuAD corpus + their articles, top 5, as
+#     `ralm ask` reads) and measured on the other half: a reliability plot.
+# Knobs: DATA (the data folder), GOLD_STEPS, OPEN_STEPS, DEVICE (auto), DTYPE (auto: bf16 on CUDA
+# and on CPUs with native bf16).
+set -euo pipefail
+W=${1:-runs/general-reader}
+DATA=${DATA:-../shared/data}
+GOLD_STEPS=${GOLD_STEPS:-4900}   # 2 epochs of 32 questions
+OPEN_STEPS=${OPEN_STEPS:-2000}   # 32,000 questions x 5 blocks
+OPT=(--device "${DEVICE:-auto}")
+mkdir -p "$W"
+
+ralm train-reader --questions "$DATA/squad_train.jsonl" --corpus "$DATA/squad_corpus.jsonl" --out "$W/gold" \
+  --steps "$GOLD_STEPS" --batch-size 32 --lr 1e-4 --max-len 384 --stride 128 --save-every 250 \
+  --dtype "${DTYPE:-auto}" "${OPT[@]}" --json
+
+[ -f "$W/squad-dense/LATEST" ] || ralm index build "$DATA/squad_corpus.jsonl" --out "$W/squad-dense" "${OPT[@]}" --json
+ralm finetune --questions "$DATA/squad_train.jsonl" --index "$W/squad-dense" --init "$W/gold" --out "$W/open" \
+  --freeze-retriever -k 5 --steps "$OPEN_STEPS" --batch-size 16 --lr 2e-5 --save-every 250 "${OPT[@]}" --json
+
+# fp16 copy of the fine-tuned reader into the package (loading casts it back to fp32)
+rm -rf src/ralm/data/reader
+cp -r "$W/open/final/reader" src/ralm/data/reader
+python - src/ralm/data/reader/model.safetensors <<'EOF'
+import sys
+from safetensors.torch import load_file, save_file
+path = sys.argv[1]
+save_file({k: v.half().contiguous() for k, v in load_file(path).items()}, path, metadata={"format": "ralm.reader/1"})
+EOF
+
+# calibrate on one half of the official-dev questions (articles no model here was trained on), measure on the other
+[ -f "$W/dev-dense/LATEST" ] || { cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
+  ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-dense" "${OPT[@]}" --json; }
+awk 'NR % 2 == 1' "$DATA/squad_dev_official.jsonl" > "$W/calibration.jsonl"
+awk 'NR % 2 == 0' "$DATA/squad_dev_official.jsonl" > "$W/heldout.jsonl"
+ralm eval qa --model src/ralm/data/reader --index "$W/dev-dense" --questions "$W/calibration.jsonl" -k 5 \
+  --calibrate --predictions "$W/calibration.predictions.jsonl" "${OPT[@]}" --json
+ralm eval qa --model src/ralm/data/reader --index "$W/dev-dense" --questions "$W/heldout.jsonl" -k 5 \
+  --predictions "$W/heldout.predictions.jsonl" "${OPT[@]}" --json
+python benchmarks/reliability.py "$W/heldout.predictions.jsonl" --out benchmarks/figures/reader_reliability.png
+du -sh src/ralm/data/reader

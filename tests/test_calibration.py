@@ -1,0 +1,68 @@
+"""Confidence calibration: isotonic regression against the max-min formula, monotonicity,
+reliability bins by hand, the stored form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ralm.errors import RalmError
+from ralm.eval.calibration import Calibration, fit_isotonic, reliability
+
+
+def _isotonic_brute_force(y: np.ndarray) -> np.ndarray:
+    """The isotonic fit of y (sorted by score, distinct scores): f(i) = max_{j<=i} min_{k>=i} mean(y[j..k])."""
+    n = len(y)
+    return np.array([max(min(y[j : k + 1].mean() for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
+
+
+def test_isotonic_fit_equals_the_max_min_formula():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        scores = np.sort(rng.choice(np.linspace(0, 1, 1000), size=12, replace=False))
+        correct = (rng.random(12) < scores).astype(float)
+        cal = fit_isotonic(scores, correct)
+        want = _isotonic_brute_force(correct)
+        # each step's value sits at its mean score, so the fit at the data points is recovered there
+        for value in np.unique(want):
+            at = scores[want == value]
+            assert cal(at.mean()) == pytest.approx(value)
+        assert len(cal.raw) == len(np.unique(want)) and cal.questions == 12
+
+
+def test_calibrated_confidence_is_monotone_in_the_raw_score():
+    rng = np.random.default_rng(1)
+    scores = rng.random(500) ** 3  # raw p(z|x)·p(span|z,x): mostly small
+    correct = (rng.random(500) < np.sqrt(scores)).astype(float)
+    cal = fit_isotonic(scores, correct)
+    grid = np.linspace(-0.5, 1.5, 4001)
+    conf = cal(grid)
+    assert np.all(np.diff(conf) >= 0) and conf.min() >= 0 and conf.max() <= 1
+    assert conf[0] == cal.confidence[0] and conf[-1] == cal.confidence[-1]  # constant beyond the ends
+
+
+def test_ties_and_a_hand_worked_fit():
+    cal = fit_isotonic([0.1, 0.2, 0.3, 0.4, 0.4], [1, 0, 1, 1, 0])
+    # 0.1 -> 1 and 0.2 -> 0 violate: pooled to 0.5 at score 0.15; 0.3 -> 1 then the tie 0.4 -> 0.5
+    # violates: pooled to 2/3 at 1.1 / 3, which then exceeds 0.5, so it stays
+    assert cal.raw == pytest.approx((0.15, 1.1 / 3)) and cal.confidence == pytest.approx((0.5, 2 / 3))
+    with pytest.raises(RalmError, match="as many scores"):
+        fit_isotonic([0.1], [])
+
+
+def test_json_round_trip_and_validation():
+    cal = fit_isotonic([0.1, 0.5, 0.9], [0, 1, 1])
+    again = Calibration.from_json(cal.to_json(), "x")
+    assert again(0.3) == pytest.approx(cal(0.3))
+    with pytest.raises(RalmError, match="x: calibration"):
+        Calibration.from_json({"raw": [0.5, 0.1], "confidence": [0.1, 0.2]}, "x")
+    with pytest.raises(RalmError, match="calibration"):
+        Calibration.from_json({"raw": [0.1, 0.5], "confidence": [0.3, 0.2]}, "x")
+
+
+def test_reliability_bins_by_hand():
+    rel = reliability([0.05, 0.15, 0.85, 0.95, 0.9], [0, 1, 1, 1, 0], bins=10, thresholds=(0.5, 0.99))
+    assert [(b["lo"], b["count"], b["accuracy"]) for b in rel["bins"]] == [(0.0, 1, 0.0), (0.1, 1, 1.0), (0.8, 1, 1.0), (0.9, 2, 0.5)]
+    assert rel["ece"] == pytest.approx((0.05 + 0.85 + 0.15 + 2 * abs(0.925 - 0.5)) / 5, abs=1e-4)
+    assert rel["at"] == [{"min_confidence": 0.5, "answered": 0.6, "accuracy": pytest.approx(2 / 3, abs=1e-4)},
+                         {"min_confidence": 0.99, "answered": 0.0, "accuracy": None}]

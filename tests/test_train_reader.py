@@ -1,0 +1,173 @@
+"""Reader training on gold passages: window labels (an answer straddling a window edge is
+labelled exactly once), passages from context or doc_id, training end to end, resume, bf16,
+and the open-domain fine-tuning that continues from it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ralm.data.qa import Question, answer_occurrences
+from ralm.errors import RalmError
+from ralm.models.reader import Reader, write_calibration
+from ralm.runtime import cpu_has_bf16
+from ralm.train.finetune import FinetuneConfig, finetune
+from ralm.train.reader import ReaderTrainConfig, gold_passages, gold_windows, label_windows, train_reader
+
+from conftest import DOCS
+
+QUESTIONS = [  # gold passages are DOCS entries, by doc_id or inline context
+    {"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"], "doc_id": "paris"},
+    {"id": "q2", "question": "Who created Python?", "answers": ["Guido van Rossum"], "doc_id": "python"},
+    {"id": "q3", "question": "When did Armstrong walk on the Moon?", "answers": ["1969"], "context": DOCS[5]["text"]},
+    {"id": "q4", "question": "Which sea does the Nile flow into?", "answers": ["the Mediterranean Sea"], "doc_id": "nile"},
+]
+
+
+@pytest.fixture(scope="module")
+def small_reader(tiny_bert) -> Reader:
+    """Inputs of 20 wordpieces: a 2-wordpiece question leaves 15 for the evidence window."""
+    torch.manual_seed(0)
+    return Reader.from_encoder(tiny_bert, max_len=20, max_query_len=4).eval()
+
+
+@pytest.fixture(scope="module")
+def words(small_reader) -> list[str]:
+    """40 distinct words that are one wordpiece each, so wordpiece i of the text is word i."""
+    vocab = sorted(t for t in small_reader.tokenizer.get_vocab() if t.isalpha() and t.islower() and len(t) >= 5)
+    return vocab[1000:1040]
+
+
+def _labelled(reader, text, answer, stride):
+    batch, owner = reader.featurize_windows(["q ?"], [text], stride)
+    match = label_windows(batch, owner, [answer_occurrences(text, [answer])], reader.cfg.max_span_width)
+    return batch, match
+
+
+def test_an_answer_straddling_a_window_edge_is_labelled_exactly_once(small_reader, words):
+    text = " ".join(words)
+    # windows of 15 words start every 5 words: 0-14, 5-19, 10-24, ...; words 13-16 cross the end of window 0
+    answer = " ".join(words[13:17])
+    batch, match = _labelled(small_reader, text, answer, stride=5)
+    assert [int(batch.input_ids[n, int(batch.evidence_start[n])]) for n in range(2)] == \
+        small_reader.tokenizer.convert_tokens_to_ids([words[0], words[5]])
+    assert int(match.sum()) == 1  # not in the window that cuts it, and once only among the two that hold it
+    n, start, width = match.nonzero()[0].tolist()
+    assert n == 1  # windows 1 (5-19) and 2 (10-24) hold it with 3 words of context on the shorter side: the earlier
+    assert small_reader.span_text(batch, n, start, width)[0] == answer
+    # with stride 10 the only windows are 0-14 (cuts it) and 10-24: labelled there
+    batch, match = _labelled(small_reader, text, answer, stride=10)
+    (n, start, width), = match.nonzero().tolist()
+    assert n == 1 and small_reader.span_text(batch, n, start, width)[0] == answer
+
+
+def test_the_window_with_most_context_holds_the_label(small_reader, words):
+    text = " ".join(words)
+    answer = words[8]  # in windows 0-14 (6 words after it) and 5-19 (3 before it): window 0
+    _, match = _labelled(small_reader, text, answer, stride=5)
+    assert match.nonzero()[:, 0].tolist() == [0]
+    answer = words[12]  # windows 0 (2 after), 5 (7 before, 7 after), 10 (2 before): window 1
+    _, match = _labelled(small_reader, text, answer, stride=5)
+    assert match.nonzero()[:, 0].tolist() == [1]
+
+
+def test_gold_windows_keep_labelled_windows_only(small_reader, words):
+    text = " ".join(words)
+    qs = [Question("a", "q ?", (words[30],)), Question("b", "q ?", ("absent words",)), Question("c", "q ?", (words[2],))]
+    batch, match, answerable = gold_windows(small_reader, qs, [text, text, text], stride=5)
+    assert answerable == 2 and len(batch.texts) == 2 and match.flatten(1).any(1).all()
+    none_batch, none_match, none = gold_windows(small_reader, qs[1:2], [text], stride=5)
+    assert none == 0 and len(none_batch.texts) == 1 and not none_match.any()  # one unlabelled window: zero loss
+
+
+def test_gold_passages_from_context_or_doc_id(corpus_file):
+    qs = [Question(q["id"], q["question"], tuple(q["answers"]), {k: v for k, v in q.items() if k in ("doc_id", "context")})
+          for q in QUESTIONS]
+    assert gold_passages(qs, "q.jsonl", str(corpus_file)) == [DOCS[0]["text"], DOCS[4]["text"], DOCS[5]["text"], DOCS[2]["text"]]
+    with pytest.raises(RalmError, match="give the corpus with --corpus"):
+        gold_passages(qs, "q.jsonl", None)
+    with pytest.raises(RalmError, match="q.jsonl: question x: doc_id 'nowhere' is not in"):
+        gold_passages([Question("x", "?", ("a",), {"doc_id": "nowhere"})], "q.jsonl", str(corpus_file))
+    with pytest.raises(RalmError, match="neither a 'context' nor a 'doc_id'"):
+        gold_passages([Question("y", "?", ("a",))], "q.jsonl", str(corpus_file))
+
+
+@pytest.fixture
+def questions_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def _cfg(questions_file, corpus_file, tiny_bert, **kw):
+    base = dict(questions=str(questions_file), corpus=str(corpus_file), init=str(tiny_bert), steps=4, batch_size=4,
+                lr=1e-3, warmup=0.0, max_len=80, stride=16, save_every=2, log_every=1)
+    return ReaderTrainConfig(**{**base, **kw})
+
+
+def test_training_lowers_the_loss_and_exports_a_reader(questions_file, corpus_file, tiny_bert, tmp_path):
+    summary = train_reader(_cfg(questions_file, corpus_file, tiny_bert, steps=12, lr=3e-3, log_every=2), tmp_path / "run",
+                           show_progress=False)
+    assert summary["steps"] == 12 and summary["answerable_share"] == 1.0
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"] and metrics[-1]["span_accuracy"] == 1.0
+    assert all(m["windows"] >= 4 for m in metrics)  # every question has its answer in a window
+    reader = Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
+    assert reader.cfg.max_len == 80 and (tmp_path / "run" / "loss.png").is_file()
+
+
+def test_resume_reproduces_an_uninterrupted_run(questions_file, corpus_file, tiny_bert, tmp_path):
+    cfg = _cfg(questions_file, corpus_file, tiny_bert, batch_size=2)
+    train_reader(cfg, tmp_path / "straight", show_progress=False)
+    shutil.copytree(tmp_path / "straight", tmp_path / "crashed")  # a crash right after the step-2 checkpoint
+    ck = tmp_path / "crashed" / "checkpoints"
+    shutil.rmtree(ck / "step-000004")
+    shutil.rmtree(tmp_path / "crashed" / "final")
+    (ck / "LATEST").write_text("step-000002\n")
+    train_reader(cfg, tmp_path / "crashed", show_progress=False)
+    a = load_file(str(tmp_path / "straight" / "final" / "reader" / "model.safetensors"))
+    b = load_file(str(tmp_path / "crashed" / "final" / "reader" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "crashed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
+def test_bf16_autocast_trains(questions_file, corpus_file, tiny_bert, tmp_path):
+    summary = train_reader(_cfg(questions_file, corpus_file, tiny_bert, steps=2, dtype="bf16"), tmp_path / "run",
+                           show_progress=False)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2 and all(0 < m["loss"] < 100 for m in metrics)
+    reader = Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
+    assert all(p.dtype == torch.float32 for p in reader.parameters())  # fp32 master weights
+
+
+def test_open_domain_finetuning_continues_from_the_gold_run(questions_file, corpus_file, tiny_bert, tiny_dense_index, tmp_path):
+    train_reader(_cfg(questions_file, corpus_file, tiny_bert, steps=2), tmp_path / "gold", show_progress=False)
+    gold = tmp_path / "gold" / "final" / "reader"
+    write_calibration(gold, {"method": "isotonic", "questions": 2, "raw": [0.1, 0.9], "confidence": [0.2, 0.8]})
+    # lr 1e-12 (0 is refused): the open-domain run must start from (and here keep) the gold reader's weights
+    cfg = FinetuneConfig(str(questions_file), str(tiny_dense_index), init=str(tmp_path / "gold"), steps=1, batch_size=2,
+                         k=2, lr=1e-12, retriever_lr=1e-12, warmup=0.0, max_len=96)
+    finetune(cfg, tmp_path / "open", show_progress=False)
+    before, after = load_file(str(gold / "model.safetensors")), load_file(str(tmp_path / "open" / "final" / "reader" / "model.safetensors"))
+    assert set(before) == set(after) and all(torch.allclose(before[k], after[k], atol=1e-8) for k in before)
+    reader = Reader.from_pretrained(tmp_path / "open" / "final" / "reader")
+    assert reader.cfg.max_len == 80 and reader.cfg.calibration is None  # the stale calibration is dropped
+
+
+def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tmp_path, ralm):
+    code, out, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "run",
+                          "--init", tiny_bert, "--steps", 2, "--batch-size", 2, "--max-len", 80, "--stride", 16,
+                          "--dtype", "fp32", "--json")
+    assert code == 0, err
+    assert json.loads(out)["steps"] == 2 and (tmp_path / "run" / "final" / "reader" / "config.json").is_file()
+    code, _, err = ralm("train-reader", "--questions", questions_file, "--out", tmp_path / "other", "--init", tiny_bert)
+    assert code == 2 and "--corpus" in err
+    code, _, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "x",
+                        "--init", tiny_bert, "--max-len", 80, "--stride", 100, "--steps", 1)
+    assert code == 2 and "stride 100" in err
