@@ -7,11 +7,14 @@ separate venv that has transformers==4.57.6):
         embedder), RealmEmbedder, RealmKnowledgeAugEncoder, RealmReader and RealmForOpenQA
         models, perturb every weight (so LayerNorms and biases are not at their identity
         init), save them with `save_pretrained`, run them on fixed inputs and save inputs and
-        outputs (inputs.npz, outputs.npz).
+        outputs (inputs.npz, outputs.npz). Candidate blocks are RealmTokenizer's pair encoding
+        of (title, body) (`batch_encode_candidates`), segment id 1 on the body.
   ralm  (our venv): convert every saved model with ralm.models.hf_realm, run our modules on
-        the same inputs and compare: relevance scores (max abs diff <= 1e-4), the marginal MLM
-        loss of the knowledge-augmented encoder (<= 1e-4), the reader's span logits and its
-        predicted span (equal). Exits 1 when a check fails.
+        the same inputs and compare: our block featurisation of the same (title, body) texts
+        (equal ids), relevance scores with our document tower fed ids and mask only, as the
+        index builder feeds it (max abs diff <= 1e-4), the marginal MLM loss of the
+        knowledge-augmented encoder (<= 1e-4), the reader's span logits and its predicted span
+        (equal). Exits 1 when a check fails.
 
 Run both (the default stage shells out to the other venv for the first):
   python benchmarks/hf_realm_compat.py --work /tmp/hf-realm-compat --hf-python /tmp/venv-hf4/bin/python
@@ -45,6 +48,14 @@ PRESETS = {
                  span_hidden_size=256, max_span_width=10, reader_seq_len=320, **SHARED),
 }
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
+# B x K candidate blocks (title, body): encoded by HF as text pairs, by us as REALM blocks.
+CANDIDATES = [[("Paris", "Paris is the capital of France. It lies on the Seine river."),
+               ("Tokyo", "Tokyo is the capital of Japan."),
+               ("Nile", "The Nile is a long river in Africa. It flows north into the Mediterranean Sea.")],
+              [("Mount Everest", "Mount Everest is the highest mountain above sea level."),
+               ("Python (language)", "Python is a programming language created by Guido van Rossum."),
+               ("Moon", "Neil Armstrong walked on the Moon in 1969.")]]
+BLOCK_LEN = 24  # >= the longest candidate, so no block is cut
 
 
 # -- inputs shared by both stages -------------------------------------------------------------
@@ -63,7 +74,6 @@ def make_inputs(seed: int) -> dict[str, np.ndarray]:
         return ids, mask
 
     q_ids, q_mask = rows([9, 6], 9)  # [B, Lq]
-    d_ids, d_mask = rows([12, 7, 10, 12, 5, 9], 12)  # [B*K, Ld]
     # Knowledge-augmented encoder: [CLS] x [SEP] z [SEP] per candidate, x shared by the K.
     L = 16
     ka_ids = np.full((B, K, L), PAD, np.int64)
@@ -97,7 +107,7 @@ def make_inputs(seed: int) -> dict[str, np.ndarray]:
         r_mask[k, : len(seq)] = 1
         ev_start[k], ev_end[k] = len(q) + 2, len(seq) - 1
     block_mask = (r_types == 1) & (r_ids != SEP) & (r_mask == 1)
-    return dict(q_ids=q_ids, q_mask=q_mask, d_ids=d_ids.reshape(B, K, -1), d_mask=d_mask.reshape(B, K, -1),
+    return dict(q_ids=q_ids, q_mask=q_mask,
                 ka_ids=ka_ids, ka_types=ka_types, ka_mask=ka_mask, ka_relevance=rng.normal(size=(B, K)).astype(np.float32),
                 labels=labels, mlm_mask=mlm_mask, r_ids=r_ids, r_types=r_types, r_mask=r_mask, block_mask=block_mask,
                 r_relevance=rng.normal(size=K).astype(np.float32), ev_start=ev_start, ev_end=ev_end)
@@ -126,12 +136,15 @@ def stage_hf(work: Path, vocab: Path, seed: int, preset: str) -> None:
         model.save_pretrained(str(work / name), safe_serialization=safe)
         tok.save_pretrained(str(work / name))
 
-    x = {k: torch.from_numpy(v) for k, v in make_inputs(seed).items()}
+    titles, bodies = ([[c[i] for c in row] for row in CANDIDATES] for i in (0, 1))
+    pairs = tok.batch_encode_candidates(titles, text_pair=bodies, max_length=BLOCK_LEN, return_tensors="np")
+    inputs = make_inputs(seed) | {"d_ids": pairs["input_ids"], "d_mask": pairs["attention_mask"], "d_types": pairs["token_type_ids"]}
+    x = {k: torch.from_numpy(v) for k, v in inputs.items()}
     outputs = {}
     with torch.no_grad():
         scorer = perturbed(RealmScorer(cfg, query_embedder=RealmEmbedder(cfg)))
         s = scorer(input_ids=x["q_ids"], attention_mask=x["q_mask"], candidate_input_ids=x["d_ids"],
-                   candidate_attention_mask=x["d_mask"])
+                   candidate_attention_mask=x["d_mask"], candidate_token_type_ids=x["d_types"])
         outputs |= dict(relevance=s.relevance_score, query_score=s.query_score, candidate_score=s.candidate_score)
         save(scorer, "scorer")
         save(scorer.embedder, "embedder")  # one embedder alone: both towers share it
@@ -153,7 +166,7 @@ def stage_hf(work: Path, vocab: Path, seed: int, preset: str) -> None:
                         f"{name}_predicted": torch.stack([r.block_idx, r.start_pos.squeeze(), r.end_pos.squeeze()])}
             save(model, name, safe=False)  # HF cannot write readers as safetensors (shared MLM-head bias)
         outputs["openqa_query"] = model.embedder(input_ids=x["q_ids"], attention_mask=x["q_mask"]).projected_score
-    np.savez(work / "inputs.npz", **make_inputs(seed))
+    np.savez(work / "inputs.npz", **inputs)
     np.savez(work / "outputs.npz", **{k: v.numpy() for k, v in outputs.items()})
     (work / "hf.json").write_text(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__,
                                               "preset": preset, "perturb": PERTURB[preset], "config": PRESETS[preset], "seed": seed}, indent=2) + "\n")
@@ -165,6 +178,8 @@ def stage_ralm(work: Path) -> dict:
     import torch
     from einops import rearrange
 
+    from ralm.data.blocks import iter_blocks
+    from ralm.data.corpus import Document
     from ralm.models.hf_realm import convert_hf_realm
     from ralm.models.reader import Reader, ReaderBatch, best_spans, valid_spans
     from ralm.models.realm import KnowledgeAugmentedEncoder, marginal_nll, masked_token_log_probs
@@ -181,8 +196,13 @@ def stage_ralm(work: Path) -> dict:
     def diff(a, b) -> float:
         return float((a.float() - b.float()).abs().max())
 
-    # Retriever: relevance <query(x), doc(z)> of the scorer (separate towers).
+    # Retriever: relevance <query(x), doc(z)> of the scorer (separate towers). The document
+    # tower gets our blocks of the candidate texts, ids and mask only.
     ret = Retriever.from_pretrained(runs / "scorer" / "final" / "retriever").eval()
+    docs = [Document(f"c{i}", title, body) for i, (title, body) in enumerate(c for row in CANDIDATES for c in row)]
+    blocks = [b.token_ids for _, per_doc in iter_blocks(docs, ret.tokenizer) for b in per_doc]
+    hf_blocks = [row[row_mask.bool()].tolist() for row, row_mask in zip(x["d_ids"].flatten(0, 1), x["d_mask"].flatten(0, 1))]
+    result["blocks_equal_pair_encoding"] = blocks == hf_blocks
     q = ret.query(x["q_ids"], x["q_mask"])  # [B, D]
     d = rearrange(ret.doc(x["d_ids"].flatten(0, 1), x["d_mask"].flatten(0, 1)), "(b k) d -> b k d", b=B)  # [B, K, D]
     result["relevance_max_abs_diff"] = diff(torch.einsum("bd,bkd->bk", q, d), ref["relevance"])
@@ -236,6 +256,7 @@ def stage_ralm(work: Path) -> dict:
             "hf_top2_gap": float(hf_joint[0] - hf_joint[1]),  # how far the prediction is from a tie
         }
     checks = {
+        "blocks = RealmTokenizer pairs": result["blocks_equal_pair_encoding"],
         "relevance": result["relevance_max_abs_diff"] <= TOL,
         "embedder (tied towers)": result["embedder_max_abs_diff"] <= TOL,
         "openqa query embedder": result["openqa_query_max_abs_diff"] <= TOL,

@@ -31,6 +31,12 @@ def cls_pooling(*args, **kwargs):
     return model
 
 
+def one_segment_blocks(*args, **kwargs):
+    model = ORIGINAL["build_retriever"](*args, **kwargs)
+    model.cfg.pair_sep_id = None  # blocks with segment id 0 on the body too
+    return model
+
+
 def no_span_layernorm(*args, **kwargs):
     model = ORIGINAL["build_reader"](*args, **kwargs)
     model.spans.norm = torch.nn.Identity()
@@ -46,6 +52,7 @@ def start_bias_only(state, src):
 
 
 MUTATIONS = [("gelu for gelu_new", "bert_config", gelu), ("[CLS] instead of pooler", "build_retriever", cls_pooling),
+             ("segment 0 on the block body", "build_retriever", one_segment_blocks),
              ("no span LayerNorm", "build_reader", no_span_layernorm), ("start bias only", "reader_state", start_bias_only)]
 
 

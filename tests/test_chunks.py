@@ -64,9 +64,19 @@ def test_token_stream_separates_documents_and_limits(tmp_path, tiny_bert):
 def test_chunk_docs_and_values():
     s = TokenStream(np.arange(10, dtype=np.int32), np.array([0, 3, 10]), np.array([11, 22]), 0)
     np.testing.assert_array_equal(s.chunk_docs(4), [[11, 22], [22, 22], [22, 22]])  # chunk 0 spans both
-    values, mask = chunk_values(s.tokens, np.array([[1, -1]]), 4, pad_id=-5)
+    values, mask = chunk_values(s.tokens, s.doc_starts, np.array([[1, -1, 0]]), 4, pad_id=-5)
     np.testing.assert_array_equal(values[0, 0], [4, 5, 6, 7, 8, 9, -5, -5])  # chunk + the continuation that exists
     assert mask[0, 0].sum() == 6 and not mask[0, 1].any()
+    np.testing.assert_array_equal(values[0, 2], np.arange(8))  # continues the document of its last token
+
+
+@pytest.mark.parametrize("doc_starts,value", [([0, 6, 12], [0, 1, 2, 3, 4, 5]),  # the next document starts at 6
+                                              ([0, 4, 12], [0, 1, 2, 3]),  # the document ends with the chunk
+                                              ([0, 2, 5, 12], [0, 1, 2, 3, 4])])  # chunk 0 spans two documents
+def test_continuation_stops_at_the_document_boundary(doc_starts, value):
+    values, mask = chunk_values(np.arange(12, dtype=np.int32), np.array(doc_starts), np.array([0]), 4, pad_id=-1)
+    np.testing.assert_array_equal(values[0], value + [-1] * (8 - len(value)))
+    np.testing.assert_array_equal(mask[0], np.arange(8) < len(value))
 
 
 def test_exclude_same_document_by_hand():
@@ -124,6 +134,33 @@ def test_chunk_db_search_excludes_same_document_like_brute_force(tmp_path, tiny_
         assert list(got[i]) == allowed[:3]
         assert not any(set(db.chunk_docs[j]) & set(db.chunk_docs[i]) for j in got[i])
     np.testing.assert_array_equal(db.search(q, 1)[:, 0], np.argmax(q @ np.asarray(db.embeddings).T, axis=1))
+
+
+def test_chunk_db_values_never_run_into_the_next_document(tmp_path, tiny_bert):
+    """Every DB value continues the document of its chunk's last token (the continuation ends
+    with that document's [SEP]); a DB built before doc_starts.npy existed finds the same
+    boundaries from the [SEP]s."""
+    from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db
+
+    path = build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False)
+    db = ChunkDB(path)
+    _, tok = db.encoder()
+    stream = tokenize_text(_corpus(tmp_path), tok, show_progress=False)
+    np.testing.assert_array_equal(db.doc_starts, stream.doc_starts)
+    values, mask = db.values(np.arange(len(db)))
+    n_tokens, cut = len(stream.tokens), 0
+    doc_of = lambda t: np.searchsorted(stream.doc_starts, t, side="right") - 1  # noqa: E731
+    for c in range(len(db)):
+        value = values[c][mask[c]]
+        np.testing.assert_array_equal(value, stream.tokens[c * 8 : c * 8 + len(value)])  # the text from chunk c on
+        last = min(c * 8 + 8, n_tokens) - 1
+        assert doc_of(c * 8 + len(value) - 1) == doc_of(last)  # the continuation stays in the chunk's document ...
+        if len(value) < min(16, n_tokens - c * 8):  # ... and stops short only at that document's [SEP]
+            assert value[-1] == tok.sep_token_id and doc_of(c * 8 + len(value)) != doc_of(last)
+            cut += 1
+    assert cut > 0
+    (path / "doc_starts.npy").unlink()
+    np.testing.assert_array_equal(ChunkDB(path).doc_starts, stream.doc_starts)
 
 
 def test_chunk_db_build_is_atomic_and_resumes(tmp_path, tiny_bert, monkeypatch):

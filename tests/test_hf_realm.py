@@ -84,13 +84,13 @@ def inputs():
     return ids, (ids != 0).long()
 
 
-def hf_embedder_forward(state: dict, prefix: str, ids, mask) -> torch.Tensor:
+def hf_embedder_forward(state: dict, prefix: str, ids, mask, token_types=None) -> torch.Tensor:
     """HF RealmEmbedder: LayerNorm(Linear(BERT pooler_output)), written out independently."""
     from transformers import BertConfig, BertModel
 
     bert = BertModel(BertConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})).eval()
     bert.load_state_dict({k[len(prefix + "realm."):]: v for k, v in state.items() if k.startswith(prefix + "realm.")})
-    pooled = bert(input_ids=ids, attention_mask=mask).pooler_output  # [B, H]
+    pooled = bert(input_ids=ids, attention_mask=mask, token_type_ids=token_types).pooler_output  # [B, H]
     p = prefix + "cls."
     return F.layer_norm(F.linear(pooled, state[p + "dense.weight"], state[p + "dense.bias"]), (D,),
                         state[p + "LayerNorm.weight"], state[p + "LayerNorm.bias"], eps=1e-12)
@@ -110,6 +110,38 @@ def test_scorer_maps_separate_towers_and_matches_hf_projection(tiny_bert, tmp_pa
     torch.testing.assert_close(q, hf_embedder_forward(state, "query_embedder.", ids, mask), atol=1e-5, rtol=0)
     torch.testing.assert_close(d, hf_embedder_forward(state, "embedder.", ids, mask), atol=1e-5, rtol=0)
     assert (q - d).abs().max() > 1e-2  # the towers really are different weights
+
+
+@torch.no_grad()
+def test_blocks_are_encoded_as_realm_tokenizer_pairs(tiny_bert, tmp_path, gen):
+    """HF-REALM encodes a block as the BERT pair (title, body), segment id 1 on the body, as
+    RealmTokenizer does. Our blocks `[CLS] title [SEP] body [SEP]` (ids only, as the index
+    builder feeds them) through the converted towers give the relevance scores of that pair
+    encoding; with segment id 0 throughout they would not."""
+    from ralm.data.blocks import iter_blocks
+    from ralm.data.corpus import Document
+    from ralm.retrieval.encoders import pad_rows
+
+    state = embedder("embedder.", gen) | embedder("query_embedder.", gen)
+    convert_hf_realm(write_dir(tmp_path / "scorer", "RealmScorer", state, tiny_bert), tmp_path / "run")
+    ret = Retriever.from_pretrained(tmp_path / "run" / "final" / "retriever").eval()
+    assert ret.cfg.pair_sep_id == ret.tokenizer.sep_token_id
+    docs = [Document(d["id"], d["title"], d["text"]) for d in DOCS]
+    blocks = [b for _, per_doc in iter_blocks(docs, ret.tokenizer) for b in per_doc]
+    ids, mask = pad_rows([b.token_ids for b in blocks])
+    pairs = ret.tokenizer([d.title for d in docs], [d.text for d in docs], padding=True, return_tensors="pt")
+    assert torch.equal(ids, pairs["input_ids"]) and pairs["token_type_ids"].any()  # one block per document here
+    q = ret.tokenize_queries(["capital of france", "who walked on the moon"])
+    scores = ret.query(q["input_ids"], q["attention_mask"]) @ ret.doc(ids, mask).T  # [2, 6]
+    query = hf_embedder_forward(state, "query_embedder.", q["input_ids"], q["attention_mask"])
+    reference = query @ hf_embedder_forward(state, "embedder.", pairs["input_ids"], pairs["attention_mask"], pairs["token_type_ids"]).T
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    one_segment = query @ hf_embedder_forward(state, "embedder.", pairs["input_ids"], pairs["attention_mask"]).T
+    assert (one_segment - reference).abs().max() > 1e-3  # ten times the tolerance: segment ids matter here
+    fingerprint = ret.doc_fingerprint()
+    ret.cfg.pair_sep_id = None  # a retriever converted before the flag existed: segment 0 throughout ...
+    torch.testing.assert_close(ret.query(q["input_ids"], q["attention_mask"]) @ ret.doc(ids, mask).T, one_segment, atol=1e-4, rtol=0)
+    assert ret.doc_fingerprint() != fingerprint  # ... and an index built with it is refused by the new one
 
 
 def test_embedder_and_shared_scorer_give_both_towers_one_weight(tiny_bert, tmp_path, gen):

@@ -5,7 +5,8 @@ same title form one article) or a raw .txt/.raw file (WikiText: articles start a
 ` = Title = ` lines). Documents become one token stream, each followed by [SEP].
 
 Chunks (RETRO): chunk c of a stream is tokens[c*m : (c+1)*m]; its value in a chunk DB is the
-chunk plus its continuation, tokens[c*m : (c+2)*m]. A chunk belongs to the documents of its
+chunk plus its continuation in its document, tokens[c*m : (c+2)*m] cut at the end of the
+document of the chunk's last token (with its [SEP]). A chunk belongs to the documents of its
 first and last token, recorded as 64-bit hashes of the document key (article title, else id),
 so that training can exclude neighbours from the query's own document (`exclude_same_document`).
 The database itself (keys, search) is retrieval/chunkdb.py.
@@ -131,14 +132,27 @@ def tokenize_text(path: str | os.PathLike, hf_tokenizer, limit_tokens: int | Non
     return TokenStream(tokens, np.asarray(starts, dtype=np.int64), np.asarray(hashes, dtype=np.int64), words)
 
 
-def chunk_values(tokens: np.ndarray, ids: np.ndarray, chunk_len: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Chunk + continuation of chunk ids [...] (-1: none) -> tokens [..., 2m] int64, mask [..., 2m] bool."""
+def separator_doc_starts(tokens: np.ndarray, sep_id: int) -> np.ndarray:
+    """[n_docs + 1] document offsets of a stream whose documents each end with [SEP] (for chunk
+    DBs built before their doc_starts.npy was stored)."""
+    ends = np.flatnonzero(np.asarray(tokens) == sep_id) + 1
+    return np.unique(np.concatenate([[0], ends, [len(tokens)]])).astype(np.int64)
+
+
+def chunk_values(tokens: np.ndarray, doc_starts: np.ndarray, ids: np.ndarray, chunk_len: int,
+                 pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk + continuation of chunk ids [...] (-1: none) -> tokens [..., 2m] int64, mask [..., 2m] bool.
+    `doc_starts` [n_docs + 1] are the document offsets in `tokens`: the continuation stops where
+    the document of the chunk's last token ends (the paper's F: the continuation in its source
+    document, never the start of the next one)."""
     flat = ids.reshape(-1)
     out = np.full((len(flat), 2 * chunk_len), pad_id, dtype=np.int64)
     mask = np.zeros((len(flat), 2 * chunk_len), dtype=bool)
     for row, c in enumerate(flat):
         if c >= 0:
-            value = tokens[c * chunk_len : (c + 2) * chunk_len]
+            last = min((c + 1) * chunk_len, len(tokens)) - 1
+            doc_end = doc_starts[np.searchsorted(doc_starts, last, side="right")]
+            value = tokens[c * chunk_len : min((c + 2) * chunk_len, doc_end)]
             out[row, : len(value)] = value
             mask[row, : len(value)] = True
     return out.reshape(*ids.shape, 2 * chunk_len), mask.reshape(*ids.shape, 2 * chunk_len)

@@ -3,7 +3,9 @@
 
 Where the released architecture differs from the paper's text, our modules have an option
 that reproduces it, set here:
-  retriever  [CLS] -> BERT's tanh pooler -> Linear -> LayerNorm  (pooling="pooler", proj_layernorm)
+  retriever  [CLS] -> BERT's tanh pooler -> Linear -> LayerNorm  (pooling="pooler", proj_layernorm);
+             blocks `[CLS] title [SEP] body [SEP]` as RealmTokenizer's (title, body) pairs, segment
+             id 1 on the body (pair_sep_id: the towers derive it from the first [SEP])
   reader     relu(start(h_i) + end(h_j)) -> LayerNorm(eps 1e-3) -> Linear  (span_layernorm_eps);
              HF's `dense_intermediate` [2S, H] is our start/end pair: rows :S start, S: end,
              and one bias b_start + b_end (the two biases are only ever summed)
@@ -255,6 +257,7 @@ def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, query_prefix: str, doc_p
 
     positions = ckpt.config.get("max_position_embeddings", 512)
     cfg = RetrieverConfig(dim=ckpt.config.get("retriever_proj_size", 128), pooling="pooler", proj_layernorm=True,
+                          pair_sep_id=tokenizer.sep_token_id,
                           query_max_len=min(64, positions), block_max_len=min(288, positions), projection_ready=True,
                           base_model=str(ckpt.path), encoder=bert_config(ckpt.config))
     model = Retriever(Tower(_bert(ckpt.config), cfg), Tower(_bert(ckpt.config), cfg), tokenizer, cfg)

@@ -13,9 +13,12 @@ Data flow (paper Fig. 2):
   E[u], the neighbours of chunk u. Chunk u is complete at position u*m + m - 1, so no token
   ever sees neighbours retrieved with its own future, and the first m - 1 tokens see none.
 Positions are rotary everywhere (relative): within the sequence, within each neighbour, and
-in CCA between a token's place in its attending chunk and a neighbour token's place.
+in CCA. There a neighbour token i (0 <= i < r) sits at offset i from the start of its retrieved
+chunk, which stands for chunk u, and attending token j sits at offset m - 1 + j from the start
+of chunk u: each token is nearest the neighbour token at its own place in the text, whose
+successor (the continuation) is what it predicts.
 
-Model directory: config.json ({"format": "ralm.retro/1", RetroConfig}), model.safetensors,
+Model directory: config.json ({"format": "ralm.retro/2", RetroConfig}), model.safetensors,
 tokenizer (models/lm.py writes and reads it).
 """
 
@@ -36,7 +39,8 @@ from ralm.errors import RalmError
 from ralm.runtime import full_precision
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 
-FORMAT = "ralm.retro/1"
+FORMAT = "ralm.retro/2"
+OLD_FORMAT = "ralm.retro/1"  # trained with CCA query positions lacking the m - 1 offset: refused, not silently shifted
 
 
 @dataclass
@@ -122,7 +126,7 @@ class ChunkedCrossAttention(nn.Module):
         key_mask = rearrange(mask, "b n k r -> (b n) (k r)")
         has_keys = key_mask.any(-1)  # [BN]: chunks whose neighbours were all missing get no update
         head_dim = self.cfg.dim // self.cfg.heads
-        q_pos = rotary(torch.arange(m, device=h.device), head_dim)
+        q_pos = rotary(torch.arange(m, device=h.device) + m - 1, head_dim)  # the causal shift: offsets m-1 ... 2m-2 in chunk u
         k_pos = rotary(torch.arange(r, device=h.device).repeat(k), head_dim)
         y = self.attn(self.ln(q), kv, key_mask=_safe_mask(key_mask), q_pos=q_pos, k_pos=k_pos)  # [BN, m, D]
         y = rearrange(y * has_keys[:, None, None], "(b n) m d -> b (n m) d", b=b)[:, :length]
@@ -190,6 +194,9 @@ def retrofit(model: RetroLM, lm: TransformerLM) -> None:
 def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:
     """(model, tokenizer) from a RETRO model directory or a `ralm retro train` run."""
     found = model_dir(path, FORMAT)
+    if found is None and model_dir(path, OLD_FORMAT) is not None:
+        raise RalmError(f"{path}: a RETRO model from an earlier ralm, trained with other cross-attention positions; "
+                        f"retrain it with `ralm retro train`")
     if found is None:
         raise RalmError(f"{path}: not a RETRO model (train one with `ralm retro train`)")
     return load_model_dir(found, RetroLM, RetroConfig)

@@ -7,6 +7,7 @@ default, L2-normalised as sentence-transformers does, so inner product = cosine)
 
   DB/manifest.json    format, chunk_len, counts, encoder path and fingerprint, faiss spec
   DB/tokens.npy       int32 [T] the token stream (documents separated by [SEP])
+  DB/doc_starts.npy   int64 [n_docs + 1] offset of each document in tokens.npy (where values end)
   DB/chunk_docs.npy   int64 [N, 2] document hashes of each chunk's first and last token
   DB/embeddings.npy   float32 [N, H] keys
   DB/faiss.index      optional approximate index over the keys
@@ -27,12 +28,12 @@ import torch
 
 from ralm.atomic import atomic_path, read_json
 from ralm.data.blocks import tokenizer_fingerprint
-from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, tokenize_text
+from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, separator_doc_starts, tokenize_text
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.resumable import PartialBuild
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.encoders import Retriever, Tower, encode_rows
+from ralm.retrieval.encoders import Retriever, Tower, encode_rows, load_tokenizer
 from ralm.retrieval.exact import ExactIndex
 from ralm.retrieval.faiss_index import FaissIndex
 
@@ -71,6 +72,7 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
     stream = tokenize_text(corpus, tokenizer, limit_tokens, show_progress)
     n = -(-len(stream.tokens) // chunk_len)
     build.stage("tokens.npy", lambda tmp: np.save(tmp, stream.tokens))
+    build.stage("doc_starts.npy", lambda tmp: np.save(tmp, stream.doc_starts))
     build.stage("chunk_docs.npy", lambda tmp: np.save(tmp, stream.chunk_docs(chunk_len)))
     emb = build.fill("embeddings.npy", (n, tower.bert.config.hidden_size), np.float32,
                      lambda s, e: embed_chunks(tower, stream.tokens, chunk_len, s, e, tokenizer.cls_token_id,
@@ -97,6 +99,9 @@ class ChunkDB:
         self.chunk_len = int(self.manifest["chunk_len"])
         self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r", allow_pickle=False)  # [T]
         self.chunk_docs = np.load(self.path / "chunk_docs.npy", allow_pickle=False)  # [N, 2]
+        starts = self.path / "doc_starts.npy"
+        self.doc_starts = (np.load(starts, allow_pickle=False) if starts.is_file()  # [n_docs + 1]
+                           else separator_doc_starts(self.tokens, load_tokenizer(self.manifest["encoder_model"]).sep_token_id))
         self.embeddings = np.load(self.path / "embeddings.npy", mmap_mode="r", allow_pickle=False)  # [N, H]
         if self.manifest.get("faiss"):
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
@@ -141,8 +146,8 @@ class ChunkDB:
         return ids
 
     def values(self, ids: np.ndarray, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk + continuation of ids [...]: tokens [..., 2m], mask [..., 2m]."""
-        return chunk_values(self.tokens, ids, self.chunk_len, pad_id)
+        """Chunk + continuation in its document of ids [...]: tokens [..., 2m], mask [..., 2m]."""
+        return chunk_values(self.tokens, self.doc_starts, ids, self.chunk_len, pad_id)
 
 
 def text_neighbours(db: ChunkDB, stream: TokenStream, k: int, exclude_same_doc: bool, batch_size: int = 64,

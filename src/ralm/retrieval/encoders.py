@@ -45,6 +45,7 @@ class RetrieverConfig:
     pooling: str = "cls"  # "cls" (REALM), "mean" (sentence-transformers models) or "pooler" (tanh pooler over [CLS], HF-REALM)
     normalize: bool = False  # L2-normalise the pooled vector before projecting
     proj_layernorm: bool = False  # HF-REALM's projection is Linear followed by LayerNorm
+    pair_sep_id: int | None = None  # HF-REALM: [SEP]'s id; tokens after the first get segment id 1 (BERT's title/body pair)
     query_max_len: int = 64
     block_max_len: int = 288
     projection_init: str = "pca"  # how a fresh projection is set: "pca" (of document vectors) or "random"
@@ -89,8 +90,17 @@ class Tower(nn.Module):
         self.proj = nn.Linear(hidden, cfg.dim) if cfg.dim is not None else nn.Identity()
         self.norm = nn.LayerNorm(cfg.dim, eps=bert.config.layer_norm_eps) if cfg.proj_layernorm and cfg.dim else nn.Identity()
 
+    def segments(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """[B, L] segment ids of BERT's pair encoding, derived from the first [SEP], so a block
+        `[CLS] title [SEP] body [SEP]` is encoded as (title, body) and a query (one segment)
+        as itself; None (all 0) unless the checkpoint records `pair_sep_id`."""
+        if self.cfg.pair_sep_id is None:
+            return None
+        sep = (input_ids == self.cfg.pair_sep_id).long()
+        return ((sep.cumsum(-1) - sep) > 0).long()  # 1 strictly after the first [SEP]
+
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask)
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=self.segments(input_ids))
         v = out.pooler_output if self.cfg.pooling == "pooler" else pool(out.last_hidden_state, attention_mask, self.cfg.pooling)  # [B, H]
         v = v.float()
         return F.normalize(v, dim=-1) if self.cfg.normalize else v
@@ -173,7 +183,10 @@ def is_retriever_dir(path: str | os.PathLike) -> bool:
 
 
 def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
-    h = hashlib.sha256(json.dumps({"dim": cfg.dim, "pooling": cfg.pooling, "normalize": cfg.normalize}).encode())
+    inputs = {"dim": cfg.dim, "pooling": cfg.pooling, "normalize": cfg.normalize}
+    if cfg.pair_sep_id is not None:  # other vectors from the same weights; absent: fingerprints of older indexes hold
+        inputs["pair_sep_id"] = cfg.pair_sep_id
+    h = hashlib.sha256(json.dumps(inputs).encode())
     for name, t in sorted(module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().float().cpu().numpy().tobytes())
