@@ -31,6 +31,14 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def steps_per_s(rows: list[dict]) -> float:
+    """pretrain logs steps/s per window (skip the first: start-up); finetune logs the mean
+    seconds per step since the run began."""
+    if "steps_per_s" in rows[-1]:
+        return float(np.mean([r["steps_per_s"] for r in rows[1:]]))
+    return 1.0 / rows[-1]["seconds_per_step"]
+
+
 def plot(name: str, curves: dict[str, list[dict]], out: Path) -> None:
     import matplotlib
 
@@ -88,8 +96,7 @@ def main() -> None:
             if not (out / "final").is_dir():
                 result[f"{name}_{dtype}_wall_s"] = run(cmd(out, dtype), work / f"{name}-{dtype}.log")
             curves[dtype] = metrics(out)
-        # steps/s over the logged windows after the first (which holds start-up and warm-up)
-        sps = {d: float(np.mean([r["steps_per_s"] for r in rows[1:]])) for d, rows in curves.items()}
+        sps = {d: steps_per_s(rows) for d, rows in curves.items()}
         loss = {d: np.array([r["loss"] for r in rows]) for d, rows in curves.items()}
         result[name] = {
             "steps_per_s_fp32": round(sps["fp32"], 4), "steps_per_s_bf16": round(sps["bf16"], 4),

@@ -27,7 +27,7 @@ from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.encoders import BERT_OVERRIDES, Retriever, pad_rows
 from ralm.runtime import full_precision
 
 
@@ -65,7 +65,7 @@ class KnowledgeAugmentedEncoder(nn.Module):
         from transformers import AutoTokenizer, BertForMaskedLM
 
         try:
-            mlm, info = BertForMaskedLM.from_pretrained(path, attn_implementation="sdpa", output_loading_info=True)
+            mlm, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True, **BERT_OVERRIDES)
             tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
         except (OSError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
