@@ -157,6 +157,25 @@ def test_save_and_load_round_trip(reader, tmp_path):
         Reader.from_pretrained(tmp_path)
 
 
+def test_a_reader_split_into_shards_loads_the_same(reader, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    reader.save_pretrained(tmp_path / "r")
+    state = load_file(str(tmp_path / "r" / "model.safetensors"))
+    names = sorted(state)
+    (tmp_path / "r" / "model.safetensors").unlink()
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :]), 1):
+        save_file({k: state[k] for k in part}, str(tmp_path / "r" / f"model-0000{i}-of-00002.safetensors"))
+    again = Reader.from_pretrained(tmp_path / "r").eval()
+    batch = reader.featurize(["q ?"], ["some evidence text ."])
+    with torch.no_grad():
+        assert torch.equal(reader.eval()(batch), again(batch))
+    for f in (tmp_path / "r").glob("model-*.safetensors"):
+        f.unlink()
+    with pytest.raises(RalmError, match="no model.safetensors"):
+        Reader.from_pretrained(tmp_path / "r")
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(RalmError, match="max_span_width"):
         ReaderConfig(max_span_width=0)

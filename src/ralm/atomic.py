@@ -137,6 +137,23 @@ def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, 
         (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
 
 
+def read_weights(model_dir: str | os.PathLike) -> dict:
+    """The tensors of a model directory: model.safetensors, or its shards
+    model-0000K-of-0000N.safetensors (Hugging Face's naming). The reader shipped in the package
+    is stored in two shards so that no file in the repository passes 30 MB."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    files = [single] if single.is_file() else sorted(model_dir.glob("model-*-of-*.safetensors"))
+    if not files:
+        raise RalmError(f"{model_dir}: no model.safetensors")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
 def read_json(path: str | os.PathLike) -> dict:
     """A JSON object written by ralm (a manifest, a config)."""
     try:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import write_model_dir, write_text
+from ralm.atomic import read_weights, write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import bert_from_config, default_model_path, load_hf_encoder, pad_rows
@@ -269,7 +269,6 @@ class Reader(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "Reader":
         """A reader checkpoint directory written by `save_pretrained`."""
-        from safetensors.torch import load_file
         from transformers import AutoTokenizer
 
         path = Path(path)
@@ -284,7 +283,7 @@ class Reader(nn.Module):
         else:
             bert = bert_from_config(cfg.encoder)
         model = cls(bert, AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
-        missing, unexpected = model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        missing, unexpected = model.load_state_dict(read_weights(path), strict=False)
         missing = [k for k in missing if not k.endswith("position_ids") and model._is_trained(k)]
         if missing or unexpected:
             raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
