@@ -356,7 +356,9 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             ("search: dense on a BM25-only server", "POST", "/search", j({"query": "capital", "retriever": "dense"}), None),
             ("search: body a list", "POST", "/search", j(["capital"]), None),
             ("search: body declared too large", "POST", "/search", j({"query": "x"}), {"Content-Length": str(2 << 20)}),
-            ("ask: no reader loaded", "POST", "/ask", j({"question": "Who created Python?"}), None),
+            # (a server always has a reader now: without --model it loads the package's)
+            ("ask: empty question", "POST", "/ask", j({"question": " "}), None),
+            ("ask: k out of range", "POST", "/ask", j({"question": "Who created Python?", "k": 0}), None),
             ("documents: no API key", "POST", "/documents", j({"documents": [{"id": "a", "text": "b"}]}), None),
             ("documents: wrong API key", "POST", "/documents", j({"documents": [{"id": "a", "text": "b"}]}), {"X-API-Key": "nope"}),
             ("documents: empty list", "POST", "/documents", j({"documents": []}), key),

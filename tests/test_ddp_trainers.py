@@ -122,7 +122,7 @@ def test_train_reader_on_two_ranks_equals_one_process_with_the_doubled_batch(sti
     questions = tmp_path / "train.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     cfg = ReaderTrainConfig(str(questions), str(corpus_file), init=str(still_bert), steps=2, batch_size=2, lr=1e-3,
-                            warmup=0.0, max_len=80, stride=16, save_every=2, log_every=1)
+                            warmup=0.0, max_len=80, stride=16, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.reader.train_reader", cfg, tmp_path)
     # Some span-scorer biases get near-zero gradients from a random encoder (units that move
     # every span score alike), which Adam's first steps turn into noise of up to lr: compare the encoder.

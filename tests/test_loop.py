@@ -63,3 +63,42 @@ def test_out_pointing_at_a_file_is_an_error(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(RalmError, match="--out .*f is a file"):
         loop.prepare_run(tmp_path / "f", {"lr": 0.1})
+
+
+def _trainer_configs():
+    from ralm.train.dpr import DPRConfig
+    from ralm.train.finetune import FinetuneConfig
+    from ralm.train.ict import IctConfig
+    from ralm.train.lm import LMTrainConfig, RetroTrainConfig
+    from ralm.train.pretrain import PretrainConfig
+    from ralm.train.reader import ReaderTrainConfig
+
+    return [(IctConfig, ("c.jsonl",)), (PretrainConfig, ("c.jsonl",)), (FinetuneConfig, ("q.jsonl", "idx")),
+            (DPRConfig, ("q.jsonl", "c.jsonl")), (ReaderTrainConfig, ("q.jsonl",)), (LMTrainConfig, ()),
+            (RetroTrainConfig, ())]
+
+
+@pytest.mark.parametrize("make, args", _trainer_configs(), ids=lambda x: getattr(x, "__name__", ""))
+def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dtype(make, args):
+    """A negative learning rate is gradient ascent: it must stop the run before anything loads."""
+    for bad in (-1e-3, 0.0, float("nan")):
+        with pytest.raises(RalmError, match="--lr must be positive"):
+            make(*args, lr=bad)
+    with pytest.raises(RalmError, match="--dtype must be one of auto, fp32, bf16"):
+        make(*args, dtype="fp16")
+    make(*args)  # the defaults pass
+
+
+def test_trainers_check_their_other_numbers():
+    from ralm.train.dpr import DPRConfig
+    from ralm.train.finetune import FinetuneConfig
+    from ralm.train.pretrain import PretrainConfig
+
+    with pytest.raises(RalmError, match="--retriever-lr must be positive"):
+        FinetuneConfig("q.jsonl", "idx", retriever_lr=-1.0)
+    with pytest.raises(RalmError, match="--warmup must be >= 0"):
+        PretrainConfig("c.jsonl", warmup=-5)
+    with pytest.raises(RalmError, match="--random-prob must be in"):
+        PretrainConfig("c.jsonl", random_prob=1.5)
+    with pytest.raises(RalmError, match="--warmup must be in"):
+        DPRConfig("q.jsonl", "c.jsonl", warmup=2.0)
