@@ -11,6 +11,7 @@ import torch
 from ralm.errors import RalmError
 
 DTYPES = ("auto", "fp32", "bf16")
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 def default_device() -> torch.device:
@@ -35,7 +36,7 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
     """The compute dtype for `device`: "auto" (or None) is bf16 on CUDA and on CPUs with native
     bf16, fp32 elsewhere; "bf16" where the CPU lacks it is an error, not a silent slowdown."""
     if isinstance(name, torch.dtype):
-        name = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(name, str(name))
+        name = _NAMES.get(name, str(name))
     if name in (None, "", "auto"):
         return torch.bfloat16 if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else torch.float32
     if name == "fp32":
@@ -62,7 +63,7 @@ def full_precision(device: torch.device):
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype).replace("torch.", ""))
+    return _NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def seed_everything(seed: int) -> torch.Generator:

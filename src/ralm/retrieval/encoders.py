@@ -27,7 +27,7 @@ from torch import nn
 from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.runtime import autocast, resolve_dtype
+from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"
 
@@ -107,7 +107,7 @@ class Tower(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         pooled = self.pooled(input_ids, attention_mask)  # [B, H] float32
-        with torch.autocast(pooled.device.type, enabled=False):  # the projection is cheap: keep fp32 vectors
+        with full_precision(pooled.device):  # the projection is cheap: keep fp32 vectors
             v = self.norm(self.proj(pooled))  # [B, D]
         return v * self.scale if self.scale != 1.0 else v
 

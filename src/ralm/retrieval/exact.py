@@ -3,9 +3,10 @@
 On CUDA the whole matrix lives on the device in bf16 (13M x 128 = 3.3 GB). On CPU it is read
 chunk by chunk from a (possibly memory-mapped) float32 array, so RAM stays bounded, or, with
 dtype bf16 (the default where the CPU has native bf16: 2.3x faster on 1M rows; indexes under
-CPU_BF16_MIN_ROWS stay fp32), held in RAM as a bf16 copy (half the fp32 size). bf16 scores are only a shortlist on CPU: the best `k + RESCORE`
-candidates are rescored in fp32 from the float32 array, so returned scores are exact and ids
-equal fp32 search unless a true top-k row fell outside a shortlist twice as long.
+CPU_BF16_MIN_ROWS stay fp32), held in RAM as a bf16 copy (half the fp32 size). On CPU the bf16
+scores only pick a shortlist: its best `k + RESCORE` candidates are rescored in fp32 from the
+float32 array, so returned scores are exact and ids equal fp32 search unless a true top-k row
+fell outside that shortlist.
 
 A full `topk` over rows of millions of scores is what makes naive MIPS slow. `grouped_topk`
 takes the maximum of each group of G scores, keeps the k groups with the highest maxima and
