@@ -102,3 +102,5 @@ def test_trainers_check_their_other_numbers():
         PretrainConfig("c.jsonl", random_prob=1.5)
     with pytest.raises(RalmError, match="--warmup must be in"):
         DPRConfig("q.jsonl", "c.jsonl", warmup=2.0)
+    with pytest.raises(RalmError, match=r"--warmup must be in \[0, 1\), got 1.0"):
+        FinetuneConfig("q.jsonl", "idx", warmup=1.0)

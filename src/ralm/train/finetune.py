@@ -55,9 +55,7 @@ class FinetuneConfig:
 
     def __post_init__(self):
         check_options(self, positive=("steps", "batch_size", "k", "save_every", "log_every", "max_len", "lr",
-                                      "retriever_lr", "limit"), non_negative=("trainable_layers",))
-        if not 0 <= self.warmup < 1:
-            raise RalmError(f"warmup must be in [0, 1), got {self.warmup}")
+                                      "retriever_lr", "limit"), non_negative=("trainable_layers",), shares=("warmup",))
 
 
 def resolve_init(init: str | None) -> tuple[str | None, str | None]:

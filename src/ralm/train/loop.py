@@ -34,10 +34,11 @@ from ralm.runtime import DTYPES
 # -- options --------------------------------------------------------------------------------
 
 def check_options(cfg, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-                  fractions: Iterable[str] = ()) -> None:
+                  fractions: Iterable[str] = (), shares: Iterable[str] = ()) -> None:
     """The checks every trainer config runs before anything loads. A wrong sign is no typo to
     train through: a negative learning rate is gradient ascent, a negative warm-up a silent
-    no-op. `None` means "not set" and passes; NaN fails every check."""
+    no-op. `fractions` lie in [0, 1]; `shares` (of the steps, e.g. a warm-up) in [0, 1). `None`
+    means "not set" and passes; NaN fails every check."""
     def fail(name: str, what: str) -> None:
         raise RalmError(f"--{name.replace('_', '-')} must be {what}, got {getattr(cfg, name)}")
 
@@ -50,6 +51,9 @@ def check_options(cfg, positive: Iterable[str] = (), non_negative: Iterable[str]
     for name in fractions:
         if not 0 <= getattr(cfg, name) <= 1:
             fail(name, "in [0, 1]")
+    for name in shares:
+        if not 0 <= getattr(cfg, name) < 1:
+            fail(name, "in [0, 1)")
     if getattr(cfg, "dtype", "auto") not in DTYPES:
         fail("dtype", f"one of {', '.join(DTYPES)}")
 

@@ -60,9 +60,7 @@ class ReaderTrainConfig:
 
     def __post_init__(self):
         check_options(self, positive=("steps", "batch_size", "max_len", "stride", "save_every", "log_every", "lr", "limit"),
-                      non_negative=("trainable_layers",))
-        if not 0 <= self.warmup < 1:
-            raise RalmError(f"warmup must be in [0, 1), got {self.warmup}")
+                      non_negative=("trainable_layers",), shares=("warmup",))
 
 
 def gold_passages(questions: Sequence[Question], source: str, corpus: str | None) -> list[str]:
