@@ -136,7 +136,7 @@ def test_pretrain_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
 
     cfg = PretrainConfig(str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=1, k=2, lr=1e-3, warmup=1,
                          refresh="sync", refresh_every=1, save_every=2, log_every=1, max_len=96, seed=3,
-                         dtype="fp32")
+                         dtype="fp32", mlm_warmup=0)
     _two_ranks_and_one("ralm.train.pretrain.pretrain", cfg, tmp_path)  # rank 0 refreshes, both search its shards
     # With a random encoder every block helps equally little (retrieval utility ~1e-4): the
     # towers' gradients are float noise that Adam scales up to +-lr, so only the encoder compares.

@@ -19,7 +19,7 @@ from ralm.train.pretrain import PretrainConfig, pretrain
 
 def _cfg(corpus, bert, **kw) -> PretrainConfig:
     base = dict(model=str(bert), dim=16, steps=4, batch_size=2, k=2, lr=1e-3, warmup=1, refresh="sync",
-                refresh_every=2, save_every=2, log_every=1, max_len=96, seed=3)
+                refresh_every=2, save_every=2, log_every=1, max_len=96, seed=3, mlm_warmup=0)
     return PretrainConfig(str(corpus), **{**base, **kw})
 
 
@@ -80,10 +80,10 @@ def test_cli_pretrain_resume_message_and_errors(tiny_bert, corpus_file, tmp_path
     runner = CliRunner()
     args = ["pretrain", "--corpus", str(corpus_file), "--out", str(tmp_path / "run"), "--model", str(tiny_bert),
             "--dim", "16", "--batch-size", "2", "-k", "2", "--refresh", "none", "--save-every", "1", "--max-len", "96",
-            "--device", "cpu", "--json"]
+            "--mlm-warmup", "0", "--device", "cpu", "--json"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
-    assert "--retriever-warmup" in first.output  # tiny_bert ships no MLM head: the collapse warning
+    assert "--mlm-warmup is 0" in first.output  # tiny_bert ships no MLM head: the collapse warning
     again = runner.invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 0, again.output
     assert "resuming from step 1" in again.output

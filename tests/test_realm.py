@@ -149,6 +149,34 @@ def test_trivial_retrievals_never_appear(realm):
         select_candidates(np.array([[0, 1, 2]]), np.array([0, 0, 1]), [0], 2)
 
 
+def test_ablation_switches_drop_the_null_document_and_keep_trivial_retrievals(realm):
+    """--no-null-doc: p(z|x) over the retrieved blocks only, the loss their marginal;
+    --no-exclude-trivial: the search's first k, own document included."""
+    model, version = realm
+    examples = _examples(model, version)
+    doc_index = np.asarray(version.blocks.doc_index)
+
+    def own_first(q, n):
+        return np.stack([np.concatenate([np.flatnonzero(doc_index == e.doc), np.flatnonzero(doc_index != e.doc)])[:n]
+                         for e in examples])
+
+    with torch.no_grad():
+        full = model(examples, version.blocks, own_first)
+        model.cfg = RealmConfig(k=3, max_len=96, null_doc=False, exclude_trivial=False)
+        out = model(examples, version.blocks, own_first)
+        assert (out.log_pz[:, -1] == float("-inf")).all()
+        torch.testing.assert_close(out.log_pz[:, :-1].exp().sum(-1), torch.ones(len(examples)))
+        for e, rows in zip(examples, out.rows):
+            assert doc_index[rows[0]] == e.doc  # the trivial retrieval is back
+        # the loss is the marginal over the k retrieved blocks alone
+        logits, labels, label_mask = model.read(examples, version.blocks, out.rows)
+        log_py = masked_token_log_probs(logits, labels)[:, :-1]
+        want = marginal_nll(out.log_pz[:, :-1], log_py, label_mask)
+    torch.testing.assert_close(out.nll, want)
+    assert not torch.allclose(out.nll, full.nll)
+    assert select_candidates(np.array([[0, -1, 1, 2]]), np.array([0, 0, 1]), None, 2).tolist() == [[0, 1]]
+
+
 def test_retrieval_utility_compares_top_block_with_null():
     log_pz = torch.tensor([[0.1, 0.7, 0.2]]).log()  # candidate 1 is z*, 2 is null
     log_py = torch.tensor([[[-3.0, -1.0], [-0.5, -0.25], [-2.0, -2.0]]])

@@ -269,7 +269,9 @@ def pretrain(
     corpus: Path = typer.Option(..., "--corpus", help="the pre-training corpus (also the retrieval corpus)"),
     run: Path = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)"),
     init: Optional[Path] = typer.Option(None, "--init", help="an ICT run (or retriever checkpoint) to start both towers from"),
-    model: str = typer.Option("default", "--model", help="HF BERT directory for the encoder (default: bundled MiniLM)"),
+    model: str = typer.Option("default", "--model", help="HF BERT directory for the towers without --init/--index and the encoder without --encoder (default: bundled MiniLM)"),
+    encoder: Optional[Path] = typer.Option(None, "--encoder", help="the encoder's start: an `ralm mlm` run or a BERT masked-LM directory"),
+    mlm_warmup: int = typer.Option(300, "--mlm-warmup", help="MLM warm-up steps (in RUN/mlm) when the encoder has no MLM head; 0: none"),
     index: Optional[Path] = typer.Option(None, "--index", help="an existing dense index over --corpus to start from (else one is built in RUN/index)"),
     dim: int = typer.Option(128, "--dim", help="retrieval dimension of a fresh projection"),
     steps: int = typer.Option(1000, "--steps"),
@@ -280,6 +282,8 @@ def pretrain(
     retriever_lr: Optional[float] = typer.Option(None, "--retriever-lr", help="the towers' learning rate (default: --lr)"),
     retriever_warmup: int = typer.Option(0, "--retriever-warmup", help="steps that train the encoder alone before the towers (an encoder with a fresh MLM head first learns to read evidence)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
+    null_doc: bool = typer.Option(True, "--null-doc/--no-null-doc", help="the empty block among the candidates"),
+    exclude_trivial: bool = typer.Option(True, "--exclude-trivial/--no-exclude-trivial", help="drop retrieved blocks of the masked sentence's own document"),
     refresh: str = typer.Option("async", "--refresh", help="async (separate index-builder process), sync (in-process) or none"),
     refresh_every: int = typer.Option(100, "--refresh-every", help="steps between index refreshes"),
     max_len: int = typer.Option(352, "--max-len", help="encoder input length: [CLS] x [SEP] block [SEP]"),
@@ -297,13 +301,49 @@ def pretrain(
     from ralm.train.pretrain import pretrain as run_pretrain
 
     _quiet_libraries()
-    cfg = PretrainConfig(str(corpus), init=str(init) if init else None, model=model, index=str(index) if index else None,
+    cfg = PretrainConfig(str(corpus), init=str(init) if init else None, model=model, encoder=str(encoder) if encoder else None,
+                         mlm_warmup=mlm_warmup, index=str(index) if index else None,
                          dim=dim, steps=steps, batch_size=batch_size, k=k, lr=lr, warmup=warmup, retriever_warmup=retriever_warmup,
-                         retriever_lr=retriever_lr, masking=masking, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
+                         retriever_lr=retriever_lr, masking=masking, null_doc=null_doc, exclude_trivial=exclude_trivial, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
                          log_every=log_every, seed=seed, dtype=dtype)
     summary = run_pretrain(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
                            on_metrics=_print_train_metrics)
     if _main_rank():  # under torchrun every rank trains; rank 0 reports
+        _print_train_summary(summary, as_json)
+
+
+@app.command()
+def mlm(
+    corpus: Path = typer.Option(..., "--corpus", help="the pre-training corpus"),
+    run: Path = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)"),
+    model: str = typer.Option("default", "--model", help="HF BERT directory (default: bundled MiniLM)"),
+    steps: int = typer.Option(300, "--steps"),
+    head_steps: int = typer.Option(100, "--head-steps", help="first steps that train the MLM head alone"),
+    batch_size: int = typer.Option(16, "--batch-size", help="masked sentences per step and rank (under torchrun)"),
+    lr: float = typer.Option(1e-4, "--lr"),
+    warmup: int = typer.Option(30, "--warmup", help="linear learning-rate warm-up steps (in each phase)"),
+    masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
+    evidence: float = typer.Option(0.5, "--evidence", help="share of sentences read with the rest of their own block"),
+    max_len: int = typer.Option(352, "--max-len", help="encoder input length: [CLS] x [SEP] block [SEP]"),
+    block_len: int = typer.Option(288, "--block-len", help="wordpieces per block"),
+    save_every: int = typer.Option(100, "--save-every"),
+    log_every: int = typer.Option(10, "--log-every"),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
+):
+    """MLM warm-up of REALM's knowledge-augmented encoder (head first, then the whole encoder);
+    exports RUN/final/encoder for `ralm pretrain --encoder`."""
+    from ralm.train.mlm import MlmConfig, warm_up_encoder
+
+    _quiet_libraries()
+    cfg = MlmConfig(str(corpus), model=model, steps=steps, head_steps=head_steps, batch_size=batch_size, lr=lr, warmup=warmup,
+                    masking=masking, evidence=evidence, max_len=max_len, block_len=block_len, save_every=save_every,
+                    log_every=log_every, seed=seed, dtype=dtype)
+    summary = warm_up_encoder(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
+                              on_metrics=_print_train_metrics)
+    if _main_rank():
         _print_train_summary(summary, as_json)
 
 

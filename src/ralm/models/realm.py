@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from einops import rearrange
 from torch import nn
+from torch.nn import functional as F
 
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
@@ -36,6 +37,8 @@ class RealmConfig:
     k: int = 8  # retrieved candidates per example (the null document comes on top)
     max_len: int = 352  # encoder input [CLS] x [SEP] z_body [SEP]: a 64-wordpiece x and a full 288-wordpiece block
     max_query_len: int = 64  # [CLS] x [SEP]
+    null_doc: bool = True  # the empty block among the candidates (p(z|x) may choose "no evidence")
+    exclude_trivial: bool = True  # drop retrieved blocks of x's own document (the ablation copies from them)
 
     def __post_init__(self):
         if self.k <= 0:
@@ -143,16 +146,17 @@ def block_holds_span(example: MaskedSentence, blocks: BlockStore, row: int) -> b
     return set(example.labels) <= set(blocks.body(row).tolist())
 
 
-def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequence[int], k: int) -> np.ndarray:
+def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequence[int] | None, k: int) -> np.ndarray:
     """The first k search results per example that do not come from the example's own
-    document (a trivial retrieval would let the encoder copy the masked span).
+    document (a trivial retrieval would let the encoder copy the masked span); with
+    `source_docs` None simply the first k.
 
     rows [B, R] (ranked; -1 = no result), doc_index [N] -> [B, k] block rows.
     """
     out = np.empty((len(rows), k), dtype=np.int64)
-    for b, (ranked, doc) in enumerate(zip(rows, source_docs)):
+    for b, ranked in enumerate(rows):
         ranked = ranked[ranked >= 0]
-        kept = ranked[np.asarray(doc_index[ranked]) != doc][:k]
+        kept = (ranked if source_docs is None else ranked[np.asarray(doc_index[ranked]) != source_docs[b]])[:k]
         if len(kept) < k:
             raise RalmError(f"only {len(kept)} non-trivial blocks among {len(ranked)} retrieved for k={k}; "
                             f"lower -k or use a larger corpus")
@@ -163,6 +167,42 @@ def select_candidates(rows: np.ndarray, doc_index: np.ndarray, source_docs: Sequ
 def trivial_margin(doc_index: np.ndarray) -> int:
     """How many extra results to ask the index for: the most blocks any one document has."""
     return int(np.bincount(np.asarray(doc_index)).max()) if len(doc_index) else 0
+
+
+def read_pairs(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedSentence],
+               bodies: Sequence[Sequence[np.ndarray]], cfg: RealmConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MLM logits of `[CLS] x [SEP] z_body [SEP]` at x's masked positions, for the same number
+    K of evidence bodies per example (the MLM warm-up reads one, REALM k + 1).
+
+    Returns logits [B, K, M, V], labels [B, M], label_mask [B, M].
+    """
+    tok = encoder.tokenizer
+    cls_id, sep_id, pad_id = tok.cls_token_id, tok.sep_token_id, tok.pad_token_id or 0
+    b, k = len(examples), len(bodies[0])
+    x_len = cfg.max_query_len - 2
+    seqs, types = [], []
+    for e, zs in zip(examples, bodies):
+        for body in zs:
+            ids, tt, _ = join_query_evidence(e.ids, body, cls_id, sep_id, cfg.max_len, x_len)
+            seqs.append(ids)
+            types.append(tt)
+    ids, mask = pad_rows(seqs, pad_id)  # [B*K, L]
+    tt, _ = pad_rows(types, 0)
+    kept = [[p for p in e.positions if p < x_len] for e in examples]
+    if any(not p for p in kept):
+        raise RalmError(f"an example has no masked wordpiece within the first {x_len} wordpieces")
+    m = max(len(p) for p in kept)
+    positions = torch.zeros(b, m, dtype=torch.long)
+    labels = torch.zeros(b, m, dtype=torch.long)
+    label_mask = torch.zeros(b, m, dtype=torch.bool)
+    for i, (e, p) in enumerate(zip(examples, kept)):
+        positions[i, : len(p)] = torch.tensor(p) + 1  # after [CLS]
+        labels[i, : len(p)] = torch.tensor(e.labels[: len(p)])
+        label_mask[i, : len(p)] = True
+    dev = next(encoder.parameters()).device
+    pos = positions.repeat_interleave(k, dim=0)  # [B*K, M]
+    logits = encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos.to(dev))  # [B*K, M, V]
+    return rearrange(logits, "(b k) m v -> b k m v", b=b), labels.to(dev), label_mask.to(dev)
 
 
 # -- the model ----------------------------------------------------------------------------------
@@ -207,43 +247,27 @@ class Realm(nn.Module):
         return torch.cat([retrieved, d[-1].expand(b, 1, -1)], dim=1)  # [B, k + 1, D]
 
     def read(self, examples: Sequence[MaskedSentence], blocks: BlockStore, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Encoder logits at the masked positions for every (x, z) pair.
+        """Encoder logits at the masked positions for every (x, z) pair, z the retrieved blocks
+        and the null document last.
 
         Returns logits [B, K, M, V], labels [B, M], label_mask [B, M].
         """
-        b, k = rows.shape
-        x_len = self.cfg.max_query_len - 2
-        seqs, types = [], []
-        for e, ranked in zip(examples, rows):
-            for body in [blocks.body(int(r)) for r in ranked] + [np.zeros(0, np.int64)]:
-                ids, tt, _ = join_query_evidence(e.ids, body, self.cls_id, self.sep_id, self.cfg.max_len, x_len)
-                seqs.append(ids)
-                types.append(tt)
-        ids, mask = pad_rows(seqs, self.pad_id)  # [B*K, L]
-        tt, _ = pad_rows(types, 0)
-        kept = [[p for p in e.positions if p < x_len] for e in examples]
-        if any(not p for p in kept):
-            raise RalmError(f"an example has no masked wordpiece within the first {x_len} wordpieces")
-        m = max(len(p) for p in kept)
-        positions = torch.zeros(b, m, dtype=torch.long)
-        labels = torch.zeros(b, m, dtype=torch.long)
-        label_mask = torch.zeros(b, m, dtype=torch.bool)
-        for i, (e, p) in enumerate(zip(examples, kept)):
-            positions[i, : len(p)] = torch.tensor(p) + 1  # after [CLS]
-            labels[i, : len(p)] = torch.tensor(e.labels[: len(p)])
-            label_mask[i, : len(p)] = True
-        dev = self.device
-        pos = positions.repeat_interleave(k + 1, dim=0)  # [B*K, M]
-        logits = self.encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos.to(dev))  # [B*K, M, V]
-        return rearrange(logits, "(b k) m v -> b k m v", b=b), labels.to(dev), label_mask.to(dev)
+        bodies = [[blocks.body(int(r)) for r in ranked] + [np.zeros(0, np.int64)] for ranked in rows]
+        return read_pairs(self.encoder, examples, bodies, self.cfg)
 
     def forward(self, examples: Sequence[MaskedSentence], blocks: BlockStore,
                 search: Callable[[torch.Tensor, int], np.ndarray]) -> RealmOutput:
         """`search(query [B, D], n) -> block rows [B, n]` is MIPS over the (possibly stale) index."""
         q = self.embed_query(examples)  # [B, D]
-        n = self.cfg.k + trivial_margin(blocks.doc_index)
-        rows = select_candidates(search(q.detach(), n), blocks.doc_index, [e.doc for e in examples], self.cfg.k)  # [B, k]
-        log_pz = relevance_log_probs(q, self.embed_candidates(blocks, rows))  # [B, K]
+        trivial = self.cfg.exclude_trivial
+        n = self.cfg.k + (trivial_margin(blocks.doc_index) if trivial else 0)
+        rows = select_candidates(search(q.detach(), n), blocks.doc_index,
+                                 [e.doc for e in examples] if trivial else None, self.cfg.k)  # [B, k]
+        docs = self.embed_candidates(blocks, rows)  # [B, K, D]
+        if self.cfg.null_doc:
+            log_pz = relevance_log_probs(q, docs)  # [B, K]
+        else:  # the null document is still read (the utility metric compares with it) but never chosen
+            log_pz = F.pad(relevance_log_probs(q, docs[:, :-1]), (0, 1), value=float("-inf"))  # [B, K]
         logits, labels, label_mask = self.read(examples, blocks, rows)
         log_py = masked_token_log_probs(logits, labels)  # [B, K, M]
         return RealmOutput(marginal_nll(log_pz, log_py, label_mask), label_mask.sum(-1),

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from ralm.atomic import write_json
-from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.data.blocks import BlockStore
+from ralm.data.masking import MaskingConfig, SentenceTable, masked_batch
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
@@ -43,6 +44,7 @@ from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import autocast, dtype_name
 from ralm.train.ict import corpus_sentences
+from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
 
@@ -53,7 +55,9 @@ REFRESH_MODES = ("async", "sync", "none")
 class PretrainConfig:
     corpus: str
     init: str | None = None  # an ICT run (its final/retriever) or a retriever checkpoint for both towers
-    model: str = "default"  # HF BERT directory for the encoder (and for the towers without --init/--index)
+    model: str = "default"  # HF BERT directory for the towers without --init/--index (and the encoder without --encoder)
+    encoder: str | None = None  # the encoder's start: an MLM warm-up run (train.mlm) or a BertForMaskedLM directory
+    mlm_warmup: int = 300  # MLM warm-up steps (train.mlm, in RUN/mlm) for an encoder whose head is fresh; 0: none
     index: str | None = None  # an existing dense index over the same corpus to start from
     dim: int = 128
     steps: int = 1000
@@ -65,6 +69,8 @@ class PretrainConfig:
     retriever_lr: float | None = None  # the towers' learning rate (default: lr)
     masking: str = "salient"
     random_prob: float = 0.15
+    null_doc: bool = True  # REALM's ingredients, switchable for ablations
+    exclude_trivial: bool = True
     refresh: str = "async"
     refresh_every: int = 100
     max_len: int = 352
@@ -78,11 +84,14 @@ class PretrainConfig:
     def __post_init__(self):
         check_options(self, positive=("steps", "batch_size", "k", "refresh_every", "save_every", "log_every", "lr",
                                       "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
-                      non_negative=("warmup", "retriever_warmup"), fractions=("random_prob",))
+                      non_negative=("warmup", "retriever_warmup", "mlm_warmup"), fractions=("random_prob",))
         if self.refresh not in REFRESH_MODES:
             raise RalmError(f"--refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
-        RealmConfig(self.k, self.max_len, self.max_query_len)
+        self.realm_config()
+
+    def realm_config(self) -> RealmConfig:
+        return RealmConfig(self.k, self.max_len, self.max_query_len, self.null_doc, self.exclude_trivial)
 
 
 # -- set-up ---------------------------------------------------------------------------------
@@ -121,6 +130,32 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
         return {**{k: v for k, v in manifest.items() if k not in ("version", "created")}, "step": 0, "source": str(src.root)}
 
     return index.publish(write)
+
+
+def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_progress: bool,
+                  notify: Callable[[str], None], blocks: BlockStore, table: SentenceTable) -> KnowledgeAugmentedEncoder:
+    """The knowledge-augmented encoder to start from: --encoder (a warm-up run or a masked LM)
+    or --model; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
+    (resumed like the rest of the run), or REALM would start with an encoder that cannot read."""
+    source = cfg.encoder or cfg.model
+    if cfg.encoder and (Path(cfg.encoder) / "final" / "encoder").is_dir():
+        source = str(Path(cfg.encoder) / "final" / "encoder")
+    encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if source in ("", "default") else source)
+    if not encoder.fresh_head:
+        return encoder
+    if cfg.mlm_warmup == 0:
+        notify("note: the encoder's MLM head starts untrained and --mlm-warmup is 0: retrieval utility stays near 0 "
+               "until it learns to read, and the towers may learn to rank near-empty blocks first "
+               "(see docs/pretraining.md, 'Retriever collapse')")
+        return encoder
+    notify(f"MLM warm-up of the encoder: {cfg.mlm_warmup} steps in {run / 'mlm'}")
+    # a warm-up step reads one block per sentence where REALM reads k + 1: twice the sentences is still cheap
+    warm = MlmConfig(cfg.corpus, model=source, steps=cfg.mlm_warmup, head_steps=cfg.mlm_warmup // 3,
+                     batch_size=2 * cfg.batch_size, masking=cfg.masking,
+                     random_prob=cfg.random_prob, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
+                     block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
+    summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
+    return KnowledgeAugmentedEncoder.from_pretrained(summary["encoder"])
 
 
 def _export(run: Path, model: Realm, step: int) -> None:
@@ -168,10 +203,6 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
-    encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
-    if encoder.fresh_head and cfg.retriever_warmup == 0:
-        notify("note: the encoder's MLM head starts untrained; without --retriever-warmup the towers may learn to "
-               "rank near-empty blocks first (watch span_in_top; see docs/pretraining.md, 'Retriever collapse')")
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for -k {cfg.k} (need at least {cfg.k + margin})")
@@ -179,8 +210,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
     if len(examples) == 0:
         raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try --masking random")
+    encoder = _warm_encoder(cfg, run, device, show_progress, notify, blocks, table)
 
-    model = Realm(retriever, encoder, RealmConfig(cfg.k, cfg.max_len, cfg.max_query_len)).to(device)
+    model = Realm(retriever, encoder, cfg.realm_config()).to(device)
     if env.is_main and not retriever.cfg.projection_ready and resume is None:
         init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=dtype)
     retriever.cfg.projection_ready = True
