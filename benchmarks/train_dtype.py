@@ -3,6 +3,7 @@ one run per dtype on the same machine, on the first N SQuAD paragraphs. Prints s
 loss curves' agreement as JSON and draws both curves per trainer into benchmarks/figures/.
 
     python benchmarks/train_dtype.py --work runs/train-dtype
+    python benchmarks/train_dtype.py --work runs/train-dtype-default --only pretrain --pretrain-settings default --pretrain-steps 8
 """
 
 from __future__ import annotations
@@ -57,12 +58,23 @@ def plot(name: str, curves: dict[str, list[dict]], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+# The REALM step alone (--mlm-warmup 0: the warm-up is another trainer, timed in its own right).
+PRETRAIN_SETTINGS = {
+    "small": ["--batch-size", "4", "-k", "4", "--block-len", "96", "--max-len", "160", "--warmup", "5", "--log-every", "5"],
+    "default": ["--warmup", "2", "--log-every", "2"],
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--work", required=True)
     p.add_argument("--paragraphs", type=int, default=300)
     p.add_argument("--finetune-steps", type=int, default=60)
     p.add_argument("--pretrain-steps", type=int, default=40)
+    p.add_argument("--pretrain-settings", choices=("small", "default"), default="small",
+                   help="small: 4 sentences x k 4, blocks of 96 (the optimizer's share of a step is large); "
+                        "default: ralm pretrain's own (8 x k 8, blocks of 288, max-len 352)")
+    p.add_argument("--only", choices=("finetune", "pretrain"), help="time one trainer only")
     p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
     args = p.parse_args()
 
@@ -84,12 +96,13 @@ def main() -> None:
                                      "--out", str(out), "--steps", str(args.finetune_steps), "--batch-size", "4", "-k", "4",
                                      "--max-len", "256", "--log-every", "5", "--save-every", "1000", "--dtype", dt, "--device", "cpu"],
         "pretrain": lambda out, dt: [*ralm, "pretrain", "--corpus", str(corpus), "--out", str(out),
-                                     "--steps", str(args.pretrain_steps), "--batch-size", "4", "-k", "4", "--dim", "128",
-                                     "--block-len", "96", "--max-len", "160", "--refresh", "none", "--warmup", "5",
-                                     "--log-every", "5", "--save-every", "1000", "--dtype", dt, "--device", "cpu"],
+                                     "--steps", str(args.pretrain_steps), *PRETRAIN_SETTINGS[args.pretrain_settings],
+                                     "--refresh", "none", "--mlm-warmup", "0", "--save-every", "1000", "--dtype", dt, "--device", "cpu"],
     }
     result = {}
     for name, cmd in jobs.items():
+        if args.only and name != args.only:
+            continue
         curves = {}
         for dtype in ("fp32", "bf16"):
             out = work / f"{name}-{dtype}"
