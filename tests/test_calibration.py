@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ralm.errors import RalmError
-from ralm.eval.calibration import Calibration, fit_isotonic, reliability
+from ralm.eval.calibration import fit_isotonic, reliability
+from ralm.models.confidence import Calibration
 
 
 def _isotonic_brute_force(y: np.ndarray) -> np.ndarray:

@@ -23,13 +23,18 @@ def test_index_build_search_and_eval_retrieval(ralm, tiny_bert, corpus_file, tmp
     assert len(hits) == 2 and set(hits[0]) == {"id", "title", "score", "text"}
 
     questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"id": "q1", "question": "Who created Python?", "answers": ["Guido van Rossum"]}) + "\n")
+    questions.write_text(json.dumps({"id": "q1", "question": "Who created Python?", "answers": ["Guido van Rossum"]}) + "\n"
+                         + json.dumps({"id": "q2", "question": "Who painted the Mona Lisa?", "answers": ["Leonardo"]}) + "\n")
     rc, out, err = ralm("eval", "retrieval", "--index", tmp_path / "idx", "--questions", questions, "--ks", "1,6",
                         "--predictions", tmp_path / "pred.jsonl", "--json")
     assert rc == 0, err
     result = json.loads(out)
-    assert result["recall@6"] == 100.0 and result["questions"] == 1
-    assert json.loads((tmp_path / "pred.jsonl").read_text())["id"] == "q1"
+    # q2's answer is in no block; q1's is in one, ranked where `ralm search` ranks it (a random model)
+    rc, out, _ = ralm("search", tmp_path / "idx", "Who created Python?", "-k", 6, "--json")
+    rank = [h["id"] for h in json.loads(out)].index("python:0") + 1
+    assert (result["recall@1"], result["recall@6"], result["questions"]) == (50.0 if rank == 1 else 0.0, 50.0, 2)
+    rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2"] and [r["has_answer"] for r in rows[0]["retrieved"]].index(True) == rank - 1
 
 
 def _one_line_error(rc, err, needle):

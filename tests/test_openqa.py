@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import DOCS
 from ralm.data.qa import Question
 from ralm.errors import RalmError
-from ralm.eval.openqa import OpenQA, evaluate_qa, open_searcher, resolve_reader
+from ralm.eval.openqa import evaluate_qa
 from ralm.models.reader import Reader, default_reader_path, is_reader_dir, write_calibration
+from ralm.pipeline import OpenQA, open_searcher, resolve_reader
+from ralm.retrieval.build import build_index
+from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.store import IndexDir
 
 QUESTIONS = [
     Question("q1", "What is the capital of France?", ("Paris",)),
@@ -49,14 +56,29 @@ def test_answers_come_from_evidence_with_consistent_scores(oracle_reader, tiny_d
     assert json.loads(json.dumps(a.to_json()))["evidence"][a.best]["span"] == [start, end]
 
 
-def test_evaluate_qa_with_an_oracle_reader(oracle_reader, tiny_dense_index, tmp_path):
-    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6)  # reads every block
-    result = evaluate_qa(qa, QUESTIONS, ks=(1, 6), predictions=tmp_path / "pred.jsonl", show_progress=False)
-    # q1 "Paris" and q2 "1969" are unique in the corpus; q3's gold "the Nile" normalises to "nile"
-    assert result["em"] == pytest.approx(100.0) and result["f1"] == pytest.approx(100.0)
-    assert result["recall@6"] == 100.0 and result["questions"] == 3
+@pytest.fixture(scope="module")
+def distractor_bm25_index(tmp_path_factory) -> Path:
+    """BM25 over DOCS + two distractors that share words with the questions; one also holds "1969"."""
+    root = tmp_path_factory.mktemp("distractors")
+    docs = [*DOCS, {"id": "apollo-12", "title": "Apollo 12", "text": "Apollo 12 landed on the Moon in November 1969."},
+            {"id": "seine", "title": "Seine", "text": "The Seine flows through Paris to the English Channel."}]
+    build_index(docs, root / "bm25", kind="bm25", show_progress=False)
+    return root / "bm25"
+
+
+def test_evaluate_qa_reads_the_right_block_among_distractors(oracle_reader, distractor_bm25_index, tmp_path):
+    qa = OpenQA(oracle_reader, Searcher.open(distractor_bm25_index), k=2)  # reads 2 of 8 blocks
+    unanswerable = Question("q4", "Who painted the Mona Lisa?", ("Leonardo da Vinci",))  # in no block
+    second = Question("q5", "What is the capital of France?", ("Tokyo",))  # only in the block ranked 2nd
+    result = evaluate_qa(qa, [*QUESTIONS, unanswerable, second], ks=(1, 2), predictions=tmp_path / "pred.jsonl",
+                         show_progress=False)
+    assert (result["recall@1"], result["recall@2"], result["em"]) == (60.0, 80.0, 60.0)
     rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["q1", "q2", "q3"] and all(r["em"] == 1.0 for r in rows)
+    assert [r["read"] for r in rows[:3]] == [["paris:0", "tokyo:0"], ["moon:0", "apollo-12:0"], ["nile:0", "seine:0"]]
+    # both Moon blocks hold "1969" with the same span score: p(z|x) must pick Armstrong's
+    assert [r["evidence_id"] for r in rows[:3]] == ["paris:0", "moon:0", "nile:0"]
+    assert [r["em"] for r in rows] == [1.0, 1.0, 1.0, 0.0, 0.0] and rows[4]["prediction"] == "Paris"
+    assert [r["answer_in_read"] for r in rows] == [True, True, True, False, True]
 
 
 def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_reader, tiny_dense_index, monkeypatch):
@@ -71,7 +93,7 @@ def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_rea
         assert a.answer == ("" if withheld else "Paris") and a.evidence[a.best].span_text == "Paris"
         out = a.to_json()
         assert out["no_answer"] == withheld and out["evidence"][out["best"]]["answer"] == "Paris"
-    with pytest.raises(RalmError, match="min-confidence"):
+    with pytest.raises(RalmError, match="minimum confidence"):
         OpenQA(oracle_reader, searcher, min_confidence=1.5)
 
 
@@ -99,6 +121,25 @@ def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
         OpenQA(reader, Searcher.open(tiny_dense_index), k=0)
     # no fine-tuned retriever in the run: the index's own retriever answers
     assert open_searcher(tiny_dense_index, model=tmp_path / "run").retriever is not None
+    with pytest.raises(RalmError, match="list of questions"):
+        OpenQA(reader, Searcher.open(tiny_dense_index)).answer("What is the capital of France?")
+    assert OpenQA(reader, Searcher.open(tiny_dense_index)).answer([]) == []
+
+
+def test_open_searcher_loads_a_run_retriever_once(tmp_path, tiny_bert, other_tiny_bert, tiny_dense_index, monkeypatch):
+    """A run's query tower searches when it shares the index's document tower, else the index's own."""
+    index = IndexDir(tiny_dense_index)
+    built_with = tiny_dense_index / index.version_manifest(index.latest())["retriever"]
+    shutil.copytree(built_with, tmp_path / "same" / "final" / "retriever")
+    Retriever.from_pretrained(other_tiny_bert, dim=16).save_pretrained(tmp_path / "other" / "final" / "retriever")
+    loads = []
+    real = Retriever.from_pretrained.__func__
+    monkeypatch.setattr(Retriever, "from_pretrained", classmethod(lambda cls, path, **kw: loads.append(Path(path)) or real(cls, path, **kw)))
+    searcher = open_searcher(tiny_dense_index, model=tmp_path / "same")
+    assert loads == [tmp_path / "same" / "final" / "retriever"] and not searcher.retriever.training
+    loads.clear()
+    open_searcher(tiny_dense_index, model=tmp_path / "other")  # another document tower: the index's own
+    assert loads == [tmp_path / "other" / "final" / "retriever", built_with]
 
 
 def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, monkeypatch):

@@ -1,7 +1,8 @@
 """ralm: retrieval-augmented language models (REALM, RETRO, kNN-LM, DPR, BM25) on your corpus.
 
 The public API is what this module exports; everything else may change. Names are imported
-on first use, so `import ralm` stays light (no torch, no transformers).
+on first use, so `import ralm` stays light (no torch, no transformers). docs/python-api.md
+shows them in use.
 """
 
 from importlib import import_module
@@ -10,16 +11,32 @@ __version__ = "0.3.0"
 
 _EXPORTS = {
     "RalmError": "ralm.errors",
+    # data: documents and question files
+    "Document": "ralm.data.corpus",
     "read_corpus": "ralm.data.corpus",
+    "Question": "ralm.data.qa",
     "read_questions": "ralm.data.qa",
     "BlockStore": "ralm.data.blocks",
+    # retrieval: encode, index, search
     "Retriever": "ralm.retrieval.encoders",
     "build_index": "ralm.retrieval.build",
     "Searcher": "ralm.retrieval.searcher",
+    "Hit": "ralm.retrieval.searcher",
+    "HybridSearcher": "ralm.retrieval.hybrid",
     "IndexDir": "ralm.retrieval.store",
     "ExactIndex": "ralm.retrieval.exact",
     "FaissIndex": "ralm.retrieval.faiss_index",
     "BM25Index": "ralm.retrieval.bm25",
+    # reading and answering
+    "Reader": "ralm.models.reader",
+    "OpenQA": "ralm.pipeline",
+    "Answer": "ralm.pipeline",
+    "Evidence": "ralm.pipeline",
+    "open_searcher": "ralm.pipeline",
+    "resolve_reader": "ralm.pipeline",
+    # evaluation
+    "evaluate_retrieval": "ralm.eval.retrieval",
+    "evaluate_qa": "ralm.eval.openqa",
 }
 
 __all__ = ["__version__", *_EXPORTS]

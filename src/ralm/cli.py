@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ralm.errors import RalmError, RalmWarning
-from ralm.eval.calibration import MIN_CONFIDENCE
+from ralm.models.confidence import MIN_CONFIDENCE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Retrieval-augmented language models on your own corpus.")
@@ -692,13 +692,10 @@ def knnlm_eval_cmd(
 
 def _open_qa(model: Optional[str], index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str, dtype: str,
              min_confidence: float):
-    from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
-    from ralm.models.reader import Reader
+    from ralm.pipeline import OpenQA
 
     dev, dt = _runtime(device, dtype)
-    reader = Reader.from_pretrained(resolve_reader(model)).to(dev)
-    searcher = open_searcher(index_dir, model=model, hybrid=hybrid, alpha=alpha, device=dev, dtype=dt)
-    return OpenQA(reader, searcher, _positive("-k", k), dev, dt, min_confidence)
+    return OpenQA.open(index_dir, model, _positive("-k", k), hybrid, alpha, dev, dt, min_confidence)
 
 
 HybridOpt = typer.Option(None, "--hybrid", help="a BM25 index over the same corpus to fuse with a dense --index")
@@ -841,8 +838,9 @@ def eval_qa(
 ):
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
     from ralm.data.qa import read_questions
-    from ralm.eval.openqa import evaluate_qa, resolve_reader
+    from ralm.eval.openqa import evaluate_qa
     from ralm.models.reader import write_calibration
+    from ralm.pipeline import resolve_reader
 
     _quiet_libraries()
     qs = read_questions(questions)
@@ -947,7 +945,7 @@ def serve(
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
     import uvicorn
 
-    from ralm.eval.openqa import resolve_reader
+    from ralm.pipeline import resolve_reader
     from ralm.serve.app import create_app
     from ralm.serve.service import ServeConfig, Service
 

@@ -15,11 +15,9 @@ import ralm
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
 from ralm.errors import RalmError
-from ralm.eval.calibration import MIN_CONFIDENCE
-from ralm.eval.openqa import Answer, OpenQA, resolve_reader
-from ralm.models.reader import Reader
+from ralm.models.confidence import MIN_CONFIDENCE
+from ralm.pipeline import Answer, OpenQA
 from ralm.retrieval.build import build_index
-from ralm.retrieval.searcher import Searcher
 from ralm.retrieval.store import IndexDir
 
 
@@ -55,7 +53,6 @@ def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = 5,
              show_progress: bool = True, min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(device, rebuild, show_progress, dtype)
-    reader = Reader.from_pretrained(resolve_reader(None)).to(device)
-    qa = OpenQA(reader, Searcher.open(path, device=device, dtype=dtype), k, device, dtype, min_confidence)
+    qa = OpenQA.open(path, k=k, device=device, dtype=dtype, min_confidence=min_confidence)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

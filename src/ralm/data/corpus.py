@@ -13,9 +13,9 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ralm.errors import RalmError, RalmWarning
 
@@ -34,20 +34,21 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
         raise RalmError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start} of the line)") from None
 
 
-def _document(obj, path: Path, lineno: int) -> Document:
+def _document(obj, where: str) -> Document:
+    """A corpus record as a Document; `where` (file:line) prefixes the error."""
     if not isinstance(obj, dict):
-        raise RalmError(f"{path}:{lineno}: expected a JSON object with 'id', 'title', 'text'")
+        raise RalmError(f"{where}: expected a JSON object with 'id', 'title', 'text'")
     for key in ("id", "text"):
         if key not in obj:
-            raise RalmError(f"{path}:{lineno}: missing field '{key}'")
+            raise RalmError(f"{where}: missing field '{key}'")
     doc_id, title, text = obj["id"], obj.get("title", ""), obj["text"]
     if isinstance(doc_id, int) and not isinstance(doc_id, bool):
         doc_id = str(doc_id)
     for key, value in (("id", doc_id), ("title", title), ("text", text)):
         if not isinstance(value, str):
-            raise RalmError(f"{path}:{lineno}: field '{key}' must be a string, got {type(value).__name__}")
+            raise RalmError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
     if not doc_id.strip():
-        raise RalmError(f"{path}:{lineno}: field 'id' is empty")
+        raise RalmError(f"{where}: field 'id' is empty")
     return Document(doc_id, title.strip(), text.strip())
 
 
@@ -68,7 +69,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Document]]:
     for lineno, obj in iter_jsonl(path):
-        yield f"{path}:{lineno}", _document(obj, path, lineno)
+        where = f"{path}:{lineno}"
+        yield where, _document(obj, where)
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
@@ -86,8 +88,8 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
             fields = next(csv.reader([line], delimiter="\t"))
             if len(fields) != len(header):
                 raise RalmError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(fields)}")
-            obj = {name: fields[i] for name, i in cols.items()}
-            yield f"{path}:{lineno}", _document(obj, path, lineno)
+            where = f"{path}:{lineno}"
+            yield where, _document({name: fields[i] for name, i in cols.items()}, where)
 
 
 def _read_txt_dir(path: Path) -> Iterator[tuple[str, Document]]:
@@ -123,6 +125,19 @@ def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
         raise RalmError(f"{path}: the corpus is empty (no documents{f' with text: {empty} had empty text' if empty else ''})")
     if empty:
         warnings.warn(RalmWarning(f"{path}: skipped {empty} document(s) with empty text (the first at {first_empty})"), stacklevel=2)
+
+
+def as_documents(items: Iterable[Document | dict | str]) -> list[Document]:
+    """Documents given in memory: Documents, dicts shaped like a JSONL corpus line, or strings
+    (texts without a title, with their position as id), checked as a corpus file's lines are."""
+    if isinstance(items, (str, dict, Document)):
+        raise RalmError("documents must be a list (of Documents, {'id', 'title', 'text'} dicts or strings)")
+    docs = [_document({"id": str(i), "text": item} if isinstance(item, str) else
+                      asdict(item) if isinstance(item, Document) else item, f"documents[{i}]")
+            for i, item in enumerate(items)]
+    if not docs:
+        raise RalmError("no documents given")
+    return docs
 
 
 def corpus_fingerprint(path: str | os.PathLike) -> str:

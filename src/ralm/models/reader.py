@@ -49,7 +49,7 @@ class ReaderConfig:
     trainable_layers: int | None = None
     base_model: str = ""
     encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the encoder
-    # raw answer score -> P(correct), fitted by `ralm eval qa --calibrate` (eval/calibration.py)
+    # raw answer score -> P(correct), fitted by `ralm eval qa --calibrate` (models/confidence.py)
     calibration: dict | None = None
 
     def __post_init__(self):
@@ -267,11 +267,12 @@ class Reader(nn.Module):
         return cls(bert, tokenizer, ReaderConfig(base_model=name, encoder=bert.config.to_dict(), **overrides))
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> "Reader":
-        """A reader checkpoint directory written by `save_pretrained`."""
+    def from_pretrained(cls, path: str | os.PathLike | None = None) -> "Reader":
+        """A reader checkpoint directory written by `save_pretrained`; `None` gives the
+        package's general-purpose reader."""
         from transformers import AutoTokenizer
 
-        path = Path(path)
+        path = default_reader_path() if path is None else Path(path)
         if not is_reader_dir(path):
             raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
         raw = json.loads((path / "config.json").read_text())

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
 
+from ralm.atomic import write_text
 from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, tokenizer_fingerprint
-from ralm.data.corpus import corpus_fingerprint
+from ralm.data.corpus import Document, as_documents, corpus_fingerprint
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
@@ -23,9 +27,24 @@ from ralm.retrieval.store import IndexDir, blocks_key
 from ralm.runtime import dtype_name, resolve_dtype
 
 
-def ensure_blocks(index: IndexDir, corpus: str | os.PathLike, tokenizer, cfg: BlockConfig,
+Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
+
+
+def save_documents(index: IndexDir, docs: Iterable[Document | dict | str]) -> Path:
+    """In-memory documents as a JSONL corpus in the index directory, named by its content, so
+    the block store records (and a later build reads) a file like any other corpus."""
+    lines = "".join(json.dumps(asdict(d), ensure_ascii=False) + "\n" for d in as_documents(docs))
+    path = index.root / "corpus" / f"{hashlib.sha256(lines.encode()).hexdigest()[:16]}.jsonl"
+    if not path.is_file():
+        write_text(path, lines)
+    return path
+
+
+def ensure_blocks(index: IndexDir, corpus: Corpus, tokenizer, cfg: BlockConfig,
                   show_progress: bool = True) -> tuple[str, BlockStore]:
     """The block store for this corpus + tokenizer + config, built once and reused."""
+    if not isinstance(corpus, (str, os.PathLike)):
+        corpus = save_documents(index, corpus)
     if not Path(corpus).exists():
         raise RalmError(f"corpus not found: {corpus}")
     key = blocks_key(corpus_fingerprint(corpus), tokenizer_fingerprint(tokenizer), asdict(cfg))
@@ -80,15 +99,19 @@ def _version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
     return {"kind": kind, "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
 
 
-def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
+def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
                 device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(),
                 show_progress: bool = True, piece_rows: int = 1 << 20,
                 dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
+    `corpus`: a corpus file or folder, or the documents themselves (Documents, {"id", "title",
+    "text"} dicts or strings), which are saved in the index directory.
     `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
 
-    Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py)."""
+    Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py). One
+    function on purpose: rank 0 creates, every rank embeds, rank 0 publishes, and the barriers
+    between those steps read in order only when the steps sit side by side."""
     if kind not in ("dense", "bm25"):
         raise RalmError(f"--retriever must be 'dense' or 'bm25', got {kind!r}")
     if batch_size <= 0:

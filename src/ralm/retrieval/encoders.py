@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ralm.atomic import read_json, write_model_dir
+from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.runtime import autocast, full_precision, resolve_dtype
@@ -140,16 +141,37 @@ class Retriever(nn.Module):
     def tokenize_queries(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.cfg.query_max_len, return_tensors="pt")
 
-    @torch.inference_mode()
+    def tokenize_documents(self, docs: Sequence[Document | str]) -> dict[str, torch.Tensor]:
+        """`[CLS] title [SEP] text [SEP]` as in an index block (a string is a text without a
+        title), cut to `block_max_len` wordpieces."""
+        titles = ["" if isinstance(d, str) else d.title for d in docs]
+        texts = [d if isinstance(d, str) else d.text for d in docs]
+        return self.tokenizer(titles, texts, padding=True, truncation=True, max_length=self.cfg.block_max_len, return_tensors="pt")
+
     def encode_queries(self, texts: Sequence[str], batch_size: int = 128, dtype: str | torch.dtype | None = None
                        ) -> torch.Tensor:
         """[Q] strings -> [Q, D] float32 on CPU; `dtype` is the compute dtype (None: auto)."""
-        out = []
-        device = self.device
-        with autocast(device, resolve_dtype(dtype, device)):
-            for i in range(0, len(texts), batch_size):
-                batch = {k: v.to(device) for k, v in self.tokenize_queries(texts[i : i + batch_size]).items()}
-                out.append(self.query(batch["input_ids"], batch["attention_mask"]).float().cpu())
+        return self._encode(self.query, self.tokenize_queries, texts, batch_size, dtype)
+
+    def encode_documents(self, docs: Sequence[Document | str], batch_size: int = 64,
+                         dtype: str | torch.dtype | None = None) -> np.ndarray:
+        """[N] Documents (or texts) -> [N, D] float32: the vectors an index stores for them (of
+        a document longer than one block, its first block's)."""
+        return self._encode(self.doc, self.tokenize_documents, docs, batch_size, dtype).numpy()
+
+    @torch.inference_mode()
+    def _encode(self, tower: Tower, tokenize, items: Sequence, batch_size: int, dtype: str | torch.dtype | None) -> torch.Tensor:
+        if isinstance(items, str):
+            raise RalmError("encode a list of texts; wrap a single text in a list")
+        items, out, device, training = list(items), [], self.device, tower.training
+        tower.eval()  # no dropout, whichever mode loading or training left the model in
+        try:
+            with autocast(device, resolve_dtype(dtype, device)):
+                for i in range(0, len(items), batch_size):
+                    batch = {k: v.to(device) for k, v in tokenize(items[i : i + batch_size]).items()}
+                    out.append(tower(batch["input_ids"], batch["attention_mask"]).float().cpu())  # [B, D]
+        finally:
+            tower.train(training)
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
     # -- fingerprints: an index records the document tower it was built with -----------------

@@ -123,6 +123,8 @@ class Searcher:
 
     def encode(self, queries: Sequence[str]) -> torch.Tensor | list[str]:
         """Queries in the form the index searches: [Q, D] query vectors (dense) or the strings (BM25)."""
+        if isinstance(queries, str):  # would search each of its characters
+            raise RalmError("search a list of queries; wrap a single query in a list")
         if any(not isinstance(q, str) or not q.strip() for q in queries):
             raise RalmError("queries must be non-empty strings")
         return list(queries) if self.retriever is None else self.retriever.encode_queries(list(queries), dtype=self.dtype)

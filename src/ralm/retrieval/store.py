@@ -4,6 +4,7 @@ version is being written (by `ralm index build` or the pre-training refresher).
   DIR/manifest.json         {"format", "retriever": "dense" | "bm25"}
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
+  DIR/corpus/<sha>.jsonl    documents given in memory to build_index, saved as a corpus file
   DIR/versions/v000007/     manifest.json + embeddings.npy [+ faiss.index] | bm25/
   DIR/LATEST                name of the newest complete version (replaced atomically)
 

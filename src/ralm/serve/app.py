@@ -124,6 +124,8 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 
 def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
+    """The HTTP API. Long on purpose: the routes are closures over `service`, its lock and
+    batchers (FastAPI's pattern), one short handler each, so they live in this one function."""
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         if start_watcher:

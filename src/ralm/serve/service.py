@@ -14,8 +14,8 @@ import torch
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.eval.calibration import MIN_CONFIDENCE
-from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
+from ralm.models.confidence import MIN_CONFIDENCE
+from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.hybrid import HybridSearcher
 from ralm.retrieval.live import LOG, LiveSearcher
 from ralm.retrieval.searcher import Hit, Searcher

@@ -1,0 +1,70 @@
+"""The public Python API: every export resolves, `import ralm` stays light, documents go in as
+lists, and the examples in docs/python-api.md run as written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ralm
+from conftest import DOCS
+from ralm import Document, RalmError, Retriever, Searcher, build_index
+
+DOC = Path(__file__).parents[1] / "docs" / "python-api.md"
+
+
+def test_every_export_resolves_and_import_ralm_loads_no_torch():
+    for name in ralm.__all__:
+        assert getattr(ralm, name) is not None
+    code = "import sys, ralm; ralm.Document, ralm.RalmError; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_encode_documents_gives_the_vectors_the_index_stores(tiny_dense_index):
+    index = ralm.IndexDir(tiny_dense_index)
+    version = index.latest()
+    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(version)["retriever"])
+    stored = np.load(index.version_path(version) / "embeddings.npy")  # one block per document, in order
+    vectors = retriever.encode_documents([Document(**d) for d in DOCS], batch_size=4, dtype="fp32")
+    assert vectors.dtype == np.float32 and vectors.shape == stored.shape
+    np.testing.assert_allclose(vectors, stored, atol=1e-3)  # built in other batches, bf16 where the CPU has it
+    # a string is a text without a title: `[CLS] [SEP] text [SEP]`, as a titleless block
+    as_text = retriever.encode_documents([DOCS[0]["text"]], dtype="fp32")
+    np.testing.assert_allclose(as_text, retriever.encode_documents([Document("x", "", DOCS[0]["text"])], dtype="fp32"))
+    with pytest.raises(RalmError, match="list"):
+        retriever.encode_documents(DOCS[0]["text"])
+
+
+def test_build_index_from_documents_in_memory(tiny_bert, tmp_path, corpus_file):
+    docs = [Document(**DOCS[0]), DOCS[1], "A text without a title."]
+    index, version = build_index(docs, tmp_path / "idx", kind="bm25", model=str(tiny_bert), show_progress=False)
+    saved = index.blocks(index.version_manifest(version)["blocks"]).manifest["corpus"]
+    assert Path(saved).parent == tmp_path / "idx" / "corpus"  # the index holds its documents
+    assert [json.loads(line)["id"] for line in Path(saved).read_text().splitlines()] == ["paris", "tokyo", "2"]
+    [hits] = Searcher.open(tmp_path / "idx").search(["a text without a title"], k=1)
+    assert (hits[0].id, hits[0].title) == ("2:0", "")
+    # the same documents as a file give the same block store
+    _, from_file = build_index(corpus_file, tmp_path / "file-idx", kind="bm25", model=str(tiny_bert), show_progress=False)
+    _, from_list = build_index(DOCS, tmp_path / "list-idx", kind="bm25", model=str(tiny_bert), show_progress=False)
+    assert (ralm.IndexDir(tmp_path / "file-idx").version_manifest(from_file)["blocks"]
+            == ralm.IndexDir(tmp_path / "list-idx").version_manifest(from_list)["blocks"])
+    for bad, message in (([], "no documents"), ([{"id": "a"}], r"documents\[0\]: missing field 'text'"),
+                         (Document(**DOCS[0]), "must be a list"), ([DOCS[0], DOCS[0]], "appears more than once")):
+        with pytest.raises(RalmError, match=message):
+            build_index(bad, tmp_path / "bad", kind="bm25", model=str(tiny_bert), show_progress=False)
+
+
+def test_the_python_api_guide_runs_as_written(tmp_path, monkeypatch):
+    """The ```python blocks of docs/python-api.md, in order, in one namespace, in a fresh directory."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) >= 5
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"{DOC}:block{i + 1}", "exec"), namespace)
