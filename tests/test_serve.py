@@ -418,3 +418,15 @@ def test_ask_withholds_answers_below_the_confidence_threshold(dirs, tmp_path):
             r = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "bm25"}).json()
             assert r["no_answer"] == withheld and (r["answer"] == "") == withheld and 0 <= r["confidence"] <= 0.5
             assert r["evidence"][r["best"]]["answer"]  # the evidence and its best span stay
+
+
+def test_a_bad_min_confidence_fails_at_start_up_not_on_the_first_ask(tmp_path):
+    from typer.testing import CliRunner
+
+    from ralm.cli import app
+
+    with pytest.raises(RalmError, match=r"minimum confidence must be in \[0, 1\]"):
+        ServeConfig(index=str(tmp_path), min_confidence=1.5)
+    for command in (["serve", "--index", str(tmp_path)], ["ask", "who?", "--index", str(tmp_path)]):
+        result = CliRunner().invoke(app, [*command, "--min-confidence", "1.5"])
+        assert result.exit_code == 2 and "--min-confidence" in result.output

@@ -81,7 +81,7 @@ def _positive(name: str, value: int) -> int:
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
 DtypeOpt = typer.Option("auto", "--dtype", help="compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, "
                         "else fp32), fp32 or bf16; weights and checkpoints stay fp32")
-MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence",
+MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      "(0 always answers; an uncalibrated reader always answers)")
 

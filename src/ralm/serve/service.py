@@ -38,6 +38,10 @@ class ServeConfig:
     poll_seconds: float = 1.0
     max_body_bytes: int = 1 << 20
 
+    def __post_init__(self):
+        if not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask
+            raise RalmError(f"the minimum confidence must be in [0, 1], got {self.min_confidence}")
+
 
 class Pinned:
     """A searcher pinned to one snapshot, so a request reads the rows it searched even if
