@@ -33,11 +33,8 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def steps_per_s(rows: list[dict]) -> float:
-    """pretrain logs steps/s per window (skip the first: start-up); finetune logs the mean
-    seconds per step since the run began."""
-    if "steps_per_s" in rows[-1]:
-        return float(np.mean([r["steps_per_s"] for r in rows[1:]]))
-    return 1.0 / rows[-1]["seconds_per_step"]
+    """The mean of the logged windows' steps/s, the first skipped (start-up)."""
+    return float(np.mean([r["steps_per_s"] for r in rows[1:] or rows]))
 
 
 def plot(name: str, curves: dict[str, list[dict]], out: Path) -> None:

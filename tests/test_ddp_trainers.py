@@ -90,7 +90,7 @@ def test_dpr_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, 
     questions = tmp_path / "train.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))  # 4 with a BM25 positive
     cfg = DPRConfig(str(questions), str(corpus_file), model=str(still_bert), dim=16, steps=2, batch_size=2,
-                    hard_negatives=1, bm25_depth=6, lr=1e-3, warmup=0.0, save_every=2, log_every=1, dtype="fp32")
+                    hard_negatives=1, bm25_depth=6, lr=1e-3, warmup=0, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.dpr.train_dpr", cfg, tmp_path)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     # each question is scored against all 8 passages of the global batch, not only its rank's 4
@@ -108,7 +108,7 @@ def test_finetune_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     build_index(corpus_file, tmp_path / "dense", model=str(still_bert), dim=16, show_progress=False)
     cfg = FinetuneConfig(str(questions), str(tmp_path / "dense"), init=str(still_bert), steps=2, batch_size=2, k=2,
-                         lr=1e-3, retriever_lr=1e-3, max_len=96, warmup=0.0, save_every=2, log_every=1, dtype="fp32")
+                         lr=1e-3, retriever_lr=1e-3, max_len=96, warmup=0, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.finetune.finetune", cfg, tmp_path)  # 2 ranks search the index sharded
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
@@ -122,7 +122,7 @@ def test_train_reader_on_two_ranks_equals_one_process_with_the_doubled_batch(sti
     questions = tmp_path / "train.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     cfg = ReaderTrainConfig(str(questions), str(corpus_file), init=str(still_bert), steps=2, batch_size=2, lr=1e-3,
-                            warmup=0.0, max_len=80, stride=16, save_every=2, log_every=1, dtype="fp32")
+                            warmup=0, max_len=80, stride=16, save_every=2, log_every=1, dtype="fp32")
     _two_ranks_and_one("ralm.train.reader.train_reader", cfg, tmp_path)
     # Some span-scorer biases get near-zero gradients from a random encoder (units that move
     # every span score alike), which Adam's first steps turn into noise of up to lr: compare the encoder.
@@ -145,3 +145,15 @@ def test_pretrain_on_two_ranks_equals_one_process_with_the_doubled_batch(still_b
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4)
     rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["index_step"] for r in rows] == [0, 1]
+
+
+def test_lm_on_two_ranks_equals_one_process_with_the_doubled_batch(tiny_bert, corpus_file, tmp_path):
+    from ralm.models.lm import LMConfig
+    from ralm.train.lm import LMTrainConfig
+
+    cfg = LMTrainConfig(text=str(corpus_file), model=LMConfig(dim=16, layers=1, heads=2, max_len=8), tokenizer=str(tiny_bert),
+                        steps=2, batch_size=2, lr=1e-3, warmup=0, save_every=2, log_every=1, dtype="fp32")
+    _two_ranks_and_one("ralm.train.lm.train_lm", cfg, tmp_path)
+    _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
+    assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
+    assert (tmp_path / "two" / "model" / "config.json").is_file()

@@ -60,7 +60,7 @@ def test_dpr_run_trains_both_towers_and_indexes(questions_file, tiny_bert, corpu
     cfg = DPRConfig(questions=str(questions_file), corpus=str(corpus_file), model=str(tiny_bert), dim=16, steps=3,
                     batch_size=3, hard_negatives=1, bm25_depth=6, lr=1e-3, log_every=1, save_every=3)
     summary = train_dpr(cfg, tmp_path / "run", show_progress=False)
-    assert summary["trainable_questions"] == 4 and summary["steps"] == 3
+    assert summary.trainable_questions == 4 and summary.steps == 3
     trained = Retriever.from_pretrained(tmp_path / "run" / "final" / "retriever")
     fresh = Retriever.from_pretrained(str(tiny_bert), dim=16)
     for tower in ("query", "doc"):
@@ -73,7 +73,7 @@ def test_dpr_run_trains_both_towers_and_indexes(questions_file, tiny_bert, corpu
 
 
 def test_config_errors(questions_file, corpus_file):
-    with pytest.raises(RalmError, match="--hard-negatives"):
+    with pytest.raises(RalmError, match="hard_negatives must be >= 0"):
         DPRConfig(questions=str(questions_file), corpus=str(corpus_file), hard_negatives=-1)
-    with pytest.raises(RalmError, match="--steps"):
+    with pytest.raises(RalmError, match="steps must be positive"):
         DPRConfig(questions=str(questions_file), corpus=str(corpus_file), steps=0)

@@ -32,16 +32,16 @@ def questions_file(tmp_path):
 
 def _cfg(questions_file, index, tiny_bert, **kw):
     base = dict(questions=str(questions_file), index=str(index), init=str(tiny_bert), steps=4, batch_size=4, k=2,
-                lr=1e-3, retriever_lr=1e-3, max_len=96, save_every=2, log_every=1, warmup=0.0)
+                lr=1e-3, retriever_lr=1e-3, max_len=96, save_every=2, log_every=1, warmup=0)
     return FinetuneConfig(**{**base, **kw})
 
 
 def test_finetune_trains_reader_and_query_tower_only(questions_file, tiny_dense_index, tiny_bert, tmp_path):
     before = Searcher.open(tiny_dense_index).retriever
     summary = finetune(_cfg(questions_file, tiny_dense_index, tiny_bert), tmp_path / "run", show_progress=False)
-    assert summary["steps"] == 4 and summary["trained_query_tower"]
+    assert summary.steps == 4 and summary.trained_query_tower
     # q4's answer is in no block: every batch holds it, so at most 3 of 4 questions are answerable
-    assert summary["answerable_share"] <= 0.75
+    assert summary.answerable_share <= 0.75
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["answerable"] <= 0.75 for m in metrics)
     after = Retriever.from_pretrained(tmp_path / "run" / "final" / "retriever")
@@ -76,7 +76,7 @@ def test_bm25_index_trains_the_reader_only(questions_file, tiny_bert, corpus_fil
 
     build_index(corpus_file, tmp_path / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
     summary = finetune(_cfg(questions_file, tmp_path / "bm25", tiny_bert, steps=2), tmp_path / "run", show_progress=False)
-    assert not summary["dense"] and (tmp_path / "run" / "final" / "reader").is_dir()
+    assert not summary.dense and (tmp_path / "run" / "final" / "reader").is_dir()
     assert not (tmp_path / "run" / "final" / "retriever").exists()
 
 

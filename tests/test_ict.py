@@ -40,7 +40,7 @@ def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_fil
     start = Retriever.from_pretrained(str(tiny_bert), dim=16)
     cfg = IctConfig(str(corpus_file), model=str(tiny_bert), dim=16, steps=2, batch_size=4, save_every=2, log_every=1, warmup=1)
     summary = train_ict(cfg, run, torch.device("cpu"), show_progress=False)
-    assert summary["steps"] == 2
+    assert summary.steps == 2
     trained = Retriever.from_pretrained(run / "final" / "retriever")
     for tower in ("query", "doc"):
         before = getattr(start, tower).bert.encoder.layer[0].attention.self.query.weight
@@ -59,7 +59,7 @@ def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_fil
 
 
 def test_ict_config_errors():
-    with pytest.raises(RalmError, match="batch-size"):
+    with pytest.raises(RalmError, match="batch_size >= 2"):
         IctConfig("c.jsonl", batch_size=1)
-    with pytest.raises(RalmError, match="--steps"):
+    with pytest.raises(RalmError, match="steps must be positive"):
         IctConfig("c.jsonl", steps=0)

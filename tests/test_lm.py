@@ -70,7 +70,7 @@ def test_train_lm_learns_and_resume_reproduces(tmp_path, tiny_bert):
     with pytest.raises(KeyboardInterrupt):
         train_lm(LMTrainConfig(steps=12, **cfg), tmp_path / "b", show_progress=False, on_metrics=crash)
     resumed = train_lm(LMTrainConfig(steps=12, **cfg), tmp_path / "b", show_progress=False)
-    assert resumed["loss"] == pytest.approx(straight["loss"], rel=1e-5)
+    assert resumed.loss == pytest.approx(straight.loss, rel=1e-5)
     a, _ = load_lm(tmp_path / "a")
     b, _ = load_lm(tmp_path / "b")
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):

@@ -1,15 +1,20 @@
-"""What every trainer shares: checkpoints round-trip exactly, resume refuses another world size."""
+"""What every trainer shares: checkpoints round-trip exactly, resume refuses another world size,
+the loop logs window means and a resumed run reproduces an uninterrupted one."""
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from ralm.atomic import temp_dir
 from ralm.errors import RalmError
-from ralm.train import loop
+from ralm.train import checkpoints as loop
+from ralm.train.loop import TrainLoop, warmup_constant
+from ralm.train.parallel import start_run
 
 
 def _model_and_optimizer(seed: int):
@@ -46,7 +51,7 @@ def test_resuming_with_another_number_of_processes_is_a_clear_error(tmp_path, mo
 def test_a_run_killed_while_checkpointing_leaves_nothing_behind_once_restarted(tmp_path):
     """A killed run's half-written checkpoint (hidden, named after its pid) goes when the run
     starts again; the folder of a writer still at work stays."""
-    code = ("import os, signal, torch; from ralm.train import loop\n"
+    code = ("import os, signal, torch; from ralm.train import checkpoints as loop\n"
             "import safetensors.torch as st\n"
             "def killed(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
             "loop.save_file = lambda *a, **k: (st.save_file(*a, **k), killed())\n"
@@ -61,7 +66,7 @@ def test_a_run_killed_while_checkpointing_leaves_nothing_behind_once_restarted(t
 
 def test_out_pointing_at_a_file_is_an_error(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(RalmError, match="--out .*f is a file"):
+    with pytest.raises(RalmError, match="run directory .*f is a file"):
         loop.prepare_run(tmp_path / "f", {"lr": 0.1})
 
 
@@ -70,21 +75,22 @@ def _trainer_configs():
     from ralm.train.finetune import FinetuneConfig
     from ralm.train.ict import IctConfig
     from ralm.train.lm import LMTrainConfig, RetroTrainConfig
+    from ralm.train.mlm import MlmConfig
     from ralm.train.pretrain import PretrainConfig
     from ralm.train.reader import ReaderTrainConfig
 
-    return [(IctConfig, ("c.jsonl",)), (PretrainConfig, ("c.jsonl",)), (FinetuneConfig, ("q.jsonl", "idx")),
-            (DPRConfig, ("q.jsonl", "c.jsonl")), (ReaderTrainConfig, ("q.jsonl",)), (LMTrainConfig, ()),
-            (RetroTrainConfig, ())]
+    return [(IctConfig, ("c.jsonl",)), (PretrainConfig, ("c.jsonl",)), (MlmConfig, ("c.jsonl",)),
+            (FinetuneConfig, ("q.jsonl", "idx")), (DPRConfig, ("q.jsonl", "c.jsonl")), (ReaderTrainConfig, ("q.jsonl",)),
+            (LMTrainConfig, ()), (RetroTrainConfig, ())]
 
 
 @pytest.mark.parametrize("make, args", _trainer_configs(), ids=lambda x: getattr(x, "__name__", ""))
 def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dtype(make, args):
     """A negative learning rate is gradient ascent: it must stop the run before anything loads."""
     for bad in (-1e-3, 0.0, float("nan")):
-        with pytest.raises(RalmError, match="--lr must be positive"):
+        with pytest.raises(RalmError, match="lr must be positive"):
             make(*args, lr=bad)
-    with pytest.raises(RalmError, match="--dtype must be one of auto, fp32, bf16"):
+    with pytest.raises(RalmError, match="dtype must be one of auto, fp32, bf16"):
         make(*args, dtype="fp16")
     make(*args)  # the defaults pass
 
@@ -94,13 +100,74 @@ def test_trainers_check_their_other_numbers():
     from ralm.train.finetune import FinetuneConfig
     from ralm.train.pretrain import PretrainConfig
 
-    with pytest.raises(RalmError, match="--retriever-lr must be positive"):
+    with pytest.raises(RalmError, match="retriever_lr must be positive"):
         FinetuneConfig("q.jsonl", "idx", retriever_lr=-1.0)
-    with pytest.raises(RalmError, match="--warmup must be >= 0"):
+    with pytest.raises(RalmError, match="warmup must be >= 0"):
         PretrainConfig("c.jsonl", warmup=-5)
-    with pytest.raises(RalmError, match="--random-prob must be in"):
+    with pytest.raises(RalmError, match="random_prob must be in"):
         PretrainConfig("c.jsonl", random_prob=1.5)
-    with pytest.raises(RalmError, match="--warmup must be in"):
-        DPRConfig("q.jsonl", "c.jsonl", warmup=2.0)
-    with pytest.raises(RalmError, match=r"--warmup must be in \[0, 1\), got 1.0"):
+    # warm-up counts steps in every trainer; a share (what DPR and fine-tuning once took) is refused
+    with pytest.raises(RalmError, match="warmup must be a whole number of steps, got 0.1"):
+        DPRConfig("q.jsonl", "c.jsonl", warmup=0.1)
+    with pytest.raises(RalmError, match="warmup must be a whole number of steps"):
         FinetuneConfig("q.jsonl", "idx", warmup=1.0)
+
+
+def test_a_run_started_with_a_warmup_share_resumes_with_those_steps(tmp_path):
+    """config.json of a run from when DPR, fine-tuning and reader training took warmup as a
+    share of the steps: the same warm-up in steps resumes it; another is a clear error."""
+    (tmp_path / "config.json").write_text(json.dumps({"steps": 1000, "warmup": 0.1, "lr": 0.1}))
+    with pytest.raises(RalmError, match=r"warmup 0.1 \(a share of its 1000 steps\).*resume with warmup 100"):
+        loop.prepare_run(tmp_path, {"steps": 1000, "warmup": 500, "lr": 0.1})
+    loop.prepare_run(tmp_path, {"steps": 1000, "warmup": 100, "lr": 0.1})
+    assert json.loads((tmp_path / "config.json").read_text())["warmup"] == 100
+
+
+@dataclass
+class ToyConfig:
+    steps: int = 6
+    batch_size: int = 4
+    lr: float = 0.1
+    warmup: int = 2
+    save_every: int = 2
+    log_every: int = 2
+    seed: int = 0
+    dtype: str = "fp32"
+
+
+def _toy_run(run, cfg: ToyConfig, stop_after: int | None = None):
+    """A linear model on seeded batches; step 1 has nothing to learn (loss None)."""
+    ctx = start_run(run, cfg, None, False)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
+    seen = loop.resumed.get("seen", 0)
+
+    def step(i: int):
+        nonlocal seen
+        seen += 1
+        x = torch.randn(cfg.batch_size, 3, generator=torch.Generator().manual_seed(i))
+        loss = (loop.ddp(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        return (None if i == 1 else loss), {"loss": loss.item()}
+
+    def crash(record: dict) -> None:
+        if stop_after is not None and record["step"] >= stop_after:
+            raise KeyboardInterrupt
+
+    result = loop.run(step, "toy", checkpoint_extra=lambda: {"seen": seen}, on_metrics=crash)
+    return result, model, seen
+
+
+def test_the_loop_logs_window_means_and_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
+    straight, model, seen = _toy_run(tmp_path / "a", ToyConfig())
+    assert straight.steps == 6 and seen == 6 and straight.plots == [str(tmp_path / "a" / "loss.png")]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6]
+    assert set(rows[0]) == {"step", "loss", "grad_norm", "lr", "steps_per_s"}
+    with pytest.raises(KeyboardInterrupt):  # killed once step 4 is logged, before its checkpoint
+        _toy_run(tmp_path / "b", ToyConfig(), stop_after=4)
+    resumed, other, seen = _toy_run(tmp_path / "b", ToyConfig())
+    assert resumed.steps == 6 and seen == 6  # the step-2 checkpoint's extra state came back
+    torch.testing.assert_close(other.weight, model.weight, rtol=0, atol=0)
+    again = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in again] == [r["loss"] for r in rows]

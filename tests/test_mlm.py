@@ -70,9 +70,9 @@ def test_evidence_is_the_block_without_the_sentence(tiny_bert, corpus_file, tmp_
 
 
 def test_bad_options_are_clear_errors(corpus_file):
-    with pytest.raises(RalmError, match="--evidence"):
+    with pytest.raises(RalmError, match="evidence must be in"):
         MlmConfig(str(corpus_file), evidence=1.5)
-    with pytest.raises(RalmError, match="--head-steps"):
+    with pytest.raises(RalmError, match="head_steps must be >= 0"):
         MlmConfig(str(corpus_file), head_steps=-1)
     with pytest.raises(RalmError, match="masking"):
         MlmConfig(str(corpus_file), masking="words")

@@ -4,8 +4,7 @@ import numpy as np
 import torch
 
 from ralm.distributed import DistEnv
-from ralm.train.loop import batch_indices
-from ralm.train.parallel import in_batch_contrastive, rank_batch
+from ralm.train.parallel import batch_indices, in_batch_contrastive, rank_batch
 
 from test_distributed import run_ranks
 

@@ -30,7 +30,7 @@ def _losses(run) -> dict[int, float]:
 def test_resumed_run_reproduces_the_uninterrupted_one(tiny_bert, corpus_file, tmp_path):
     cpu = torch.device("cpu")
     whole = pretrain(_cfg(corpus_file, tiny_bert), tmp_path / "whole", cpu, show_progress=False)
-    assert whole["steps"] == 4
+    assert whole.steps == 4
     # the interrupted run: 2 steps, then the same --out again with --steps 4
     pretrain(_cfg(corpus_file, tiny_bert, steps=2), tmp_path / "cut", cpu, show_progress=False)
     messages = []
@@ -83,15 +83,15 @@ def test_cli_pretrain_resume_message_and_errors(tiny_bert, corpus_file, tmp_path
             "--mlm-warmup", "0", "--device", "cpu", "--json"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
-    assert "--mlm-warmup is 0" in first.output  # tiny_bert ships no MLM head: the collapse warning
+    assert "mlm_warmup is 0" in first.output  # tiny_bert ships no MLM head: the collapse warning
     again = runner.invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 0, again.output
     assert "resuming from step 1" in again.output
     assert json.loads(again.stdout.strip().splitlines()[-1])["steps"] == 2
 
     bad = runner.invoke(app, [*args[:-1], "--refresh", "sometimes"])
-    assert isinstance(bad.exception, RalmError) and "--refresh" in str(bad.exception)
-    with pytest.raises(RalmError, match="-k"):
+    assert isinstance(bad.exception, RalmError) and "refresh must be one of" in str(bad.exception)
+    with pytest.raises(RalmError, match="too few for k = "):
         pretrain(_cfg(corpus_file, tiny_bert, k=6), tmp_path / "k", torch.device("cpu"), show_progress=False)
     shutil.rmtree(tmp_path / "k", ignore_errors=True)
     with pytest.raises(RalmError, match="different config"):
@@ -137,9 +137,9 @@ def test_retriever_warmup_trains_the_encoder_alone_first(tiny_bert, corpus_file,
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["retriever_lr"] == pytest.approx(1e-3)
     trained = weights(run / "final" / "retriever")
     assert any(not torch.equal(start[k], trained[k]) for k in start)  # step 3: the towers train too
-    with pytest.raises(RalmError, match="--retriever-warmup"):
+    with pytest.raises(RalmError, match="retriever_warmup must be >= 0"):
         PretrainConfig(str(corpus_file), retriever_warmup=-1)
-    with pytest.raises(RalmError, match="--retriever-lr"):
+    with pytest.raises(RalmError, match="retriever_lr must be positive"):
         PretrainConfig(str(corpus_file), retriever_lr=0.0)
 
 

@@ -224,12 +224,23 @@ def _print_train_metrics(record: dict) -> None:
     err.print("  ".join(parts), highlight=False)
 
 
-def _print_train_summary(summary: dict, as_json: bool) -> None:
+def _print_train_summary(result, as_json: bool, done: str) -> None:
+    """A trainer's result (train.loop.TrainResult): its fields as JSON, or the line `done`."""
+    from dataclasses import asdict
+
+    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
+        return
     if as_json:
-        print(json.dumps(summary))
+        print(json.dumps(asdict(result)))
     else:
-        out.print(f"[green]done[/green] {summary['run']}: {summary['steps']} steps; exported {summary['retriever']}"
-                  + (f" and {summary['encoder']}" if "encoder" in summary else ""))
+        out.print(f"[green]done[/green] {result.run}: {done}")
+
+
+def _notify(message: str) -> None:
+    err.print(message, highlight=False)
+
+
+WarmupHelp = "steps of linear learning-rate warm-up"
 
 
 @app.command()
@@ -241,7 +252,7 @@ def ict(
     steps: int = typer.Option(1000, "--steps"),
     batch_size: int = typer.Option(32, "--batch-size", help="queries per step and rank; the other blocks of all ranks' batches are the negatives"),
     lr: float = typer.Option(1e-4, "--lr"),
-    warmup: int = typer.Option(100, "--warmup", help="linear learning-rate warm-up steps"),
+    warmup: int = typer.Option(100, "--warmup", help=WarmupHelp),
     keep_sentence: float = typer.Option(0.1, "--keep-sentence", help="share of positives that keep the pseudo-query sentence"),
     block_len: int = typer.Option(288, "--block-len", help="wordpieces per evidence block"),
     save_every: int = typer.Option(200, "--save-every", help="checkpoint (and export) interval in steps"),
@@ -258,10 +269,8 @@ def ict(
     cfg = IctConfig(str(corpus), model=model, dim=dim, steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                     keep_sentence=keep_sentence, block_len=block_len, save_every=save_every, log_every=log_every, seed=seed,
                     dtype=dtype)
-    summary = train_ict(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
-                        on_metrics=_print_train_metrics)
-    if _main_rank():  # under torchrun every rank trains; rank 0 reports
-        _print_train_summary(summary, as_json)
+    result = train_ict(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps; exported {result.retriever}")
 
 
 @app.command()
@@ -278,7 +287,7 @@ def pretrain(
     batch_size: int = typer.Option(8, "--batch-size", help="masked sentences per step and rank (under torchrun)"),
     k: int = typer.Option(8, "-k", "--k", help="retrieved blocks per example (the null document is added)"),
     lr: float = typer.Option(5e-5, "--lr"),
-    warmup: int = typer.Option(100, "--warmup", help="linear learning-rate warm-up steps"),
+    warmup: int = typer.Option(100, "--warmup", help=WarmupHelp),
     retriever_lr: Optional[float] = typer.Option(None, "--retriever-lr", help="the towers' learning rate (default: --lr)"),
     retriever_warmup: int = typer.Option(0, "--retriever-warmup", help="steps that train the encoder alone before the towers (an encoder with a fresh MLM head first learns to read evidence)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
@@ -306,10 +315,8 @@ def pretrain(
                          dim=dim, steps=steps, batch_size=batch_size, k=k, lr=lr, warmup=warmup, retriever_warmup=retriever_warmup,
                          retriever_lr=retriever_lr, masking=masking, null_doc=null_doc, exclude_trivial=exclude_trivial, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
                          log_every=log_every, seed=seed, dtype=dtype)
-    summary = run_pretrain(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
-                           on_metrics=_print_train_metrics)
-    if _main_rank():  # under torchrun every rank trains; rank 0 reports
-        _print_train_summary(summary, as_json)
+    result = run_pretrain(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps; exported {result.retriever} and {result.encoder}")
 
 
 @app.command()
@@ -321,7 +328,7 @@ def mlm(
     head_steps: int = typer.Option(100, "--head-steps", help="first steps that train the MLM head alone"),
     batch_size: int = typer.Option(16, "--batch-size", help="masked sentences per step and rank (under torchrun)"),
     lr: float = typer.Option(1e-4, "--lr"),
-    warmup: int = typer.Option(30, "--warmup", help="linear learning-rate warm-up steps (in each phase)"),
+    warmup: int = typer.Option(30, "--warmup", help=f"{WarmupHelp} (in each phase)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
     evidence: float = typer.Option(0.5, "--evidence", help="share of sentences read with the rest of their own block"),
     max_len: int = typer.Option(352, "--max-len", help="encoder input length: [CLS] x [SEP] block [SEP]"),
@@ -341,10 +348,8 @@ def mlm(
     cfg = MlmConfig(str(corpus), model=model, steps=steps, head_steps=head_steps, batch_size=batch_size, lr=lr, warmup=warmup,
                     masking=masking, evidence=evidence, max_len=max_len, block_len=block_len, save_every=save_every,
                     log_every=log_every, seed=seed, dtype=dtype)
-    summary = warm_up_encoder(cfg, run, _device(device), notify=lambda m: err.print(m, highlight=False),
-                              on_metrics=_print_train_metrics)
-    if _main_rank():
-        _print_train_summary(summary, as_json)
+    result = warm_up_encoder(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps; exported {result.encoder}")
 
 
 # -- language models: `ralm lm`, `ralm retro`, `ralm knnlm` (models/lm.py, retro.py, knnlm.py) --
@@ -364,12 +369,9 @@ def _limit(value: Optional[int]) -> Optional[int]:
     return None if value is None else _positive("--limit-tokens", value)
 
 
-def _print_lm_train(summary: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {summary['run']}: {summary['steps']} steps, loss {summary['loss']}, "
-                  f"{summary['parameters'] / 1e6:.2f}M parameters, {summary['seconds']} s; model in {summary['run']}/model")
+def _print_lm_train(result, as_json: bool) -> None:
+    _print_train_summary(result, as_json, f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M "
+                                          f"parameters, {result.seconds} s; model in {result.run}/model")
 
 
 def _print_perplexity(title: str, rows: list[tuple[str, dict]], as_json: bool, extra: dict) -> None:
@@ -395,7 +397,7 @@ def lm_train(
     steps: int = typer.Option(2000, "--steps"),
     batch_size: int = typer.Option(16, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),
-    warmup: int = typer.Option(100, "--warmup"),
+    warmup: int = typer.Option(100, "--warmup", help=WarmupHelp),
     tokenizer: str = typer.Option("", "--tokenizer", help="HF tokenizer directory (default: the bundled MiniLM wordpieces, 30522)"),
     limit_tokens: Optional[int] = LimitOpt,
     save_every: int = typer.Option(200, "--save-every"),
@@ -414,7 +416,7 @@ def lm_train(
                         steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, tokenizer=tokenizer,
                         limit_tokens=_limit(limit_tokens), save_every=save_every, log_every=log_every, seed=seed,
                         dtype=dtype)
-    _print_lm_train(train_lm(cfg, run, _device(device), on_metrics=_print_train_metrics), as_json)
+    _print_lm_train(train_lm(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics), as_json)
 
 
 @lm_app.command("eval")
@@ -495,7 +497,7 @@ def retro_train(
     steps: int = typer.Option(2000, "--steps"),
     batch_size: int = typer.Option(16, "--batch-size"),
     lr: float = typer.Option(1e-3, "--lr"),
-    warmup: int = typer.Option(100, "--warmup"),
+    warmup: int = typer.Option(100, "--warmup", help=WarmupHelp),
     limit_tokens: Optional[int] = LimitOpt,
     save_every: int = typer.Option(200, "--save-every"),
     log_every: int = typer.Option(10, "--log-every"),
@@ -531,7 +533,7 @@ def retro_train(
                            retrofit=str(retrofit or ""),
                            steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, limit_tokens=_limit(limit_tokens),
                            save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
-    _print_lm_train(train_retro(cfg, run, _device(device), on_metrics=_print_train_metrics), as_json)
+    _print_lm_train(train_retro(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics), as_json)
 
 
 @retro_app.command("eval")
@@ -712,6 +714,7 @@ def train_reader_cmd(
     steps: int = typer.Option(5000, "--steps"),
     batch_size: int = typer.Option(32, "--batch-size", help="questions per step and rank (under torchrun)"),
     lr: float = typer.Option(1e-4, "--lr"),
+    warmup: int = typer.Option(500, "--warmup", help=f"{WarmupHelp} (then linear decay to 0)"),
     max_len: int = typer.Option(384, "--max-len", help="reader input length: [CLS] question [SEP] window [SEP]"),
     stride: int = typer.Option(128, "--stride", help="wordpieces between the starts of a passage's windows"),
     trainable_layers: Optional[int] = typer.Option(None, "--trainable-layers", help="train only the top N layers (default: all)"),
@@ -728,17 +731,12 @@ def train_reader_cmd(
 
     _quiet_libraries()
     cfg = ReaderTrainConfig(str(questions), corpus=str(corpus) if corpus else None, init=init, steps=steps,
-                            batch_size=batch_size, lr=lr, max_len=max_len, stride=stride, trainable_layers=trainable_layers,
+                            batch_size=batch_size, lr=lr, warmup=warmup, max_len=max_len, stride=stride, trainable_layers=trainable_layers,
                             limit=limit, save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
-    summary = train_reader(cfg, run, _device(device))
-    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
-        return
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {run}: {summary['steps']} steps, {100 * summary['answerable_share']:.1f}% of "
-                  f"questions had a gold span; exported {run / 'final' / 'reader'} (continue open-domain with "
-                  f"`ralm finetune --init {run}`)")
+    result = train_reader(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps, {100 * result.answerable_share:.1f}% of questions had "
+                                          f"a gold span; exported {result.reader} (continue open-domain with "
+                                          f"`ralm finetune --init {run}`)")
 
 
 @app.command()
@@ -753,6 +751,7 @@ def finetune(
     lr: float = typer.Option(3e-5, "--lr", help="reader learning rate"),
     retriever_lr: float = typer.Option(1e-5, "--retriever-lr", help="query-tower learning rate"),
     train_retriever: bool = typer.Option(True, "--train-retriever/--freeze-retriever", help="fine-tune the query tower through p(z|x)"),
+    warmup: int = typer.Option(100, "--warmup", help=f"{WarmupHelp} (then linear decay to 0)"),
     max_len: int = typer.Option(384, "--max-len", help="reader input length: [CLS] question [SEP] block [SEP]"),
     trainable_layers: Optional[int] = typer.Option(None, "--trainable-layers", help="train only the reader's top N layers (small checkpoints, faster on CPU)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N training questions only"),
@@ -769,17 +768,12 @@ def finetune(
 
     _quiet_libraries()
     cfg = FinetuneConfig(str(questions), str(index_dir), init=init, steps=steps, batch_size=batch_size, k=k, lr=lr,
-                         retriever_lr=retriever_lr, train_retriever=train_retriever, max_len=max_len,
+                         retriever_lr=retriever_lr, train_retriever=train_retriever, warmup=warmup, max_len=max_len,
                          trainable_layers=trainable_layers, limit=limit,
                          save_every=save_every, log_every=log_every, seed=seed, dtype=dtype)
-    summary = run_finetune(cfg, run, _device(device))
-    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
-        return
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {run}: {summary['steps']} steps, {100 * summary['answerable_share']:.1f}% of "
-                  f"questions had an answer among their top-{k} blocks; exported {run / 'final'}")
+    result = run_finetune(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps, {100 * result.answerable_share:.1f}% of questions had "
+                                          f"an answer among their top-{k} blocks; exported {result.reader}")
 
 
 @app.command()
@@ -794,6 +788,7 @@ def dpr(
     hard_negatives: int = typer.Option(1, "--hard-negatives", help="BM25 hard negatives per question"),
     bm25_depth: int = typer.Option(50, "--bm25-depth", help="BM25 depth searched for positives and negatives"),
     lr: float = typer.Option(2e-5, "--lr"),
+    warmup: int = typer.Option(100, "--warmup", help=f"{WarmupHelp} (then linear decay to 0)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N training questions only"),
     save_every: int = typer.Option(200, "--save-every"),
     log_every: int = typer.Option(10, "--log-every"),
@@ -807,16 +802,11 @@ def dpr(
 
     _quiet_libraries()
     cfg = DPRConfig(str(questions), str(corpus), model=model, dim=dim or None, steps=steps, batch_size=batch_size,
-                    hard_negatives=hard_negatives, bm25_depth=bm25_depth, lr=lr, limit=limit, save_every=save_every,
+                    hard_negatives=hard_negatives, bm25_depth=bm25_depth, lr=lr, warmup=warmup, limit=limit, save_every=save_every,
                     log_every=log_every, seed=seed, dtype=dtype)
-    summary = train_dpr(cfg, run, _device(device))
-    if not _main_rank():  # under torchrun every rank trains; rank 0 reports
-        return
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {run}: {summary['steps']} steps on {summary['trainable_questions']} questions with a "
-                  f"BM25 positive; index it with `ralm index build CORPUS --model {run / 'final' / 'retriever'} --out DIR`")
+    result = train_dpr(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
+    _print_train_summary(result, as_json, f"{result.steps} steps on {result.trainable_questions} questions with a BM25 "
+                                          f"positive; index it with `ralm index build CORPUS --model {result.retriever} --out DIR`")
 
 
 @eval_app.command("qa")

@@ -14,9 +14,9 @@ RUN/final/retriever, ready for `ralm index build --model RUN/final/retriever`.
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -29,9 +29,9 @@ from ralm.progress import progress_bar
 from ralm.retrieval.build import build_index, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import autocast
-from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, start_run, wrap_ddp
+from ralm.rundir import final_dir
+from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, start_run
 
 
 @dataclass
@@ -45,7 +45,7 @@ class DPRConfig:
     hard_negatives: int = 1  # BM25 negatives per question
     bm25_depth: int = 50  # how deep to look for a positive and negatives
     lr: float = 2e-5
-    warmup: float = 0.1
+    warmup: int = 100  # steps of linear learning-rate warm-up (then linear decay to 0)
     limit: int | None = None
     seed: int = 0
     save_every: int = 200
@@ -53,8 +53,14 @@ class DPRConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "bm25_depth", "save_every", "log_every", "lr", "limit",
-                                      "dim"), non_negative=("hard_negatives",), fractions=("warmup",))
+        check_options(self, positive=("bm25_depth", "limit", "dim"), non_negative=("hard_negatives",))
+
+
+@dataclass
+class DPRResult(TrainResult):
+    questions: int
+    trainable_questions: int  # with a BM25 positive and enough negatives
+    retriever: str  # RUN/final/retriever
 
 
 def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
@@ -112,66 +118,40 @@ def _per_rank_batch(cfg: DPRConfig, trainable: int, world: int) -> int:
     return min(cfg.batch_size, trainable // world)
 
 
-def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | None = None,
-              show_progress: bool = True) -> dict:
+def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> DPRResult:
     """Train (or resume) the run at `out`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    run = Path(out)
     questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
+    ctx = start_run(out, cfg, device, show_progress, notify)
+    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
     retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
     if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):
         build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)  # rank 0 builds
     searcher = Searcher.open(run / "bm25")
     blocks = searcher.current.blocks
-    if env.is_main and not retriever.cfg.projection_ready and resume is None:  # PCA, as in `ralm index build`
-        init_projection(retriever, blocks, device, show_progress=show_progress, dtype=dtype)
+    if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:  # PCA, as in `ralm index build`
+        init_projection(retriever, blocks, device, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     with main_first(env):
         keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
     batch_size = _per_rank_batch(cfg, len(keep), env.world)
 
     optimizer = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(cfg.steps, cfg.warmup))
-    step = 0
-    if resume is not None:
-        step = load_checkpoint(resume, retriever, optimizer, scheduler)["step"]
-    model = wrap_ddp(retriever, env, device)  # broadcasts rank 0's weights (its PCA projection)
-    log = MetricsLog(run, step) if env.is_main else None
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
+    loop = TrainLoop(ctx, cfg, retriever, optimizer, scheduler)
     retriever.train()
-    cuda = device.type == "cuda"
-    start, first_step = time.perf_counter(), step
-    with progress_bar(show_progress) as bar:
-        task = bar.add_task("training DPR", total=cfg.steps, completed=step)
-        while step < cfg.steps:
-            idx = rank_batch(step, batch_size, len(keep), cfg.seed, env)
-            texts = [questions[int(keep[i])].question for i in idx]
-            rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
-            tok = retriever.tokenize_queries(texts)
-            with autocast(device, dtype):
-                q, p = model(tok["input_ids"].to(device), tok["attention_mask"].to(device),
-                             *_block_inputs(retriever, blocks, rows, device))  # [B, D], [B(1+h), D]
-            loss, acc = in_batch_contrastive(q, p, env)  # every rank's passages are negatives
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            bar.advance(task)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                record = {"step": step, "loss": round(all_mean(loss.item(), env), 5),
-                          "accuracy": round(all_mean(acc.item(), env), 4), "lr": scheduler.get_last_lr()[0],
-                          "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)}
-                if env.is_main:
-                    log.log(record)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                if env.is_main:
-                    save_checkpoint(run, step, retriever, optimizer, scheduler)
-                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
-    if env.is_main:
-        log.close()
-        retriever.save_pretrained(run / "final" / "retriever")
-        plot_metrics(run, ["loss", "accuracy"], smooth=10)
-    return {"run": str(run), "steps": step, "questions": len(questions), "trainable_questions": int(len(keep)),
-            "seconds": round(time.perf_counter() - start, 1)}
+
+    def step(i: int):
+        idx = rank_batch(i, batch_size, len(keep), cfg.seed, env)
+        texts = [questions[int(keep[j])].question for j in idx]
+        rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
+        tok = retriever.tokenize_queries(texts)
+        q, p = loop.ddp(tok["input_ids"].to(device), tok["attention_mask"].to(device),
+                        *_block_inputs(retriever, blocks, rows, device))  # [B, D], [B(1+h), D]
+        loss, acc = in_batch_contrastive(q, p, env)  # every rank's passages are negatives
+        return loss, {"loss": loss.item(), "accuracy": acc.item()}
+
+    done = loop.run(step, "dpr", {"retriever": retriever}, plots=("loss", "accuracy"), on_metrics=on_metrics)
+    return DPRResult(**asdict(done), questions=len(questions), trainable_questions=int(len(keep)),
+                     retriever=str(final_dir(run, "retriever")))

@@ -14,9 +14,9 @@ fine-tuned query tower with the index's unchanged document tower).
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -25,12 +25,12 @@ from ralm.data.qa import Question, read_questions
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
-from ralm.progress import progress_bar
 from ralm.retrieval.encoders import is_retriever_dir
 from ralm.retrieval.searcher import Searcher
-from ralm.runtime import autocast, full_precision
-from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, rank_batch, search_rank_queries, start_run, wrap_ddp
+from ralm.rundir import final_dir
+from ralm.runtime import full_precision
+from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.parallel import global_mean, rank_batch, search_rank_queries, start_run
 
 
 @dataclass
@@ -44,7 +44,7 @@ class FinetuneConfig:
     lr: float = 3e-5
     retriever_lr: float = 1e-5
     train_retriever: bool = True  # fine-tune the query tower through p(z|x) (dense indexes)
-    warmup: float = 0.1  # share of steps with a linear learning-rate warm-up
+    warmup: int = 100  # steps of linear learning-rate warm-up (then linear decay to 0)
     max_len: int = 384
     trainable_layers: int | None = None  # train only the reader's top N layers (+ span scorer)
     limit: int | None = None  # first N questions only (a documented subset)
@@ -54,31 +54,56 @@ class FinetuneConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "k", "save_every", "log_every", "max_len", "lr",
-                                      "retriever_lr", "limit"), non_negative=("trainable_layers",), shares=("warmup",))
+        check_options(self, positive=("k", "max_len", "retriever_lr", "limit"), non_negative=("trainable_layers",))
+
+
+@dataclass
+class FinetuneResult(TrainResult):
+    questions: int
+    dense: bool
+    trained_query_tower: bool
+    answerable_share: float  # of the questions seen, those with an answer among their top-k blocks
+    reader: str  # RUN/final/reader
+
+
+@dataclass
+class AnswerableCount:
+    """Questions seen over the run and how many of them the reader could learn from (a gold
+    span in what it read); kept in the checkpoints, so a resumed run counts the whole run."""
+
+    seen: int = 0
+    answerable: int = 0
+
+    def add(self, questions: int, answerable: int) -> None:
+        self.seen += questions
+        self.answerable += answerable
+
+    @property
+    def share(self) -> float:
+        return round(self.answerable / max(self.seen, 1), 4)
 
 
 def resolve_init(init: str | None) -> tuple[str | None, str | None]:
-    """(reader source, retriever source) from --init: a pre-training/fine-tuning RUN (uses
+    """(reader source, retriever source) from `init`: a pre-training/fine-tuning RUN (uses
     RUN/final/reader or RUN/final/encoder, and RUN/final/retriever), a retriever checkpoint,
     a reader checkpoint, or an HF encoder directory. None means the defaults."""
     if init is None:
         return None, None
     path = Path(init)
     if not path.exists():
-        raise RalmError(f"--init {init}: no such run or model directory")
-    final = path / "final"
-    if final.is_dir():
-        reader = next((str(p) for p in (final / "reader", final / "encoder") if (p / "config.json").is_file()), None)
-        retriever = str(final / "retriever") if is_retriever_dir(final / "retriever") else None
+        raise RalmError(f"{init}: no such run or model directory")
+    if final_dir(path).is_dir():
+        reader = next((str(p) for p in (final_dir(path, "reader"), final_dir(path, "encoder"))
+                       if (p / "config.json").is_file()), None)
+        retriever = str(final_dir(path, "retriever")) if is_retriever_dir(final_dir(path, "retriever")) else None
         if reader is None and retriever is None:
-            raise RalmError(f"--init {init}: RUN/final holds neither a reader/encoder nor a retriever")
+            raise RalmError(f"{init}: RUN/final holds neither a reader/encoder nor a retriever")
         return reader, retriever
     if is_retriever_dir(path):
         return None, str(path)
     if (path / "config.json").is_file():
         return str(path), None
-    raise RalmError(f"--init {init}: not a run, a retriever checkpoint or a Hugging Face model directory")
+    raise RalmError(f"{init}: not a run, a retriever checkpoint or a Hugging Face model directory")
 
 
 def load_reader(source: str | None, max_len: int, trainable_layers: int | None = None) -> Reader:
@@ -140,15 +165,16 @@ class QAModel(torch.nn.Module):
         return logits, scores.view(shape), valid.view(shape), match.view(shape)
 
 
-def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device | None = None,
-             show_progress: bool = True) -> dict:
-    """Train (or resume) the run at `out`; returns a summary. Under torchrun every rank trains
-    on its `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
+def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> FinetuneResult:
+    """Train (or resume) the run at `out`. Under torchrun every rank trains on its
+    `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
     questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    env, device, dtype, show_progress, resume = start_run(out, cfg, device, show_progress)
+    ctx = start_run(out, cfg, device, show_progress, notify)
+    env, device = ctx.env, ctx.device
 
     reader_src, retriever_src = resolve_init(cfg.init)
-    searcher = Searcher.open(cfg.index, model=retriever_src, device=device, dtype=dtype)
+    searcher = Searcher.open(cfg.index, model=retriever_src, device=device, dtype=ctx.dtype)
     dense = searcher.retriever is not None
     embeddings = np.load(searcher.index.version_path(searcher.current.name) / "embeddings.npy", mmap_mode="r",
                          allow_pickle=False) if dense else None
@@ -163,58 +189,27 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     if dense:
         searcher.retriever.doc.requires_grad_(False)  # the index is fixed; the doc tower must match it
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(cfg.steps, cfg.warmup))
-
-    step = 0
-    seen = answerable_total = 0
-    if resume is not None:
-        meta = load_checkpoint(resume, model, optimizer, scheduler)
-        step = meta["step"]
-        seen, answerable_total = meta["extra"]["seen"], meta["extra"]["answerable"]
-    ddp = wrap_ddp(model, env, device)  # broadcasts rank 0's weights (a fresh span scorer)
-    log = MetricsLog(out, step) if env.is_main else None
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
+    loop = TrainLoop(ctx, cfg, model, optimizer, scheduler)
+    count = AnswerableCount(**loop.resumed)
     model.train()
     if dense and not train_query:
         searcher.retriever.eval()
-    cuda = device.type == "cuda"
-    start, first_step = time.perf_counter(), step
-    with progress_bar(show_progress) as bar:
-        task = bar.add_task("fine-tuning", total=cfg.steps, completed=step)
-        while step < cfg.steps:
-            qs = [questions[int(i)] for i in rank_batch(step, cfg.batch_size, len(questions), cfg.seed, env)]
-            with autocast(device, dtype):
-                logits, scores, valid, match = ddp(qs, cfg.k)
+
+    def step(i: int):
+        qs = [questions[int(j)] for j in rank_batch(i, cfg.batch_size, len(questions), cfg.seed, env)]
+        logits, scores, valid, match = loop.ddp(qs, cfg.k)
+        with full_precision(device):  # the marginal likelihood outside autocast
             loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable
             mine = int(answerable.sum())
             loss, answerable_now = global_mean(loss * mine, mine, env)
-            optimizer.zero_grad(set_to_none=True)
-            if answerable_now:  # else no rank has gradients: the step leaves the weights alone
-                loss.backward()  # on every rank, even one without an answerable question (zeros)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            seen += len(qs) * env.world
-            answerable_total += answerable_now
-            bar.advance(task)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                record = {"step": step, "loss": round(all_mean(loss.item(), env), 5),
-                          "answerable": round(answerable_now / (len(qs) * env.world), 4),
-                          "answerable_cumulative": round(answerable_total / seen, 4), "lr": scheduler.get_last_lr()[0],
-                          "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)}
-                if env.is_main:
-                    log.log(record)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                if env.is_main:
-                    save_checkpoint(out, step, model, optimizer, scheduler, extra={"seen": seen, "answerable": answerable_total})
-                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
-    if env.is_main:
-        log.close()
-        final = Path(out) / "final"
-        reader.save_pretrained(final / "reader")
-        if dense:
-            searcher.retriever.save_pretrained(final / "retriever")
-        plot_metrics(out, ["loss", "answerable"], smooth=10)
-    return {"run": str(out), "steps": step, "questions": len(questions), "dense": dense,
-            "trained_query_tower": train_query, "answerable_share": round(answerable_total / max(seen, 1), 4),
-            "seconds": round(time.perf_counter() - start, 1)}
+        count.add(len(qs) * env.world, answerable_now)
+        # with an answerable question anywhere, every rank backpropagates, even one without (zeros)
+        return loss if answerable_now else None, {"loss": loss.item(), "answerable": answerable_now / (len(qs) * env.world)}
+
+    exports = {"reader": reader, **({"retriever": searcher.retriever} if dense else {})}
+    done = loop.run(step, "finetune", exports, plots=("loss", "answerable"),
+                    log_extra=lambda _: {"answerable_cumulative": count.share}, checkpoint_extra=lambda: asdict(count),
+                    on_metrics=on_metrics)
+    return FinetuneResult(**asdict(done), questions=len(questions), dense=dense, trained_query_tower=train_query,
+                          answerable_share=count.share, reader=str(final_dir(ctx.path, "reader")))

@@ -11,7 +11,6 @@ Shapes: B batch, D retrieval dim.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,16 +18,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ralm.atomic import write_json
 from ralm.data.blocks import BlockConfig, BlockStore
 from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
 from ralm.errors import RalmError
 from ralm.retrieval.build import ensure_blocks, init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import autocast
-from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, in_batch_contrastive, main_first, rank_batch, rank_slice, start_run, wrap_ddp
+from ralm.rundir import final_dir
+from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_constant
+from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, rank_slice, start_run
 
 
 @dataclass
@@ -39,7 +37,7 @@ class IctConfig:
     steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-4
-    warmup: int = 100
+    warmup: int = 100  # steps of linear learning-rate warm-up
     keep_sentence: float = 0.1  # share of positives that still contain the pseudo-query
     max_query_len: int = 64
     block_len: int = 288  # wordpieces per evidence block ([CLS] title [SEP] body [SEP])
@@ -49,11 +47,15 @@ class IctConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "save_every", "log_every", "max_query_len", "lr", "dim",
-                                      "block_len"),
-                      non_negative=("warmup",), fractions=("keep_sentence",))
+        check_options(self, positive=("max_query_len", "dim", "block_len"), fractions=("keep_sentence",))
         if self.batch_size < 2:
-            raise RalmError("ICT needs --batch-size >= 2 (the other blocks of a batch are the negatives)")
+            raise RalmError("ICT needs batch_size >= 2 (the other blocks of a batch are the negatives)")
+
+
+@dataclass
+class IctResult(TrainResult):
+    examples: int  # sentences of multi-sentence blocks
+    retriever: str  # RUN/final/retriever
 
 
 def corpus_sentences(run: Path, corpus: str, tokenizer, block_len: int = 288,
@@ -77,18 +79,12 @@ def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_i
     return query, context
 
 
-def export_retriever(run: Path, retriever: Retriever, step: int) -> None:
-    retriever.save_pretrained(run / "final" / "retriever")
-    write_json(run / "final" / "trainer.json", {"step": step, "kind": "ict"})
-
-
-def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
-              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> IctResult:
     """Train (or resume) the run at `run`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    run = Path(run)
-    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
-    notify = notify if notify and env.is_main else (lambda _: None)
+    ctx = start_run(run, cfg, device, show_progress, notify)
+    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
         _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
@@ -97,59 +93,29 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)
     if len(examples) < cfg.batch_size * env.world:
         raise RalmError(f"{cfg.corpus}: only {len(examples)} ICT examples (sentences of multi-sentence blocks); "
-                        f"need at least --batch-size x ranks = {cfg.batch_size * env.world}")
+                        f"need at least batch_size x ranks = {cfg.batch_size * env.world}")
     retriever.to(device)
-    if env.is_main and not retriever.cfg.projection_ready and resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=dtype)
+    if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     retriever.train()
     opt = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup, 1)))
-    step = 0
-    if resume is not None:
-        step = load_checkpoint(resume, retriever, opt, sched)["step"]
-        notify(f"resuming from step {step}")
-    model = wrap_ddp(retriever, env, device)  # broadcasts rank 0's weights (its PCA projection)
-    metrics = MetricsLog(run, step) if env.is_main else None
+    loop = TrainLoop(ctx, cfg, retriever, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
     tok = retriever.tokenizer
     pad = tok.pad_token_id or 0
-    window, t0 = [], time.perf_counter()
-    while step < cfg.steps:
-        idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
+
+    def step(i: int):
+        idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
         # drawn for the global batch, so the positives do not depend on the number of ranks
-        keep = np.random.default_rng([cfg.seed, step]).random(cfg.batch_size * env.world) < cfg.keep_sentence
+        keep = np.random.default_rng([cfg.seed, i]).random(cfg.batch_size * env.world) < cfg.keep_sentence
         pairs = [ict_pair(blocks, table, int(s), bool(k), tok.cls_token_id, tok.sep_token_id, cfg.max_query_len)
                  for s, k in zip(idx, keep[rank_slice(cfg.batch_size, env)])]
         q_ids, q_mask = pad_rows([q for q, _ in pairs], pad)  # [B, Lq]
         c_ids, c_mask = pad_rows([c for _, c in pairs], pad)  # [B, Lc]
-        with autocast(device, dtype):
-            q, c = model(q_ids.to(device), q_mask.to(device), c_ids.to(device), c_mask.to(device))  # [B, D] each
+        q, c = loop.ddp(q_ids.to(device), q_mask.to(device), c_ids.to(device), c_mask.to(device))  # [B, D] each
         loss, acc = in_batch_contrastive(q, c, env)  # every rank's contexts are negatives
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(retriever.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        step += 1
-        window.append((loss.item(), acc.item()))
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - t0
-            record = {"step": step, "loss": all_mean(float(np.mean([w[0] for w in window])), env),
-                      "in_batch_accuracy": all_mean(float(np.mean([w[1] for w in window])), env),
-                      "lr": sched.get_last_lr()[0], "steps_per_s": round(len(window) / elapsed, 4)}
-            if env.is_main:
-                metrics.log(record)
-                if on_metrics:
-                    on_metrics(record)
-            window, t0 = [], time.perf_counter()
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            if env.is_main:
-                save_checkpoint(run, step, retriever, opt, sched, extra={"retriever": asdict(retriever.cfg)})
-                export_retriever(run, retriever, step)
-            env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
-    plots = []
-    if env.is_main:
-        metrics.close()
-        plots = plot_metrics(run, ["loss", "in_batch_accuracy", "steps_per_s"])
-    return {"run": str(run), "steps": step, "examples": int(len(examples)), "retriever": str(run / "final" / "retriever"),
-            "plots": [str(p) for p in plots]}
+        return loss, {"loss": loss.item(), "in_batch_accuracy": acc.item()}
+
+    done = loop.run(step, "ict", {"retriever": retriever}, plots=("loss", "in_batch_accuracy", "steps_per_s"),
+                    checkpoint_extra=lambda: {"retriever": asdict(retriever.cfg)}, on_metrics=on_metrics)
+    return IctResult(**asdict(done), examples=int(len(examples)), retriever=str(final_dir(run, "retriever")))

@@ -1,7 +1,7 @@
 """Training loops for the causal LM (`ralm lm train`) and RETRO (`ralm retro train`).
 
-Both share one loop: AdamW, linear warm-up then cosine decay, gradient clipping, bf16
-autocast on CUDA, checkpoints / resume / metrics / plots through train/loop.py. The data order
+Both run train.loop's loop (checkpoints, resume, DDP under torchrun, metrics, plots) with AdamW
+(no weight decay on biases and norms) and a linear warm-up then cosine decay. The data order
 depends only on (seed, step), so a resumed run sees exactly the batches it would have seen.
 At the end the model is exported to RUN/model (a directory `load_lm` / `load_retro` read).
 
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -27,10 +25,10 @@ from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
-from ralm.progress import progress_bar
 from ralm.retrieval.encoders import default_model_path
-from ralm.runtime import autocast, resolve_dtype, seed_everything
-from ralm.train.loop import MetricsLog, batch_indices, check_options, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
+from ralm.runtime import seed_everything
+from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_cosine
+from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
 
 
 @dataclass
@@ -40,7 +38,7 @@ class OptimConfig:
     steps: int = 2000
     batch_size: int = 16
     lr: float = 1e-3
-    warmup: int = 100
+    warmup: int = 100  # steps of linear learning-rate warm-up
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     seed: int = 0
@@ -49,8 +47,7 @@ class OptimConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "log_every", "save_every", "lr", "grad_clip"),
-                      non_negative=("warmup", "weight_decay"))
+        check_options(self, positive=("grad_clip",), non_negative=("weight_decay",))
 
 
 @dataclass
@@ -71,123 +68,114 @@ class RetroTrainConfig(OptimConfig):
     retrofit: str = ""  # a `ralm lm train` model: frozen decoder, only CCA + neighbour encoder train
 
 
-def _schedule(optim: OptimConfig) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if step < optim.warmup:
-            return (step + 1) / optim.warmup
-        progress = min(1.0, (step - optim.warmup) / max(1, optim.steps - optim.warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
+@dataclass
+class LMTrainResult(TrainResult):
+    loss: float  # the last logged training loss
+    parameters: int
+    trainable_parameters: int
+    examples: int  # training windows
+    tokens: int  # in the training text
 
 
-def fit(run: str | os.PathLike, config, model: torch.nn.Module, loss_of_batch: Callable[[np.ndarray], torch.Tensor],
-        n_examples: int, tokens_per_example: int, device: torch.device, tokenizer, show_progress: bool = True,
-        on_metrics: Callable[[dict], None] | None = None) -> dict:
-    """The shared loop: returns {"steps", "loss", "seconds", "parameters"} and exports RUN/model."""
-    run, optim = Path(run), config  # the OptimConfig fields of either trainer config
-    resume = prepare_run(run, config)
-    dtype = resolve_dtype(config.dtype, device)
-    model.to(device).train()
+@dataclass
+class RetroTrainResult(LMTrainResult):
+    db_chunks: int
+
+
+def _windows(tokens: np.ndarray, seq: int, text: str) -> int:
+    """How many training examples (consecutive windows of seq + 1 tokens) a token stream holds."""
+    n = (len(tokens) - 1) // seq
+    if n <= 0:
+        raise RalmError(f"{text}: {len(tokens)} tokens is fewer than one sequence of {seq + 1}")
+    return n
+
+
+def _window_batch(tokens: np.ndarray, idx: np.ndarray, seq: int, device: torch.device) -> torch.Tensor:
+    """Windows `idx` of the token stream: [B, seq + 1]."""
+    return torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(device)
+
+
+def _fit(ctx: RunContext, config: OptimConfig, model: torch.nn.Module,
+         loss_of_batch: Callable[[np.ndarray, torch.nn.Module], torch.Tensor], tokenizer, kind: str,
+         on_metrics: Callable[[dict], None] | None, *, examples: int, seq: int, tokens: int) -> LMTrainResult:
+    """Train `model` on `loss_of_batch(example indices, the model to call)`; exports RUN/model."""
+    model.to(ctx.device).train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.ndim >= 2]
     rest = [p for p in trainable if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": optim.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=optim.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(optim))
-    step = load_checkpoint(resume, model, opt, sched)["step"] if resume else 0
-    log = MetricsLog(run, step)
-    start, last = time.perf_counter(), float("nan")
-    try:
-        with progress_bar(show_progress) as bar:
-            task = bar.add_task("training", total=optim.steps, completed=step)
-            while step < optim.steps:
-                t0 = time.perf_counter()
-                idx = batch_indices(step, optim.batch_size, n_examples, optim.seed)
-                with autocast(device, dtype):
-                    loss = loss_of_batch(idx)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, optim.grad_clip)
-                opt.step()
-                sched.step()
-                step += 1
-                last = loss.item()
-                if step % optim.log_every == 0 or step == optim.steps:
-                    dt = time.perf_counter() - t0
-                    record = {"step": step, "loss": round(last, 5), "lr": sched.get_last_lr()[0], "grad_norm": round(float(grad_norm), 4),
-                              "tokens_per_s": round(optim.batch_size * tokens_per_example / dt, 1)}
-                    log.log(record)
-                    if on_metrics:
-                        on_metrics(record)
-                if step % optim.save_every == 0 or step == optim.steps:
-                    save_checkpoint(run, step, model, opt, sched)
-                bar.advance(task)
-    finally:
-        log.close()
-    plot_metrics(run, ["loss"], smooth=min(10, max(1, optim.steps // optim.log_every // 10)))  # ~10 points per mean
-    model.eval().save_pretrained(run / "model", tokenizer)
-    return {"run": str(run), "steps": step, "loss": round(last, 4), "seconds": round(time.perf_counter() - start, 1),
-            "parameters": sum(p.numel() for p in model.parameters()), "trainable_parameters": sum(p.numel() for p in trainable)}
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=config.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(config.steps, config.warmup))
+    loop = TrainLoop(ctx, config, model, opt, sched, grad_clip=config.grad_clip)
+
+    def step(i: int):
+        loss = loss_of_batch(rank_batch(i, config.batch_size, examples, config.seed, ctx.env), loop.ddp)
+        return loss, {"loss": loss.item()}
+
+    tokens_per_step = config.batch_size * ctx.env.world * seq
+    done = loop.run(step, kind, log_extra=lambda r: {"tokens_per_s": round(r["steps_per_s"] * tokens_per_step, 1)},
+                    on_metrics=on_metrics)
+    if ctx.env.is_main:
+        model.eval().save_pretrained(ctx.path / "model", tokenizer)
+    return LMTrainResult(**asdict(done), loss=round(loop.last.get("loss", math.nan), 4),
+                         parameters=sum(p.numel() for p in model.parameters()),
+                         trainable_parameters=sum(p.numel() for p in trainable), examples=examples, tokens=tokens)
 
 
-def train_lm(config: LMTrainConfig, run: str | os.PathLike, device: torch.device | None = None,
-             show_progress: bool = True, on_metrics: Callable[[dict], None] | None = None) -> dict:
+def train_lm(config: LMTrainConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> LMTrainResult:
     from transformers import AutoTokenizer
 
-    device = device or torch.device("cpu")
+    ctx = start_run(run, config, device, show_progress, notify)
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or default_model_path(), use_fast=True)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise RalmError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.model.vocab_size}")
-    stream = tokenize_text(config.text, tokenizer, config.limit_tokens, show_progress)
+    tokens = tokenize_text(config.text, tokenizer, config.limit_tokens, ctx.show_progress).tokens
     seq = config.model.max_len
-    n = (len(stream.tokens) - 1) // seq
-    if n <= 0:
-        raise RalmError(f"{config.text}: {len(stream.tokens)} tokens is fewer than one sequence of {seq + 1}")
-    seed_everything(config.seed)
+    n = _windows(tokens, seq, config.text)
+    seed_everything(config.seed)  # the same initial weights whatever reading the data drew
     model = TransformerLM(config.model)
-    tokens = stream.tokens
 
-    def loss_of_batch(idx: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(device)
-        return lm_loss(model(x[:, :-1]), x[:, 1:])
+    def loss_of_batch(idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        x = _window_batch(tokens, idx, seq, ctx.device)
+        return lm_loss(net(x[:, :-1]), x[:, 1:])
 
-    return {**fit(run, config, model, loss_of_batch, n, seq, device, tokenizer, show_progress, on_metrics), "examples": n,
-            "tokens": int(len(tokens))}
+    return _fit(ctx, config, model, loss_of_batch, tokenizer, "lm", on_metrics, examples=n, seq=seq, tokens=len(tokens))
 
 
 def train_retro(config: RetroTrainConfig, run: str | os.PathLike, device: torch.device | None = None,
-                show_progress: bool = True, on_metrics: Callable[[dict], None] | None = None) -> dict:
+                show_progress: bool = True, notify: Callable[[str], None] | None = None,
+                on_metrics: Callable[[dict], None] | None = None) -> RetroTrainResult:
     from ralm.retrieval.chunkdb import ChunkDB, text_neighbours
 
-    device = device or torch.device("cpu")
-    db = ChunkDB(config.db, device)
+    ctx = start_run(run, config, device, show_progress, notify)
+    db = ChunkDB(config.db, ctx.device)
     cfg = config.model
     if cfg.chunk_len != db.chunk_len:
-        raise RalmError(f"--chunk-len {cfg.chunk_len} differs from the DB's chunk length {db.chunk_len}")
+        raise RalmError(f"chunk_len {cfg.chunk_len} differs from the DB's chunk length {db.chunk_len}")
     _, tokenizer = db.encoder()
     if tokenizer.vocab_size > cfg.vocab_size:
         raise RalmError(f"the DB's tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
-    stream: TokenStream = tokenize_text(config.text, tokenizer, config.limit_tokens, show_progress)
-    neighbours = text_neighbours(db, stream, cfg.neighbours, config.exclude_same_document, show_progress=show_progress)
+    stream: TokenStream = tokenize_text(config.text, tokenizer, config.limit_tokens, ctx.show_progress)
+    with main_first(ctx.env):  # rank 0 caches the neighbours in the DB, the others read them
+        neighbours = text_neighbours(db, stream, cfg.neighbours, config.exclude_same_document, show_progress=ctx.show_progress)
     seq, chunks = cfg.max_len, cfg.max_len // cfg.chunk_len
-    n = (len(stream.tokens) - 1) // seq
-    if n <= 0:
-        raise RalmError(f"{config.text}: {len(stream.tokens)} tokens is fewer than one sequence of {seq + 1}")
-    seed_everything(config.seed)
+    n = _windows(stream.tokens, seq, config.text)
+    seed_everything(config.seed)  # the same initial weights whatever reading the data drew
     model = RetroLM(cfg)
     if config.retrofit:
         lm, lm_tokenizer = load_lm(config.retrofit)
         if not isinstance(lm, TransformerLM):
-            raise RalmError(f"{config.retrofit}: --retrofit needs a model from `ralm lm train`")
+            raise RalmError(f"{config.retrofit}: retrofit needs a model from `ralm lm train`")
         if lm_tokenizer.get_vocab() != tokenizer.get_vocab():
             raise RalmError(f"{config.retrofit}: the LM's tokenizer differs from the chunk DB's; neighbours would be other tokens to it")
         retrofit(model, lm)
     tokens, pad = stream.tokens, tokenizer.pad_token_id or 0
 
-    def loss_of_batch(idx: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(device)
-        nb, mask = neighbour_batch(db, np.stack([neighbours[i * chunks : (i + 1) * chunks] for i in idx]), device, pad)
-        return lm_loss(model(x[:, :-1], nb, mask), x[:, 1:])
+    def loss_of_batch(idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        x = _window_batch(tokens, idx, seq, ctx.device)
+        nb, mask = neighbour_batch(db, np.stack([neighbours[i * chunks : (i + 1) * chunks] for i in idx]), ctx.device, pad)
+        return lm_loss(net(x[:, :-1], nb, mask), x[:, 1:])
 
-    return {**fit(run, config, model, loss_of_batch, n, seq, device, tokenizer, show_progress, on_metrics), "examples": n,
-            "tokens": int(len(tokens)), "db_chunks": len(db)}
+    done = _fit(ctx, config, model, loss_of_batch, tokenizer, "retro", on_metrics, examples=n, seq=seq, tokens=len(tokens))
+    return RetroTrainResult(**asdict(done), db_chunks=len(db))

@@ -1,188 +1,111 @@
-"""What every trainer shares: checkpoints (atomic, resumable), data order, metrics, plots.
+"""The one training loop: a trainer builds its model, optimizer and learning-rate schedule, then
+hands `TrainLoop` a step function; the loop does everything around it, for every trainer alike:
 
-A run directory:
-  RUN/config.json                 the trainer's dataclass config
-  RUN/checkpoints/step-000100/    model.safetensors + optimizer.safetensors + trainer.json
-  RUN/checkpoints/LATEST          name of the newest complete checkpoint
-  RUN/metrics.jsonl               one JSON object per logged step
-  RUN/*.png                       curves, drawn at the end
+  resume        model, optimizer, schedule and torch RNG from RUN's newest checkpoint; under
+                torchrun the model is wrapped in DDP (every rank runs the loop, rank 0 writes)
+  each step     the step function under autocast, backward, gradient clipping (`grad_norm` is
+                logged), optimizer and schedule steps, the progress bar
+  log_every     the window's metrics, averaged over its steps and over ranks, with the learning
+                rates and `steps_per_s`: a line of RUN/metrics.jsonl, and `on_metrics`
+  save_every    a checkpoint and the exports in RUN/final (rank 0), then a barrier
+  at the end    a curve per plotted metric, and a TrainResult
 
-Checkpoints hold tensors in safetensors and the rest in JSON: nothing is unpickled on resume.
-A checkpoint is written in a hidden `checkpoints/.step-N-<pid>@...tmp` folder (ralm.atomic);
-one a killed run left behind is removed when the run starts again.
+`warmup` counts steps in every trainer: the schedules below ramp the learning rate up linearly
+over that many steps. Run layout: ralm.rundir.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import shutil
-from dataclasses import asdict, is_dataclass
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from torch import nn
 
-from ralm.atomic import atomic_path, read_json, remove_stale_temps, write_json, write_text
-from ralm.distributed import dist_env
+from ralm.atomic import atomic_path
 from ralm.errors import RalmError
-from ralm.runtime import DTYPES
+from ralm.progress import progress_bar
+from ralm.rundir import export_final, metrics_file
+from ralm.runtime import DTYPES, autocast
+from ralm.train.checkpoints import load_checkpoint, save_checkpoint
+from ralm.train.parallel import RunContext, all_mean, wrap_ddp
+
+
+class LoopFields(Protocol):
+    """The fields every trainer config has, which the loop and `check_options` read."""
+
+    steps: int
+    batch_size: int  # per rank
+    lr: float
+    warmup: int  # steps of linear learning-rate warm-up
+    save_every: int
+    log_every: int
+    seed: int
+    dtype: str  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
 
 # -- options --------------------------------------------------------------------------------
 
-def check_options(cfg, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-                  fractions: Iterable[str] = (), shares: Iterable[str] = ()) -> None:
-    """The checks every trainer config runs before anything loads. A wrong sign is no typo to
-    train through: a negative learning rate is gradient ascent, a negative warm-up a silent
-    no-op. `fractions` lie in [0, 1]; `shares` (of the steps, e.g. a warm-up) in [0, 1). `None`
-    means "not set" and passes; NaN fails every check."""
+def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
+                  fractions: Iterable[str] = ()) -> None:
+    """The checks every trainer config runs before anything loads: the loop's fields and the
+    trainer's own. A wrong sign is no typo to train through: a negative learning rate is gradient
+    ascent, a negative warm-up a silent no-op. `fractions` lie in [0, 1]. `None` means "not set"
+    and passes; NaN fails every check. Messages name the config field."""
     def fail(name: str, what: str) -> None:
-        raise RalmError(f"--{name.replace('_', '-')} must be {what}, got {getattr(cfg, name)}")
+        raise RalmError(f"{name} must be {what}, got {getattr(cfg, name)}")
 
-    for name in positive:
+    for name in ("steps", "batch_size", "lr", "save_every", "log_every", *positive):
         if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
             fail(name, "positive")
-    for name in non_negative:
+    for name in ("warmup", *non_negative):
         if getattr(cfg, name) is not None and not getattr(cfg, name) >= 0:
             fail(name, ">= 0")
     for name in fractions:
         if not 0 <= getattr(cfg, name) <= 1:
             fail(name, "in [0, 1]")
-    for name in shares:
-        if not 0 <= getattr(cfg, name) < 1:
-            fail(name, "in [0, 1)")
-    if getattr(cfg, "dtype", "auto") not in DTYPES:
+    if not isinstance(cfg.warmup, int):
+        fail("warmup", "a whole number of steps")
+    if cfg.dtype not in DTYPES:
         fail("dtype", f"one of {', '.join(DTYPES)}")
 
 
-# -- data order ---------------------------------------------------------------------------
+# -- learning-rate schedules (LambdaLR factors of the step) ------------------------------------
 
-def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
-    """Example indices of batch `step`: epochs are seeded permutations, so the order depends
-    only on (seed, step) and a resumed run sees exactly the batches it would have seen."""
-    if n <= 0:
-        raise RalmError("no training examples")
-    start = step * batch_size
-    out = []
-    while len(out) < batch_size:
-        epoch, offset = divmod(start + len(out), n)
-        perm = np.random.default_rng([seed, epoch]).permutation(n)
-        out.extend(perm[offset : offset + batch_size - len(out)].tolist())
-    return np.asarray(out, dtype=np.int64)
+Schedule = Callable[[int], float]
 
 
-def linear_warmup_decay(steps: int, warmup: float):
-    """LambdaLR factor: linear warm-up over the first `warmup` share of `steps`, then linear decay to 0."""
-    warm = max(1, int(warmup * steps))
+def warmup_constant(warmup: int) -> Schedule:
+    """Linear warm-up over `warmup` steps, then constant."""
+    return lambda s: min(1.0, (s + 1) / max(warmup, 1))
+
+
+def warmup_linear_decay(steps: int, warmup: int) -> Schedule:
+    """Linear warm-up over `warmup` steps, then linear decay to 0 at `steps`."""
+    warm = max(1, warmup)
     return lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm)))
 
 
-# -- optimizer state as safetensors + JSON ----------------------------------------------------
-
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    state = opt.state_dict()
-    tensors, scalars = {}, {}
-    for pid, slots in state["state"].items():
-        for name, value in slots.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{pid}.{name}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+def warmup_cosine(steps: int, warmup: int, floor: float = 0.1) -> Schedule:
+    """Linear warm-up over `warmup` steps, then cosine decay to `floor` at `steps`."""
+    def factor(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, steps - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
 
 
-def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
-    state: dict[int, dict] = {}
-    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
-        pid, name = key.split(".", 1)
-        state.setdefault(int(pid), {})[name] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
-
-
-# -- checkpoints --------------------------------------------------------------------------
-
-def world_size() -> int:
-    """Processes training together (torchrun), 1 without it."""
-    return dist_env().world
-
-
-def _plain(config) -> dict:
-    return asdict(config) if is_dataclass(config) else dict(config)
-
-
-def save_checkpoint(run: str | os.PathLike, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                    scheduler=None, extra: dict | None = None, keep: int = 2) -> Path:
-    """Write RUN/checkpoints/step-N atomically, then move LATEST to it; keep the last `keep`."""
-    ckdir = Path(run) / "checkpoints"
-    name = f"step-{step:06d}"
-    with atomic_path(ckdir / name) as tmp:
-        tmp.mkdir()
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-        meta = {"step": step, "extra": extra or {}, "torch_rng": torch.get_rng_state().tolist(), "world": world_size()}
-        if optimizer is not None:
-            tensors, opt_meta = _optimizer_tensors(optimizer)
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            meta["optimizer"] = opt_meta
-        if scheduler is not None:
-            meta["scheduler"] = scheduler.state_dict()
-        (tmp / "trainer.json").write_text(json.dumps(meta) + "\n")
-    write_text(ckdir / "LATEST", name + "\n")
-    for old in sorted(p for p in ckdir.glob("step-*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return ckdir / name
-
-
-def latest_checkpoint(run: str | os.PathLike) -> Path | None:
-    f = Path(run) / "checkpoints" / "LATEST"
-    if not f.is_file():
-        return None
-    path = f.parent / f.read_text().strip()
-    return path if (path / "trainer.json").is_file() else None
-
-
-def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler=None) -> dict:
-    """Restore model (+ optimizer, scheduler, torch RNG) in place; returns trainer.json."""
-    path = Path(path)
-    meta = read_json(path / "trainer.json")
-    # The global batch is per-rank batch x ranks: another count would silently change the run.
-    saved, now = meta.get("world", 1), world_size()
-    if saved != now:
-        raise RalmError(f"{path} was saved by {saved} process(es) but this run has {now}; resume with "
-                        f"`torchrun --nproc_per_node {saved}` (or without torchrun for 1), or use a new --out")
-    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
-    if optimizer is not None and "optimizer" in meta:
-        optimizer.load_state_dict(_optimizer_state(load_file(str(path / "optimizer.safetensors")), meta["optimizer"]))
-    if scheduler is not None and "scheduler" in meta:
-        scheduler.load_state_dict(meta["scheduler"])
-    torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
-    return meta
-
-
-def prepare_run(run: str | os.PathLike, config) -> Path | None:
-    """Create RUN (saving its config) or check that an existing RUN was started with the same
-    config; returns the checkpoint to resume from, if any."""
-    run = Path(run)
-    if run.exists() and not run.is_dir():
-        raise RalmError(f"--out {run} is a file; choose a directory (new, or a run to resume)")
-    cfg = _plain(config)
-    saved = run / "config.json"
-    if saved.is_file():
-        old = read_json(saved)
-        changed = {k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k) and k not in RESUMABLE_CHANGES}
-        if changed:
-            raise RalmError(f"{run} was started with a different config ({', '.join(sorted(changed))}); use a new --out")
-    run.mkdir(parents=True, exist_ok=True)
-    write_json(saved, cfg)
-    remove_stale_temps(run / "checkpoints")  # a killed run's half-written checkpoint (can be GBs)
-    return latest_checkpoint(run)
-
-
-# Options a user may change when resuming (train longer, save more often).
-RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype"}
+def delayed(schedule: Schedule, delay: int) -> Schedule:
+    """0 for the first `delay` steps, then `schedule` from its own step 0 (a parameter group
+    that starts training later)."""
+    return lambda s: 0.0 if s < delay else schedule(s - delay)
 
 
 # -- metrics ------------------------------------------------------------------------------
@@ -192,7 +115,7 @@ class MetricsLog:
     the checkpoint's step (written after it, then lost to the kill) are dropped."""
 
     def __init__(self, run: str | os.PathLike, resume_step: int = 0):
-        self.path = Path(run) / "metrics.jsonl"
+        self.path = metrics_file(run)
         kept = [r for r in self.read() if r.get("step", 0) <= resume_step] if resume_step else []
         with atomic_path(self.path) as tmp:
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -219,7 +142,7 @@ def plot_metrics(run: str | os.PathLike, keys: Iterable[str], smooth: int = 1) -
     import matplotlib.pyplot as plt
 
     run = Path(run)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in metrics_file(run).read_text().splitlines() if line.strip()]
     written = []
     for key in keys:
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -240,3 +163,105 @@ def plot_metrics(run: str | os.PathLike, keys: Iterable[str], smooth: int = 1) -
         plt.close(fig)
         written.append(run / f"{key}.png")
     return written
+
+
+def _window_mean(values: list[float]) -> float:
+    """Mean over the window's steps that had the metric (NaN when none had)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return float(np.mean(kept)) if kept else float("nan")
+
+
+# -- the loop -----------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    """What every trainer returns; each adds its own fields (`--json` prints them all)."""
+
+    run: str
+    steps: int
+    seconds: float  # the loop's wall time in this process (a resumed run: since the resume)
+    plots: list[str]
+
+
+# step(i) -> (the loss to backpropagate, or None when no rank has anything to learn from batch
+# i; this rank's metrics of the step, e.g. {"loss": ...}). Runs under the loop's autocast.
+Step = Callable[[int], tuple[torch.Tensor | None, dict[str, float]]]
+
+
+class TrainLoop:
+    """Construct (resumes the run, wraps DDP: use `.ddp` for forward passes, `.resumed` for the
+    checkpoint's extra state), then `run` a step function."""
+
+    def __init__(self, ctx: RunContext, cfg: LoopFields, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, lr_names: Sequence[str] = ("lr",),
+                 grad_clip: float = 1.0):
+        self.ctx, self.cfg, self.model = ctx, cfg, model
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.lr_names, self.grad_clip = lr_names, grad_clip  # one name per logged parameter group, in order
+        self.step, self.resumed = 0, {}
+        if ctx.resume is not None:
+            meta = load_checkpoint(ctx.resume, model, optimizer, scheduler)
+            self.step, self.resumed = meta["step"], meta["extra"]
+            ctx.notify(f"resuming from step {self.step}")
+        self.ddp = wrap_ddp(model, ctx.env, ctx.device)  # broadcasts rank 0's weights (fresh heads, PCA)
+        self.last: dict = {}  # the last logged record
+
+    def run(self, step: Step, kind: str, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
+            log_extra: Callable[[dict], dict] | None = None, checkpoint_extra: Callable[[], dict] | None = None,
+            on_metrics: Callable[[dict], None] | None = None) -> TrainResult:
+        """Train from `self.step` to cfg.steps. `kind` names the trainer (progress, trainer.json);
+        `exports` are saved in RUN/final with every checkpoint; `log_extra(record)` adds fields to
+        a logged record, `checkpoint_extra()` state to a checkpoint (back as `.resumed`)."""
+        ctx, cfg = self.ctx, self.cfg
+        log = MetricsLog(ctx.path, self.step) if ctx.env.is_main else None
+        start = window_start = time.perf_counter()
+        window: list[dict[str, float]] = []
+        try:
+            with progress_bar(ctx.show_progress) as bar:
+                task = bar.add_task(f"training ({kind})", total=cfg.steps, completed=self.step)
+                while self.step < cfg.steps:
+                    window.append(self._one_step(step))
+                    self.step += 1
+                    bar.advance(task)
+                    if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                        self.last = self._record(window, time.perf_counter() - window_start, log_extra)
+                        if log is not None:
+                            log.log(self.last)
+                            if on_metrics:
+                                on_metrics(self.last)
+                        window, window_start = [], time.perf_counter()
+                    if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                        self._save(kind, exports or {}, checkpoint_extra)
+        finally:
+            if log is not None:
+                log.close()
+        # ~10 logged points per drawn mean, so long and short runs both read
+        drawn = plot_metrics(ctx.path, plots, smooth=min(10, max(1, cfg.steps // cfg.log_every // 10))) if log else []
+        return TrainResult(str(ctx.path), self.step, round(time.perf_counter() - start, 1), [str(p) for p in drawn])
+
+    def _one_step(self, step: Step) -> dict[str, float]:
+        with autocast(self.ctx.device, self.ctx.dtype):
+            loss, metrics = step(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        if loss is not None:  # else no rank has gradients: the step leaves the weights alone
+            loss.backward()
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        return metrics
+
+    def _record(self, window: list[dict[str, float]], seconds: float, log_extra: Callable[[dict], dict] | None) -> dict:
+        keys = dict.fromkeys(k for metrics in window for k in metrics)  # the same on every rank
+        record = {"step": self.step, **{k: all_mean(_window_mean([m.get(k, math.nan) for m in window]), self.ctx.env)
+                                        for k in keys}}
+        record.update(zip(self.lr_names, self.scheduler.get_last_lr()))
+        record["steps_per_s"] = round(len(window) / seconds, 4)
+        return {**record, **(log_extra(record) if log_extra else {})}
+
+    def _save(self, kind: str, exports: Mapping[str, object], checkpoint_extra: Callable[[], dict] | None) -> None:
+        if self.ctx.env.is_main:
+            save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, self.scheduler,
+                            extra=checkpoint_extra() if checkpoint_extra else None)
+            if exports:
+                export_final(self.ctx.path, self.step, kind, exports)
+        self.ctx.env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written

@@ -24,25 +24,22 @@ and `evidence_gain` (their difference, nats per masked wordpiece: > 0 when evide
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from ralm.atomic import write_json
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
 from ralm.retrieval.encoders import default_model_path
-from ralm.runtime import autocast
+from ralm.rundir import final_dir
 from ralm.train.ict import corpus_sentences
-from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, start_run, wrap_ddp
+from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
+from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
 
 @dataclass
@@ -53,7 +50,7 @@ class MlmConfig:
     head_steps: int = 100  # steps that train the head alone (the body frozen)
     batch_size: int = 16
     lr: float = 1e-4
-    warmup: int = 30  # linear learning-rate warm-up steps, in each phase
+    warmup: int = 30  # steps of linear learning-rate warm-up, in each phase
     masking: str = "salient"
     random_prob: float = 0.15
     evidence: float = 0.5  # share of examples that read the rest of their own block
@@ -66,11 +63,16 @@ class MlmConfig:
     dtype: str = "auto"
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "lr", "max_len", "max_query_len", "block_len",
-                                      "save_every", "log_every"),
-                      non_negative=("head_steps", "warmup"), fractions=("random_prob", "evidence"))
+        check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),
+                      fractions=("random_prob", "evidence"))
         MaskingConfig(self.masking, self.random_prob)
         RealmConfig(1, self.max_len, self.max_query_len)
+
+
+@dataclass
+class MlmResult(TrainResult):
+    examples: int  # sentences to mask
+    encoder: str  # RUN/final/encoder
 
 
 class EvidenceMLM(nn.Module):
@@ -94,29 +96,19 @@ def own_block_evidence(blocks: BlockStore, table: SentenceTable, s: int) -> np.n
     return np.concatenate([body[: int(table.starts[s])], body[int(table.ends[s]):]])
 
 
-def _mean(values: list[float]) -> float:
-    """Mean over the steps that had such examples (NaN if none had)."""
-    kept = [v for v in values if not np.isnan(v)]
-    return float(np.mean(kept)) if kept else float("nan")
-
-
-def _schedule(cfg: MlmConfig) -> list[Callable[[int], float]]:
+def _schedule(cfg: MlmConfig) -> list[Schedule]:
     """Learning-rate multipliers for [head, body]: the body waits `head_steps`, then warms up."""
-    def ramp(s: int) -> float:
-        return min(1.0, (s + 1) / max(cfg.warmup, 1))
-
-    return [ramp, lambda s: 0.0 if s < cfg.head_steps else ramp(s - cfg.head_steps)]
+    return [warmup_constant(cfg.warmup), delayed(warmup_constant(cfg.warmup), cfg.head_steps)]
 
 
-def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
+def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
                     notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None,
-                    corpus: tuple[BlockStore, SentenceTable] | None = None) -> dict:
+                    corpus: tuple[BlockStore, SentenceTable] | None = None) -> MlmResult:
     """Train (or resume) the warm-up run at `run`; exports RUN/final/encoder. `corpus` passes
     blocks and sentences already prepared for cfg.corpus (pre-training's own), else RUN/index
     gets them."""
-    run = Path(run)
-    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
-    notify = notify if notify and env.is_main else (lambda _: None)
+    ctx = start_run(run, cfg, device, show_progress, notify)
+    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
     if corpus is None:
         with main_first(env):
@@ -132,57 +124,27 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
     body_ids = {id(p) for p in body}
     head = [p for p in encoder.parameters() if id(p) not in body_ids]
     opt = torch.optim.AdamW([{"params": head}, {"params": body}], lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
-    step = 0
-    if resume is not None:
-        step = load_checkpoint(resume, model, opt, sched)["step"]
-        notify(f"resuming from step {step}")
-    ddp = wrap_ddp(model, env, device)
-    metrics = MetricsLog(run, step) if env.is_main else None
+    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg)),
+                     lr_names=("head_lr", "body_lr"))
     mask_id = encoder.tokenizer.mask_token_id
     model.train()
-    window, t0 = [], time.perf_counter()
-    while step < cfg.steps:
+
+    def step(i: int):
         for p in body:  # phase 1 skips the body's backward pass altogether
-            p.requires_grad_(step >= cfg.head_steps)
-        idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, step)
+            p.requires_grad_(i >= cfg.head_steps)
+        idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
+        batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
-        with_evidence = np.array([np.random.default_rng([cfg.seed, step, int(s), 1]).random() < cfg.evidence for s in idx])
+        with_evidence = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random() < cfg.evidence for s in idx])
         bodies = [own_block_evidence(blocks, table, int(s)) if e else np.zeros(0, np.int64) for s, e in zip(idx, with_evidence)]
-        with autocast(device, dtype):
-            nll, tokens = ddp(batch, bodies)  # [B] each
+        nll, tokens = loop.ddp(batch, bodies)  # [B] each
         loss, _ = global_mean(nll.sum(), int(tokens.sum()), env)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
         per_token = (nll / tokens).detach().cpu().numpy()
-        window.append({"loss": loss.item(),
-                       "loss_evidence": float(per_token[with_evidence].mean()) if with_evidence.any() else np.nan,
-                       "loss_no_evidence": float(per_token[~with_evidence].mean()) if (~with_evidence).any() else np.nan})
-        step += 1
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - t0
-            means = {k: all_mean(_mean([w[k] for w in window]), env) for k in window[0]}
-            record = {"step": step, **means, "evidence_gain": means["loss_no_evidence"] - means["loss_evidence"],
-                      "head_lr": sched.get_last_lr()[0], "body_lr": sched.get_last_lr()[1],
-                      "steps_per_s": round(len(window) / elapsed, 4)}
-            if env.is_main:
-                metrics.log(record)
-                if on_metrics:
-                    on_metrics(record)
-            window, t0 = [], time.perf_counter()
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            if env.is_main:
-                save_checkpoint(run, step, model, opt, sched)
-                encoder.save_pretrained(run / "final" / "encoder")
-                write_json(run / "final" / "trainer.json", {"step": step, "kind": "mlm"})
-            env.barrier()
-    plots = []
-    if env.is_main:
-        metrics.close()
-        plots = plot_metrics(run, ["loss", "evidence_gain", "steps_per_s"])
-    return {"run": str(run), "steps": step, "examples": int(len(examples)), "encoder": str(run / "final" / "encoder"),
-            "plots": [str(p) for p in plots]}
+        return loss, {"loss": loss.item(),  # NaN: no such example in this step (the window's mean skips it)
+                      "loss_evidence": float(per_token[with_evidence].mean()) if with_evidence.any() else np.nan,
+                      "loss_no_evidence": float(per_token[~with_evidence].mean()) if (~with_evidence).any() else np.nan}
+
+    done = loop.run(step, "mlm", {"encoder": encoder}, plots=("loss", "evidence_gain", "steps_per_s"),
+                    log_extra=lambda r: {"evidence_gain": r["loss_no_evidence"] - r["loss_evidence"]},
+                    on_metrics=on_metrics)
+    return MlmResult(**asdict(done), examples=int(len(examples)), encoder=str(final_dir(run, "encoder")))

@@ -9,7 +9,9 @@ negatives, with gradients flowing back to the rank that encoded them.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -19,8 +21,23 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ralm.distributed import DistEnv, dist_env
+from ralm.errors import RalmError
 from ralm.runtime import full_precision, resolve_dtype, seed_everything
-from ralm.train.loop import batch_indices, prepare_run
+from ralm.train.checkpoints import prepare_run
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> np.ndarray:
+    """Example indices of batch `step`: epochs are seeded permutations, so the order depends
+    only on (seed, step) and a resumed run sees exactly the batches it would have seen."""
+    if n <= 0:
+        raise RalmError("no training examples")
+    start = step * batch_size
+    out = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(start + len(out), n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        out.extend(perm[offset : offset + batch_size - len(out)].tolist())
+    return np.asarray(out, dtype=np.int64)
 
 
 def rank_slice(batch_size: int, env: DistEnv) -> slice:
@@ -33,16 +50,30 @@ def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> n
     return batch_indices(step, batch_size * env.world, n, seed)[rank_slice(batch_size, env)]
 
 
-def start_run(run, config, device: torch.device | None, show_progress: bool):
-    """Every trainer's start, alone or under torchrun: (env, this rank's device, the compute
-    dtype, progress on rank 0 only, the checkpoint to resume from). Rank 0 creates RUN (or
-    checks that its config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
+@dataclass
+class RunContext:
+    """Where and how this process trains (see `start_run`)."""
+
+    path: Path  # RUN
+    env: DistEnv
+    device: torch.device  # this rank's
+    dtype: torch.dtype  # the compute dtype (autocast)
+    show_progress: bool  # on rank 0 only
+    resume: Path | None  # the checkpoint to resume from
+    notify: Callable[[str], None]  # messages for the user, from rank 0 only
+
+
+def start_run(run, config, device: torch.device | None, show_progress: bool,
+              notify: Callable[[str], None] | None = None) -> RunContext:
+    """Every trainer's start, alone or under torchrun. Rank 0 creates RUN (or checks that its
+    config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
     env = dist_env()
     device = env.device(device or torch.device("cpu"))
     dtype = resolve_dtype(config.dtype, device)  # before any work: `bf16` on a CPU without it fails here
     seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
     resume = env.broadcast_object(prepare_run(run, config) if env.is_main else None)
-    return env, device, dtype, show_progress and env.is_main, resume
+    return RunContext(Path(run), env, device, dtype, show_progress and env.is_main, resume,
+                      notify if notify and env.is_main else (lambda _: None))
 
 
 @contextmanager

@@ -11,19 +11,17 @@ swaps in the newest complete index version:
                    steps stale (tests, tiny corpora); deterministic, so resumes reproduce
   refresh="none"   the starting index is never refreshed (an ablation)
 
-A run directory holds, besides train.loop's checkpoints and metrics:
+A run directory holds, besides the layout of ralm.rundir (checkpoints, metrics, RUN/final/retriever
+and RUN/final/encoder, a Hugging Face BertForMaskedLM):
   RUN/index/            its own versioned index (blocks, spaCy sentence cache, versions)
   RUN/refresh/          retriever snapshots for the builder; RUN/refresh.log its log
-  RUN/final/retriever/  Retriever.save_pretrained (query + document towers)
-  RUN/final/encoder/    the knowledge-augmented encoder as a Hugging Face BertForMaskedLM
-  RUN/final/trainer.json  {"step", "kind"}
+  RUN/mlm/              the encoder's MLM warm-up run (train.mlm), when its head starts fresh
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,22 +29,21 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ralm.atomic import write_json
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskingConfig, SentenceTable, masked_batch
-from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.build import init_projection
 from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
-from ralm.retrieval.searcher import LoadedVersion, load_version
+from ralm.retrieval.searcher import load_version
 from ralm.retrieval.store import IndexDir
-from ralm.runtime import autocast, dtype_name
+from ralm.rundir import final_dir, find_model
+from ralm.runtime import dtype_name
 from ralm.train.ict import corpus_sentences
+from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
-from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
+from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries, start_run
 
 REFRESH_MODES = ("async", "sync", "none")
 
@@ -64,7 +61,7 @@ class PretrainConfig:
     batch_size: int = 8
     k: int = 8
     lr: float = 5e-5
-    warmup: int = 100
+    warmup: int = 100  # steps of linear learning-rate warm-up
     retriever_warmup: int = 0  # steps before the towers train (see _schedules)
     retriever_lr: float | None = None  # the towers' learning rate (default: lr)
     masking: str = "salient"
@@ -82,11 +79,10 @@ class PretrainConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "k", "refresh_every", "save_every", "log_every", "lr",
-                                      "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
-                      non_negative=("warmup", "retriever_warmup", "mlm_warmup"), fractions=("random_prob",))
+        check_options(self, positive=("k", "refresh_every", "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
+                      non_negative=("retriever_warmup", "mlm_warmup"), fractions=("random_prob",))
         if self.refresh not in REFRESH_MODES:
-            raise RalmError(f"--refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
+            raise RalmError(f"refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
         self.realm_config()
 
@@ -94,16 +90,25 @@ class PretrainConfig:
         return RealmConfig(self.k, self.max_len, self.max_query_len, self.null_doc, self.exclude_trivial)
 
 
+@dataclass
+class PretrainResult(TrainResult):
+    examples: int  # sentences to mask
+    blocks: int
+    index_version: str  # the version in use at the end
+    refreshes_kept: list[dict]  # {"version", "step", "seconds"} of each kept index version
+    retriever: str  # RUN/final/retriever
+    encoder: str  # RUN/final/encoder
+
+
 # -- set-up ---------------------------------------------------------------------------------
 
 def _retriever_source(cfg: PretrainConfig) -> str | None:
-    """Where the towers come from: --init, else the --index's retriever, else None (fresh)."""
+    """Where the towers come from: `init`, else the `index`'s retriever, else None (fresh)."""
     if cfg.init:
-        init = Path(cfg.init)
-        for candidate in (init / "final" / "retriever", init):
-            if is_retriever_dir(candidate):
-                return str(candidate)
-        raise RalmError(f"--init {cfg.init}: neither an ICT run (no final/retriever) nor a retriever checkpoint")
+        found = find_model(cfg.init, "retriever", is_retriever_dir)
+        if found is None:
+            raise RalmError(f"{cfg.init}: neither an ICT run (no final/retriever) nor a retriever checkpoint")
+        return str(found)
     if cfg.index:
         src = IndexDir(cfg.index)
         return str(src.root / src.version_manifest(src.latest())["retriever"])
@@ -115,12 +120,12 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
     if src.kind != "dense":
-        raise RalmError(f"--index {src_path} is a {src.kind} index; pre-training needs a dense one")
+        raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs a dense one")
     manifest = src.version_manifest(src.latest())
     if manifest["blocks"] != key:
-        raise RalmError(f"--index {src_path} was built over another corpus, tokenizer or block size than --corpus")
+        raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
     if manifest.get("faiss"):
-        raise RalmError(f"--index {src_path} is a faiss index; pre-training searches exact embeddings")
+        raise RalmError(f"{src_path} is a faiss index; pre-training searches exact embeddings")
     rpath = index.root / manifest["retriever"]
     if not rpath.is_dir():
         shutil.copytree(src.root / manifest["retriever"], rpath)
@@ -134,17 +139,17 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
 
 def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_progress: bool,
                   notify: Callable[[str], None], blocks: BlockStore, table: SentenceTable) -> KnowledgeAugmentedEncoder:
-    """The knowledge-augmented encoder to start from: --encoder (a warm-up run or a masked LM)
-    or --model; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
+    """The knowledge-augmented encoder to start from: `encoder` (a warm-up run or a masked LM)
+    or `model`; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
     (resumed like the rest of the run), or REALM would start with an encoder that cannot read."""
     source = cfg.encoder or cfg.model
-    if cfg.encoder and (Path(cfg.encoder) / "final" / "encoder").is_dir():
-        source = str(Path(cfg.encoder) / "final" / "encoder")
+    if cfg.encoder and (found := find_model(cfg.encoder, "encoder", lambda p: (p / "config.json").is_file())):
+        source = str(found)
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if source in ("", "default") else source)
     if not encoder.fresh_head:
         return encoder
     if cfg.mlm_warmup == 0:
-        notify("note: the encoder's MLM head starts untrained and --mlm-warmup is 0: retrieval utility stays near 0 "
+        notify("note: the encoder's MLM head starts untrained and mlm_warmup is 0: retrieval utility stays near 0 "
                "until it learns to read, and the towers may learn to rank near-empty blocks first "
                "(see docs/pretraining.md, 'Retriever collapse')")
         return encoder
@@ -155,153 +160,141 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
                      random_prob=cfg.random_prob, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
     summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
-    return KnowledgeAugmentedEncoder.from_pretrained(summary["encoder"])
+    return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
 
 
-def _export(run: Path, model: Realm, step: int) -> None:
-    model.retriever.save_pretrained(run / "final" / "retriever")
-    model.encoder.save_pretrained(run / "final" / "encoder")
-    write_json(run / "final" / "trainer.json", {"step": step, "kind": "realm"})
+class IndexInUse:
+    """The index version pre-training searches, refreshed between steps as `refresh` says (see
+    the module doc). Rank 0 builds the starting version and runs the async builder."""
+
+    def __init__(self, cfg: PretrainConfig, ctx: RunContext, index: IndexDir, key: str, blocks: BlockStore,
+                 retriever: Retriever, start: int):
+        self.cfg, self.ctx, self.index, self.key, self.blocks, self.retriever = cfg, ctx, index, key, blocks, retriever
+        self.start = start  # the step this process starts (or resumes) at
+        if ctx.env.is_main and not (index.root / "LATEST").is_file():
+            ctx.notify("building the starting index")
+            if cfg.index:
+                _import_version(cfg.index, index, key)
+            else:
+                publish_embeddings(index, retriever, key, blocks, 0, ctx.device, show_progress=ctx.show_progress,
+                                   dtype=ctx.dtype)
+        ctx.env.barrier()
+        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), ctx.device, ctx.dtype)
+        self.snapshots = Snapshots(ctx.path / "refresh")
+        self.builder = None
+        if cfg.refresh == "async" and ctx.env.is_main:
+            log = ctx.path / "refresh.log"
+            self.builder = start_refresher(index.root, self.snapshots.root, log, dtype=dtype_name(ctx.dtype),
+                                           device="cpu" if ctx.device.type == "cpu" else str(ctx.device))
+            ctx.notify(f"index builder started (pid {self.builder.pid}, log {log})")
+
+    @property
+    def built_at(self) -> int:
+        """The step of the towers that embedded the version in use."""
+        return self.version.manifest.get("step", 0)
+
+    def before_step(self, step: int) -> None:
+        """Hand the builder the towers after `step` updates, or refresh in this process; then
+        swap in the newest complete version."""
+        cfg, env = self.cfg, self.ctx.env
+        if self.builder is not None and step % cfg.refresh_every == 0 and step > self.start:
+            self.snapshots.write(self.retriever, step)
+        if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
+            if env.is_main:
+                publish_embeddings(self.index, self.retriever, self.key, self.blocks, step, self.ctx.device,
+                                   dtype=self.ctx.dtype)
+            env.barrier()
+        if cfg.refresh == "none":
+            return
+        # rank 0 reads LATEST for every rank: a sharded index must not mix the shards of two versions
+        name = env.broadcast_object(self.index.latest())
+        if name != self.version.name:
+            self.version = load_version(self.index, name, self.ctx.device, self.ctx.dtype)
+            m = self.version.manifest
+            self.ctx.notify(f"step {step}: index {name} (built at step {m.get('step')}, {m.get('seconds')} s)")
+
+    def search(self, queries: torch.Tensor, k: int) -> np.ndarray:
+        """Block rows [B, k] of this rank's queries [B, D]."""
+        return search_rank_queries(self.version.index, queries, k, self.ctx.env)[1]
+
+    def fields(self, _record: dict) -> dict:
+        """What a metrics record says of the index."""
+        return {"index_version": self.version.name, "index_step": self.built_at, "refresh_s": self.version.manifest.get("seconds")}
+
+    def close(self) -> None:
+        """Stop the builder and remove the version it was writing."""
+        if self.builder is None:
+            return
+        self.builder.terminate()
+        self.builder.wait()
+        for tmp in (self.index.root / "versions").glob(".building-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _clean_partial_versions(index: IndexDir) -> None:
-    """Remove the temporary folder of a version the (now stopped) builder was writing."""
-    for tmp in (index.root / "versions").glob(".building-*"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _newest_version(index: IndexDir, version: LoadedVersion, device: torch.device, env: DistEnv,
-                    dtype: torch.dtype) -> LoadedVersion:
-    """The newest complete index version, the same on every rank (rank 0 reads LATEST: a
-    sharded index must not mix the shards of two versions)."""
-    name = env.broadcast_object(index.latest())
-    return version if name == version.name else load_version(index, name, device, dtype)
-
-
-def _schedules(cfg: PretrainConfig) -> list[Callable[[int], float]]:
+def _schedules(cfg: PretrainConfig) -> list[Schedule]:
     """Learning-rate multipliers for [encoder, towers]. The towers may wait `retriever_warmup`
     steps: an encoder whose MLM head starts fresh (MiniLM ships none) cannot yet use evidence,
     so every retrieved block looks worse than the null document and, left to train from step 0,
     the towers learn to rank near-empty blocks first, after which no evidence is ever read."""
-    def ramp(s: int) -> float:
-        return min(1.0, (s + 1) / max(cfg.warmup, 1))
-
-    return [ramp, lambda s: 0.0 if s < cfg.retriever_warmup else ramp(s - cfg.retriever_warmup)]
+    return [warmup_constant(cfg.warmup), delayed(warmup_constant(cfg.warmup), cfg.retriever_warmup)]
 
 
 # -- training -------------------------------------------------------------------------------
 
-def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, show_progress: bool = True,
-             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> dict:
+def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> PretrainResult:
     """Train (or resume) the run at `run`. Under torchrun every rank trains on its
     `batch_size` share of a `batch_size x world` global batch and searches its shard of the
     index; rank 0 writes the run, refreshes the index and runs the async builder."""
-    run = Path(run)
-    env, device, dtype, show_progress, resume = start_run(run, cfg, device, show_progress)
-    notify = notify if notify and env.is_main else (lambda _: None)
+    ctx = start_run(run, cfg, device, show_progress, notify)
+    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
     with main_first(env):
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
-        raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for -k {cfg.k} (need at least {cfg.k + margin})")
+        raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
     masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
     if len(examples) == 0:
-        raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try --masking random")
-    encoder = _warm_encoder(cfg, run, device, show_progress, notify, blocks, table)
+        raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try random masking")
+    encoder = _warm_encoder(cfg, run, device, show_progress, ctx.notify, blocks, table)
 
     model = Realm(retriever, encoder, cfg.realm_config()).to(device)
-    if env.is_main and not retriever.cfg.projection_ready and resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=dtype)
+    if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
+        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     opt = torch.optim.AdamW([{"params": model.encoder.parameters()},
                              {"params": model.retriever.parameters(), "lr": cfg.retriever_lr or cfg.lr}],
                             lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedules(cfg))
-    step = 0
-    if resume is not None:
-        step = load_checkpoint(resume, model, opt, sched)["step"]
-        notify(f"resuming from step {step}")
-    if env.is_main and not (index.root / "LATEST").is_file():
-        notify("building the starting index")
-        if cfg.index:
-            _import_version(cfg.index, index, key)
-        else:
-            publish_embeddings(index, retriever, key, blocks, 0, device, show_progress=show_progress, dtype=dtype)
-    env.barrier()
-    version = load_version(index, env.broadcast_object(index.latest()), device, dtype)
-    ddp = wrap_ddp(model, env, device)  # broadcasts rank 0's weights (its PCA projection, fresh MLM head)
-    snapshots = Snapshots(run / "refresh")
-    refresher = None
-    if cfg.refresh == "async" and env.is_main:
-        refresher = start_refresher(index.root, snapshots.root, run / "refresh.log",
-                                    device="cpu" if device.type == "cpu" else str(device), dtype=dtype_name(dtype))
-        notify(f"index builder started (pid {refresher.pid}, log {run / 'refresh.log'})")
-
-    metrics = MetricsLog(run, step) if env.is_main else None
+    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, _schedules(cfg)),
+                     lr_names=("lr", "retriever_lr"))
+    in_use = IndexInUse(cfg, ctx, index, key, blocks, retriever, start=loop.step)
     mask_id = retriever.tokenizer.mask_token_id
     model.train()
-    window, t0 = [], time.perf_counter()
+
+    def step(i: int):
+        in_use.before_step(i)
+        idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
+        batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
+        out = loop.ddp(batch, blocks, in_use.search)
+        loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
+        return loss, {"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),
+                      "p_null": out.log_pz[:, -1].exp().mean().item(),
+                      "span_in_top": float(span_in_top_block(batch, blocks, out.rows, out.log_pz).mean()),
+                      "staleness": i - in_use.built_at}
+
     try:
-        while step < cfg.steps:
-            if cfg.refresh == "sync" and step - version.manifest.get("step", 0) >= cfg.refresh_every:
-                if env.is_main:
-                    publish_embeddings(index, retriever, key, blocks, step, device, dtype=dtype)
-                env.barrier()
-            if cfg.refresh != "none" and (newest := _newest_version(index, version, device, env, dtype)) is not version:
-                version = newest
-                m = version.manifest
-                notify(f"step {step}: index {version.name} (built at step {m.get('step')}, {m.get('seconds')} s)")
-
-            def search(q: torch.Tensor, n: int) -> np.ndarray:
-                return search_rank_queries(version.index, q, n, env)[1]
-
-            idx = examples[rank_batch(step, cfg.batch_size, len(examples), cfg.seed, env)]
-            batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, step)
-            with autocast(device, dtype):
-                out = ddp(batch, blocks, search)
-            loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            window.append({"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),
-                           "p_null": out.log_pz[:, -1].exp().mean().item(),
-                           "span_in_top": float(span_in_top_block(batch, blocks, out.rows, out.log_pz).mean()),
-                           "staleness": step - version.manifest.get("step", 0)})
-            step += 1
-            if refresher is not None and step % cfg.refresh_every == 0 and step < cfg.steps:
-                snapshots.write(retriever, step)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                elapsed = time.perf_counter() - t0
-                record = {"step": step, **{k: all_mean(float(np.mean([w[k] for w in window])), env) for k in window[0]},
-                          "steps_per_s": round(len(window) / elapsed, 4), "lr": sched.get_last_lr()[0], "retriever_lr": sched.get_last_lr()[1],
-                          "index_version": version.name, "index_step": version.manifest.get("step", 0),
-                          "refresh_s": version.manifest.get("seconds")}
-                if env.is_main:
-                    metrics.log(record)
-                    if on_metrics:
-                        on_metrics(record)
-                window, t0 = [], time.perf_counter()
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                if env.is_main:
-                    save_checkpoint(run, step, model, opt, sched,
-                                    extra={"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg), "index_version": version.name})
-                    _export(run, model, step)
-                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
+        done = loop.run(step, "realm", {"retriever": model.retriever, "encoder": model.encoder},
+                        plots=("loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top"),
+                        log_extra=in_use.fields, on_metrics=on_metrics,
+                        checkpoint_extra=lambda: {"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg),
+                                                  "index_version": in_use.version.name})
     finally:
-        if refresher is not None:
-            refresher.terminate()
-            refresher.wait()
-            _clean_partial_versions(index)
-        if metrics is not None:
-            metrics.close()
-    plots = plot_metrics(run, ["loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top"]) if env.is_main else []
+        in_use.close()
     versions = [index.version_manifest(v) for v in index.versions()]
-    return {"run": str(run), "steps": step, "examples": int(len(examples)), "blocks": len(blocks),
-            "index_version": version.name, "refreshes_kept": [{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")} for v in versions],
-            "retriever": str(run / "final" / "retriever"), "encoder": str(run / "final" / "encoder"),
-            "plots": [str(p) for p in plots]}
+    return PretrainResult(**asdict(done), examples=int(len(examples)), blocks=len(blocks), index_version=in_use.version.name,
+                          refreshes_kept=[{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")}
+                                          for v in versions],
+                          retriever=str(final_dir(run, "retriever")), encoder=str(final_dir(run, "encoder")))

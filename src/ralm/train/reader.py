@@ -16,16 +16,14 @@ block. Questions with no gold span (an answer longer than W wordpieces, or not i
 contribute nothing; the share of questions with one is logged as `answerable`.
 
 A run: RUN/config.json, RUN/checkpoints/ (resumable), RUN/metrics.jsonl (loss, span_accuracy,
-answerable, windows, lr, seconds_per_step), loss.png, span_accuracy.png, RUN/final/reader.
+answerable, windows, lr, steps_per_s), loss.png, span_accuracy.png, RUN/final/reader.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -33,11 +31,11 @@ from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, answer_occurrences, read_questions
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, ReaderBatch, best_spans, marginal_nll, valid_spans
-from ralm.progress import progress_bar
-from ralm.runtime import autocast, full_precision
-from ralm.train.finetune import load_reader
-from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint
-from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run, wrap_ddp
+from ralm.rundir import final_dir
+from ralm.runtime import full_precision
+from ralm.train.finetune import AnswerableCount, load_reader
+from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
 
 
 @dataclass
@@ -48,7 +46,7 @@ class ReaderTrainConfig:
     steps: int = 5000
     batch_size: int = 32
     lr: float = 1e-4
-    warmup: float = 0.1  # share of steps with a linear learning-rate warm-up
+    warmup: int = 500  # steps of linear learning-rate warm-up (then linear decay to 0)
     max_len: int = 384
     stride: int = 128  # wordpieces between the starts of a passage's windows
     trainable_layers: int | None = None  # None: every layer trains (reads best)
@@ -59,8 +57,14 @@ class ReaderTrainConfig:
     dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
     def __post_init__(self):
-        check_options(self, positive=("steps", "batch_size", "max_len", "stride", "save_every", "log_every", "lr", "limit"),
-                      non_negative=("trainable_layers",), shares=("warmup",))
+        check_options(self, positive=("max_len", "stride", "limit"), non_negative=("trainable_layers",))
+
+
+@dataclass
+class ReaderTrainResult(TrainResult):
+    questions: int
+    answerable_share: float  # of the questions seen, those with a gold span
+    reader: str  # RUN/final/reader
 
 
 def gold_passages(questions: Sequence[Question], source: str, corpus: str | None) -> list[str]:
@@ -75,7 +79,7 @@ def gold_passages(questions: Sequence[Question], source: str, corpus: str | None
         elif doc_id is None:
             raise RalmError(f"{source}: question {q.id} has neither a 'context' nor a 'doc_id' field")
         elif corpus is None:
-            raise RalmError(f"{source}: question {q.id} names its passage by 'doc_id'; give the corpus with --corpus")
+            raise RalmError(f"{source}: question {q.id} names its passage by 'doc_id', but no corpus was given")
         elif doc_id not in texts:
             raise RalmError(f"{source}: question {q.id}: doc_id {doc_id!r} is not in {corpus}")
         else:
@@ -119,67 +123,43 @@ def gold_windows(reader: Reader, questions: Sequence[Question], passages: Sequen
 
 
 def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.device | None = None,
-                 show_progress: bool = True) -> dict:
-    """Train (or resume) the run at `out`; returns a summary. Under torchrun every rank reads its
-    `batch_size` share of a `batch_size x world` global batch of questions."""
+                 show_progress: bool = True, notify: Callable[[str], None] | None = None,
+                 on_metrics: Callable[[dict], None] | None = None) -> ReaderTrainResult:
+    """Train (or resume) the run at `out`. Under torchrun every rank reads its `batch_size`
+    share of a `batch_size x world` global batch of questions."""
     questions = read_questions(cfg.questions)[: cfg.limit]  # bad files fail before RUN is made
     passages = gold_passages(questions, cfg.questions, cfg.corpus)
-    env, device, dtype, show_progress, resume = start_run(out, cfg, device, show_progress)
+    ctx = start_run(out, cfg, device, show_progress, notify)
+    env, device = ctx.env, ctx.device
     reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(device)
     optimizer = torch.optim.AdamW([p for p in reader.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(cfg.steps, cfg.warmup))
-    step = seen = answerable_total = 0
-    if resume is not None:
-        meta = load_checkpoint(resume, reader, optimizer, scheduler)
-        step, seen, answerable_total = meta["step"], meta["extra"]["seen"], meta["extra"]["answerable"]
-    model = wrap_ddp(reader, env, device)
-    log = MetricsLog(out, step) if env.is_main else None
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
+    loop = TrainLoop(ctx, cfg, reader, optimizer, scheduler)
+    count = AnswerableCount(**loop.resumed)
     reader.train()
     width = reader.cfg.max_span_width
-    start, first_step = time.perf_counter(), step
-    with progress_bar(show_progress) as bar:
-        task = bar.add_task("reader training", total=cfg.steps, completed=step)
-        while step < cfg.steps:
-            idx = rank_batch(step, cfg.batch_size, len(questions), cfg.seed, env)
-            batch, match, answerable = gold_windows(reader, [questions[i] for i in idx], [passages[i] for i in idx], cfg.stride)
-            batch, match = batch.to(device), match.to(device)
-            with autocast(device, dtype):
-                scores = model(batch)  # [N, L, W]
-            with full_precision(device):
-                valid = valid_spans(batch, width)
-                loss, labelled = marginal_nll(scores[:, None], valid[:, None], match[:, None],
-                                              torch.zeros(len(match), 1, device=device))
-                mine = int(labelled.sum())
-                loss, labelled_now = global_mean(loss * mine, mine, env)
-            optimizer.zero_grad(set_to_none=True)
-            if labelled_now:  # else no rank has gradients: the step leaves the weights alone
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(reader.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            seen += len(idx) * env.world
-            answerable_now = round(all_mean(answerable, env) * env.world)
-            answerable_total += answerable_now
-            bar.advance(task)
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                with torch.no_grad():
-                    s, w, _ = best_spans(scores.detach(), valid)
-                    hit = match[torch.arange(len(match), device=device), s, w][labelled]
-                record = {"step": step, "loss": round(all_mean(loss.item(), env), 5),
-                          "span_accuracy": round(all_mean(hit.float().mean().item() if mine else 0.0, env), 4),
-                          "answerable": round(answerable_now / (len(idx) * env.world), 4),
-                          "windows": len(match), "lr": scheduler.get_last_lr()[0],
-                          "seconds_per_step": round((time.perf_counter() - start) / max(1, step - first_step), 3)}
-                if env.is_main:
-                    log.log(record)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                if env.is_main:
-                    save_checkpoint(out, step, reader, optimizer, scheduler, extra={"seen": seen, "answerable": answerable_total})
-                env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
-    if env.is_main:
-        log.close()
-        reader.save_pretrained(Path(out) / "final" / "reader")
-        plot_metrics(out, ["loss", "span_accuracy"], smooth=10)
-    return {"run": str(out), "steps": step, "questions": len(questions),
-            "answerable_share": round(answerable_total / max(seen, 1), 4), "seconds": round(time.perf_counter() - start, 1)}
+
+    def step(i: int):
+        idx = rank_batch(i, cfg.batch_size, len(questions), cfg.seed, env)
+        batch, match, answerable = gold_windows(reader, [questions[j] for j in idx], [passages[j] for j in idx], cfg.stride)
+        batch, match = batch.to(device), match.to(device)
+        scores = loop.ddp(batch)  # [N, L, W]
+        with full_precision(device):
+            valid = valid_spans(batch, width)
+            loss, labelled = marginal_nll(scores[:, None], valid[:, None], match[:, None],
+                                          torch.zeros(len(match), 1, device=device))
+            mine = int(labelled.sum())
+            loss, labelled_now = global_mean(loss * mine, mine, env)
+            with torch.no_grad():
+                s, w, _ = best_spans(scores.detach(), valid)
+                hit = match[torch.arange(len(match), device=device), s, w][labelled]
+        answerable_now = round(all_mean(answerable, env) * env.world)
+        count.add(len(idx) * env.world, answerable_now)
+        return loss if labelled_now else None, {
+            "loss": loss.item(), "span_accuracy": hit.float().mean().item() if mine else 0.0,
+            "answerable": answerable_now / (len(idx) * env.world), "windows": float(len(match))}
+
+    done = loop.run(step, "reader", {"reader": reader}, plots=("loss", "span_accuracy"),
+                    checkpoint_extra=lambda: asdict(count), on_metrics=on_metrics)
+    return ReaderTrainResult(**asdict(done), questions=len(questions), answerable_share=count.share,
+                             reader=str(final_dir(ctx.path, "reader")))

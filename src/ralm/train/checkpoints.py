@@ -1,0 +1,138 @@
+"""Checkpoints of a run (atomic, resumable) and the config check that lets a run resume.
+
+Checkpoints hold tensors in safetensors and the rest in JSON: nothing is unpickled on resume.
+A checkpoint is written in a hidden `checkpoints/.step-N-<pid>@...tmp` folder (ralm.atomic);
+one a killed run left behind is removed when the run starts again. Paths: ralm.rundir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ralm.atomic import atomic_path, read_json, remove_stale_temps, write_json, write_text
+from ralm.distributed import dist_env
+from ralm.errors import RalmError
+from ralm.rundir import checkpoints_dir, config_file
+
+# Options a user may change when resuming (train longer, save more often).
+RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype"}
+
+
+# -- optimizer state as safetensors + JSON ----------------------------------------------------
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    state = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, slots in state["state"].items():
+        for name, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in list(tensors.items()) + list(meta["scalars"].items()):
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# -- checkpoints --------------------------------------------------------------------------
+
+def world_size() -> int:
+    """Processes training together (torchrun), 1 without it."""
+    return dist_env().world
+
+
+def save_checkpoint(run: str | os.PathLike, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                    scheduler=None, extra: dict | None = None, keep: int = 2) -> Path:
+    """Write RUN/checkpoints/step-N atomically, then move LATEST to it; keep the last `keep`."""
+    ckdir = checkpoints_dir(run)
+    name = f"step-{step:06d}"
+    with atomic_path(ckdir / name) as tmp:
+        tmp.mkdir()
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+        meta = {"step": step, "extra": extra or {}, "torch_rng": torch.get_rng_state().tolist(), "world": world_size()}
+        if optimizer is not None:
+            tensors, opt_meta = _optimizer_tensors(optimizer)
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            meta["optimizer"] = opt_meta
+        if scheduler is not None:
+            meta["scheduler"] = scheduler.state_dict()
+        (tmp / "trainer.json").write_text(json.dumps(meta) + "\n")
+    write_text(ckdir / "LATEST", name + "\n")
+    for old in sorted(p for p in ckdir.glob("step-*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return ckdir / name
+
+
+def latest_checkpoint(run: str | os.PathLike) -> Path | None:
+    f = checkpoints_dir(run) / "LATEST"
+    if not f.is_file():
+        return None
+    path = f.parent / f.read_text().strip()
+    return path if (path / "trainer.json").is_file() else None
+
+
+def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    scheduler=None) -> dict:
+    """Restore model (+ optimizer, scheduler, torch RNG) in place; returns trainer.json."""
+    path = Path(path)
+    meta = read_json(path / "trainer.json")
+    # The global batch is per-rank batch x ranks: another count would silently change the run.
+    saved, now = meta.get("world", 1), world_size()
+    if saved != now:
+        raise RalmError(f"{path} was saved by {saved} process(es) but this run has {now}; resume with "
+                        f"`torchrun --nproc_per_node {saved}` (or without torchrun for 1), or start a new run directory")
+    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+    if optimizer is not None and "optimizer" in meta:
+        optimizer.load_state_dict(_optimizer_state(load_file(str(path / "optimizer.safetensors")), meta["optimizer"]))
+    if scheduler is not None and "scheduler" in meta:
+        scheduler.load_state_dict(meta["scheduler"])
+    torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
+    return meta
+
+
+# -- starting or resuming a run ---------------------------------------------------------------
+
+def _warmup_in_steps(old: dict) -> dict:
+    """A config.json from when DPR, fine-tuning and reader training took `warmup` as a share of
+    the steps, with the warm-up in steps that share gave (int(share x steps))."""
+    share = old.get("warmup")
+    if isinstance(share, float) and 0 <= share < 1 and isinstance(old.get("steps"), int):
+        return {**old, "warmup": int(share * old["steps"])}
+    return old
+
+
+def prepare_run(run: str | os.PathLike, config) -> Path | None:
+    """Create RUN (saving its config) or check that an existing RUN was started with the same
+    config; returns the checkpoint to resume from, if any."""
+    run = Path(run)
+    if run.exists() and not run.is_dir():
+        raise RalmError(f"run directory {run} is a file; choose a directory (new, or a run to resume)")
+    cfg = asdict(config) if is_dataclass(config) else dict(config)
+    saved = config_file(run)
+    if saved.is_file():
+        raw = read_json(saved)
+        old = _warmup_in_steps(raw)
+        changed = {k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k) and k not in RESUMABLE_CHANGES}
+        if "warmup" in changed and old is not raw:
+            raise RalmError(f"{run} was started with warmup {raw['warmup']} (a share of its {raw['steps']} steps), "
+                            f"i.e. {old['warmup']} warm-up steps; resume with warmup {old['warmup']}")
+        if changed:
+            raise RalmError(f"{run} was started with a different config ({', '.join(sorted(changed))}); "
+                            "start a new run directory")
+    run.mkdir(parents=True, exist_ok=True)
+    write_json(saved, cfg)
+    remove_stale_temps(checkpoints_dir(run))  # a killed run's half-written checkpoint (can be GBs)
+    return latest_checkpoint(run)
