@@ -67,6 +67,7 @@ def test_evidence_is_the_block_without_the_sentence(tiny_bert, corpus_file, tmp_
     body = blocks.body(int(table.rows[s])).tolist()
     a, b = int(table.starts[s]), int(table.ends[s])
     assert own_block_evidence(blocks, table, s).tolist() == body[:a] + body[b:]
+    assert own_block_evidence(blocks, table, s, keep=True).tolist() == body
 
 
 def test_bad_options_are_clear_errors(corpus_file):
@@ -74,6 +75,8 @@ def test_bad_options_are_clear_errors(corpus_file):
         MlmConfig(str(corpus_file), evidence=1.5)
     with pytest.raises(RalmError, match="head_steps must be >= 0"):
         MlmConfig(str(corpus_file), head_steps=-1)
+    with pytest.raises(RalmError, match="keep_sentence must be in"):
+        MlmConfig(str(corpus_file), keep_sentence=-0.1)
     with pytest.raises(RalmError, match="masking"):
         MlmConfig(str(corpus_file), masking="words")
 

@@ -330,7 +330,8 @@ def mlm(
     lr: float = typer.Option(1e-4, "--lr"),
     warmup: int = typer.Option(30, "--warmup", help=f"{WarmupHelp} (in each phase)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
-    evidence: float = typer.Option(0.5, "--evidence", help="share of sentences read with the rest of their own block"),
+    evidence: float = typer.Option(0.5, "--evidence", help="share of sentences read with their own block (the others with none)"),
+    keep_sentence: float = typer.Option(0.5, "--keep-sentence", help="share of those blocks that still hold the sentence"),
     max_len: int = typer.Option(352, "--max-len", help="encoder input length: [CLS] x [SEP] block [SEP]"),
     block_len: int = typer.Option(288, "--block-len", help="wordpieces per block"),
     save_every: int = typer.Option(100, "--save-every"),
@@ -346,7 +347,7 @@ def mlm(
 
     _quiet_libraries()
     cfg = MlmConfig(str(corpus), model=model, steps=steps, head_steps=head_steps, batch_size=batch_size, lr=lr, warmup=warmup,
-                    masking=masking, evidence=evidence, max_len=max_len, block_len=block_len, save_every=save_every,
+                    masking=masking, evidence=evidence, keep_sentence=keep_sentence, max_len=max_len, block_len=block_len, save_every=save_every,
                     log_every=log_every, seed=seed, dtype=dtype)
     result = warm_up_encoder(cfg, run, _device(device), notify=_notify, on_metrics=_print_train_metrics)
     _print_train_summary(result, as_json, f"{result.steps} steps; exported {result.encoder}")

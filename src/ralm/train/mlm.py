@@ -7,9 +7,12 @@ and a retriever trained against such an encoder learns nothing (or collapses ont
 blocks). This warm-up teaches the encoder, on the pre-training corpus, what REALM then needs:
 
   input   `[CLS] x [SEP] z_body [SEP]`, x a masked sentence (salient spans or random wordpieces,
-          as REALM will mask), z_body the rest of x's own block (x cut out) for a share
-          `evidence` of the examples and empty for the others, so the encoder learns both to
-          copy a span from evidence and to predict it without any
+          as REALM will mask), z_body x's own block for a share `evidence` of the examples
+          and empty for the others, so the encoder learns both to read a span from evidence
+          and to predict it without any. In a share `keep_sentence` of the blocks x itself
+          stays (the plainest lesson in copying: find x's context, copy the span, as ICT
+          keeps some pseudo-queries); in the others x is cut out, so the span must come from
+          elsewhere in the block, as it will from other documents' blocks in REALM
   phase 1 `head_steps` steps train the head only (transform, LayerNorm, bias; the decoder is
           tied to the frozen word embeddings): a random head would otherwise send large
           gradients into the pretrained body
@@ -53,7 +56,8 @@ class MlmConfig:
     warmup: int = 30  # steps of linear learning-rate warm-up, in each phase
     masking: str = "salient"
     random_prob: float = 0.15
-    evidence: float = 0.5  # share of examples that read the rest of their own block
+    evidence: float = 0.5  # share of examples that read their own block
+    keep_sentence: float = 0.5  # share of those blocks that still hold x
     max_len: int = 352
     max_query_len: int = 64
     block_len: int = 288
@@ -64,7 +68,7 @@ class MlmConfig:
 
     def __post_init__(self):
         check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),
-                      fractions=("random_prob", "evidence"))
+                      fractions=("random_prob", "evidence", "keep_sentence"))
         MaskingConfig(self.masking, self.random_prob)
         RealmConfig(1, self.max_len, self.max_query_len)
 
@@ -90,10 +94,10 @@ class EvidenceMLM(nn.Module):
         return -torch.where(label_mask, log_py, torch.zeros_like(log_py)).sum(-1), label_mask.sum(-1)
 
 
-def own_block_evidence(blocks: BlockStore, table: SentenceTable, s: int) -> np.ndarray:
-    """The body of sentence s's block with the sentence cut out."""
+def own_block_evidence(blocks: BlockStore, table: SentenceTable, s: int, keep: bool = False) -> np.ndarray:
+    """The body of sentence s's block, the sentence cut out unless `keep`."""
     body = blocks.body(int(table.rows[s]))
-    return np.concatenate([body[: int(table.starts[s])], body[int(table.ends[s]):]])
+    return body if keep else np.concatenate([body[: int(table.starts[s])], body[int(table.ends[s]):]])
 
 
 def _schedule(cfg: MlmConfig) -> list[Schedule]:
@@ -135,8 +139,10 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
         batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
-        with_evidence = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random() < cfg.evidence for s in idx])
-        bodies = [own_block_evidence(blocks, table, int(s)) if e else np.zeros(0, np.int64) for s, e in zip(idx, with_evidence)]
+        draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(2) for s in idx])  # [B, 2]
+        with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence
+        bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e else np.zeros(0, np.int64)
+                  for s, e, k in zip(idx, with_evidence, keep)]
         nll, tokens = loop.ddp(batch, bodies)  # [B] each
         loss, _ = global_mean(nll.sum(), int(tokens.sum()), env)
         per_token = (nll / tokens).detach().cpu().numpy()
