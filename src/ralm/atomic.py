@@ -168,6 +168,19 @@ def read_json(path: str | os.PathLike) -> dict:
     return obj
 
 
+def read_manifest(folder: str | os.PathLike, fmt: str, what: str, hint: str = "") -> dict:
+    """FOLDER/manifest.json of a ralm artifact in format `fmt`; `what` names the artifact
+    ("index directory", "chunk DB") and `hint` says how to make one, in the errors."""
+    path = Path(folder) / "manifest.json"
+    if not path.is_file():
+        article = "an" if what[0] in "aeiou" else "a"
+        raise RalmError(f"{folder}: not {article} {what} (no manifest.json){hint}")
+    manifest = read_json(path)
+    if manifest.get("format") != fmt:
+        raise RalmError(f"{folder}: unsupported {what} format {manifest.get('format')!r}")
+    return manifest
+
+
 def read_npy(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.ndarray:
     """A .npy array written by ralm, memory-mapped by default; never unpickles."""
     try:

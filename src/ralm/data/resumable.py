@@ -20,12 +20,25 @@ from ralm.errors import RalmError
 from ralm.progress import progress_bar
 
 
+def partial_path(out: str | os.PathLike) -> Path:
+    """The folder an unfinished build of `out` works in."""
+    return Path(out).with_name(f".{Path(out).name}.partial")
+
+
+def build_hint(out: str | os.PathLike, command: str) -> str:
+    """How to make the missing `out`: finish its unfinished build, or build it with `command`."""
+    partial = partial_path(out)
+    if partial.exists():
+        return f" (an unfinished build is at {partial}; rerun `{command}` to finish it)"
+    return f"; build one with `{command}`"
+
+
 class PartialBuild:
     def __init__(self, out: str | os.PathLike, signature: dict):
         self.out = Path(out)
         if self.out.exists():
             raise RalmError(f"{self.out} already exists; choose a new --out or remove it")
-        self.path = self.out.with_name(f".{self.out.name}.partial")
+        self.path = partial_path(self.out)
         sig = self.path / "signature.json"
         if self.path.is_dir() and (not sig.is_file() or read_json(sig) != json.loads(json.dumps(signature))):
             shutil.rmtree(self.path)  # a leftover of a build with other inputs

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ralm.atomic import read_json
+from ralm.atomic import read_manifest
 from ralm.data.chunks import TokenStream, context_windows, window_batches
-from ralm.data.resumable import PartialBuild
+from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.retrieval.exact import check_k
 from ralm.retrieval.faiss_index import FaissIndex
@@ -133,11 +133,7 @@ def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, o
 class Datastore:
     def __init__(self, path: str | os.PathLike, nprobe: int = 32):
         self.path = Path(path)
-        if not (self.path / "manifest.json").is_file():
-            raise RalmError(f"{self.path}: not a kNN-LM datastore (no manifest.json); build one with `ralm knnlm build`")
-        self.manifest = read_json(self.path / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.path}: unsupported datastore format {self.manifest.get('format')!r}")
+        self.manifest = read_manifest(self.path, FORMAT, "kNN-LM datastore", build_hint(self.path, "ralm knnlm build"))
         self.keys = np.load(self.path / "keys.npy", mmap_mode="r", allow_pickle=False)  # [N, D] float16
         self.values = np.load(self.path / "values.npy", mmap_mode="r", allow_pickle=False)  # [N]
         self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, tokenizer_fingerprint
-from ralm.data.corpus import corpus_fingerprint
+from ralm.atomic import read_npy
+from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
@@ -19,20 +18,8 @@ from ralm.retrieval.bm25 import BM25Index
 from ralm.retrieval.encoders import Retriever, encode_rows, init_projection_pca, load_tokenizer
 from ralm.retrieval.faiss_index import FaissIndex
 from ralm.retrieval.sharded import assemble_pieces, encode_pieces
-from ralm.retrieval.store import IndexDir, blocks_key
+from ralm.retrieval.store import IndexDir, embeddings_file
 from ralm.runtime import dtype_name, resolve_dtype
-
-
-def ensure_blocks(index: IndexDir, corpus: str | os.PathLike, tokenizer, cfg: BlockConfig,
-                  show_progress: bool = True) -> tuple[str, BlockStore]:
-    """The block store for this corpus + tokenizer + config, built once and reused."""
-    if not Path(corpus).exists():
-        raise RalmError(f"corpus not found: {corpus}")
-    key = blocks_key(corpus_fingerprint(corpus), tokenizer_fingerprint(tokenizer), asdict(cfg))
-    path = index.blocks_path(key)
-    if not (path / "manifest.json").is_file():
-        build_block_store(corpus, path, tokenizer, cfg, show_progress)
-    return key, BlockStore(path)
 
 
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
@@ -76,8 +63,16 @@ def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: to
     return emb
 
 
-def _version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
+def version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
+    """What every version's manifest.json records (publishing adds its name and time)."""
     return {"kind": kind, "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
+
+
+def dense_manifest(index: IndexDir, key: str, blocks: BlockStore, dim: int, retriever_path: Path,
+                   dtype: torch.dtype) -> dict:
+    """A dense version's: also its dimension and the retriever (saved in the index) that built it."""
+    return {**version_manifest("dense", key, blocks), "dim": dim, "doc_fingerprint": retriever_path.name,
+            "retriever": str(retriever_path.relative_to(index.root)), "dtype": dtype_name(dtype)}
 
 
 def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
@@ -100,11 +95,11 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
         name = None
         if env.is_main:
             index = IndexDir.create(out, kind)
-            key, blocks = ensure_blocks(index, corpus, load_tokenizer(model), block_cfg, show_progress)
+            key, blocks = ensure_block_store(index.blocks_dir, corpus, load_tokenizer(model), block_cfg, show_progress)
 
             def write_bm25(tmp: Path) -> dict:
                 BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
-                return _version_manifest(kind, key, blocks)
+                return version_manifest(kind, key, blocks)
 
             name = index.publish(write_bm25)
         env.barrier()
@@ -114,11 +109,11 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     # Rank 0 creates the directory, the block store and the projection; the others follow.
     if env.is_main:
         index = IndexDir.create(out, kind)
-        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, retriever.tokenizer, block_cfg, show_progress)
     env.barrier()
     if not env.is_main:
         index = IndexDir(out)
-        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress=False)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, retriever.tokenizer, block_cfg, show_progress=False)
     retriever.to(device).eval()
     pooled = None
     if env.is_main:
@@ -134,19 +129,18 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     fingerprint = rpath.name
 
     def manifest() -> dict:
-        return {**_version_manifest(kind, key, blocks), "dim": retriever.dim, "doc_fingerprint": fingerprint,
-                "retriever": str(rpath.relative_to(index.root)), "faiss": faiss_spec, "dtype": dtype_name(dtype)}
+        return {**dense_manifest(index, key, blocks, retriever.dim, rpath, dtype), "faiss": faiss_spec}
 
     def finish(tmp: Path) -> dict:
         if not faiss_spec:
             return manifest()
-        ann = FaissIndex.build(np.load(tmp / "embeddings.npy", mmap_mode="r"), faiss_spec)
+        ann = FaissIndex.build(read_npy(embeddings_file(tmp)), faiss_spec)
         ann.save(tmp / "faiss.index")
         return {**manifest(), "faiss_params": ann.default_search_params()}
 
     if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
         def write_projected(tmp: Path) -> dict:
-            embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, pooled, dtype)
+            embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, pooled, dtype)
             return finish(tmp)
 
         return index, index.publish(write_projected)
@@ -159,7 +153,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     name = None
     if env.is_main:
         def write_assembled(tmp: Path) -> dict:
-            assemble_pieces(staging, len(blocks), retriever.dim, tmp / "embeddings.npy", env.world, piece_rows)
+            assemble_pieces(staging, len(blocks), retriever.dim, embeddings_file(tmp), env.world, piece_rows)
             return finish(tmp)
 
         name = index.publish(write_assembled)

@@ -3,8 +3,9 @@ version is being written (by `ralm index build` or the pre-training refresher).
 
   DIR/manifest.json         {"format", "retriever": "dense" | "bm25"}
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
+  DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
-  DIR/versions/v000007/     manifest.json + embeddings.npy [+ faiss.index] | bm25/
+  DIR/versions/v000007/     manifest.json + embeddings.npy (dense) [+ faiss.index] | bm25/
   DIR/LATEST                name of the newest complete version (replaced atomically)
 
 A version directory is complete before it gets its name, and LATEST moves only after that,
@@ -14,7 +15,6 @@ so a reader never sees a partial version. A version is written in `versions/.bui
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ralm.atomic import fsync_tree, read_json, remove_stale_temps, temp_dir, write_json, write_text
+import numpy as np
+
+from ralm.atomic import fsync_tree, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 
@@ -31,19 +33,15 @@ FORMAT = "ralm.index/1"
 _VERSION = re.compile(r"^v(\d{6})$")
 
 
-def blocks_key(corpus_fp: str, tokenizer_fp: str, block_cfg: dict) -> str:
-    raw = json.dumps([corpus_fp, tokenizer_fp, block_cfg], sort_keys=True).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+def embeddings_file(version_dir: Path) -> Path:
+    """Where a dense version keeps its float32 block embeddings [N, D], also while it is written."""
+    return version_dir / "embeddings.npy"
 
 
 class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        if not (self.root / "manifest.json").is_file():
-            raise RalmError(f"{self.root}: not an index directory (no manifest.json); build one with `ralm index build`")
-        self.manifest = read_json(self.root / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.root}: unsupported index format {self.manifest.get('format')!r}")
+        self.manifest = read_manifest(self.root, FORMAT, "index directory", "; build one with `ralm index build`")
 
     @classmethod
     def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
@@ -86,6 +84,14 @@ class IndexDir:
     def version_manifest(self, name: str) -> dict:
         return read_json(self.version_path(name) / "manifest.json")
 
+    def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:
+        """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
+        emb = read_npy(embeddings_file(self.version_path(name)), mmap_mode)
+        if emb.shape != (manifest["count"], manifest["dim"]):
+            raise RalmError(f"{self.version_path(name)}: embeddings have shape {emb.shape}, "
+                            f"manifest says {(manifest['count'], manifest['dim'])}")
+        return emb
+
     def publish(self, write: Callable[[Path], dict], keep: int = 3) -> str:
         """Call `write(tmp_dir) -> manifest`, then give the folder the next version name and
         point LATEST at it. Older versions beyond `keep` are removed."""
@@ -120,11 +126,18 @@ class IndexDir:
                 shutil.rmtree(self.version_path(name), ignore_errors=True)
 
     # -- blocks and retrievers ---------------------------------------------------------------
-    def blocks_path(self, key: str) -> Path:
-        return self.root / "blocks" / key
+    @property
+    def blocks_dir(self) -> Path:
+        """The block stores (data/blocks.py `ensure_block_store`)."""
+        return self.root / "blocks"
+
+    @property
+    def sentences_dir(self) -> Path:
+        """The spaCy sentence passes over them (data/masking.py `corpus_sentences`)."""
+        return self.root / "sentences"
 
     def blocks(self, key: str) -> BlockStore:
-        path = self.blocks_path(key)
+        path = self.blocks_dir / key
         if not path.is_dir():
             raise RalmError(f"{self.root}: block store {key} is missing; rebuild the index")
         return BlockStore(path)

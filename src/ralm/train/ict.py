@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from ralm.atomic import write_json
-from ralm.data.blocks import BlockConfig, BlockStore
-from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
+from ralm.data.blocks import BlockStore
+from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
-from ralm.retrieval.build import ensure_blocks, init_projection
+from ralm.retrieval.build import init_projection
 from ralm.retrieval.encoders import Retriever, pad_rows
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import autocast
@@ -56,15 +56,6 @@ class IctConfig:
             raise RalmError("ICT needs --batch-size >= 2 (the other blocks of a batch are the negatives)")
 
 
-def corpus_sentences(run: Path, corpus: str, tokenizer, block_len: int = 288,
-                     show_progress: bool = True) -> tuple[IndexDir, str, BlockStore, SentenceTable]:
-    """RUN/index with the corpus' block store and its cached spaCy sentence pass."""
-    index = IndexDir.create(run / "index", "dense")
-    key, blocks = ensure_blocks(index, corpus, tokenizer, BlockConfig(max_len=block_len), show_progress)
-    table = find_sentences(blocks, tokenizer, index.root / "sentences" / key, SentenceConfig(), show_progress)
-    return index, key, blocks, table
-
-
 def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_id: int, sep_id: int,
              max_query_len: int) -> tuple[list[int], list[int]]:
     """(query `[CLS] sentence [SEP]`, context `[CLS] title [SEP] body-without-sentence [SEP]`)."""
@@ -91,7 +82,9 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device, show
     notify = notify if notify and env.is_main else (lambda _: None)
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
-        _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+        index = IndexDir.create(run / "index", "dense")
+        _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
+                                            cfg.block_len, show_progress)
     # A block needs a second sentence, or its context would be empty without the query.
     per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)

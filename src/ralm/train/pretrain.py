@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ralm.atomic import write_json
-from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.data.masking import MaskingConfig, corpus_sentences, masked_batch
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
@@ -42,7 +42,6 @@ from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refreshe
 from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import autocast, dtype_name
-from ralm.train.ict import corpus_sentences
 from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
 
@@ -117,7 +116,7 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
         shutil.copytree(src.root / manifest["retriever"], rpath)
 
     def write(tmp: Path) -> dict:
-        shutil.copyfile(src.version_path(src.latest()) / "embeddings.npy", tmp / "embeddings.npy")
+        shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
         return {**{k: v for k, v in manifest.items() if k not in ("version", "created")}, "step": 0, "source": str(src.root)}
 
     return index.publish(write)
@@ -167,7 +166,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device, 
     with main_first(env):
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
-        index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+        index = IndexDir.create(run / "index", "dense")
+        key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
+                                              cfg.block_len, show_progress)
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
     if encoder.fresh_head and cfg.retriever_warmup == 0:
         notify("note: the encoder's MLM head starts untrained; without --retriever-warmup the towers may learn to "
