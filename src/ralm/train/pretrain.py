@@ -40,7 +40,7 @@ from ralm.retrieval.build import init_projection
 from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import LoadedVersion, load_version
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.store import IndexDir, embeddings_file
 from ralm.runtime import autocast, dtype_name
 from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint
 from ralm.train.parallel import all_mean, global_mean, main_first, rank_batch, search_rank_queries, start_run, wrap_ddp
