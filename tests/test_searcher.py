@@ -108,7 +108,8 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     import torch
 
     from ralm.data.blocks import BlockConfig, ensure_block_store
-    from ralm.retrieval.build import embed_blocks, init_projection
+    from ralm.retrieval.build import embed_blocks
+    from ralm.retrieval.projection import init_projection
 
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
     corpus = tmp_path / "c.jsonl"

@@ -15,8 +15,11 @@ from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
 from ralm.retrieval.bm25 import BM25Index
-from ralm.retrieval.encoders import Retriever, encode_rows, init_projection_pca, load_tokenizer
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import encode_rows
 from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.loading import load_tokenizer
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.sharded import assemble_pieces, encode_pieces
 from ralm.retrieval.store import IndexDir, embeddings_file
 from ralm.runtime import dtype_name, resolve_dtype
@@ -25,24 +28,6 @@ from ralm.runtime import dtype_name, resolve_dtype
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
     """Title + body of every block: what BM25 indexes."""
     return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
-
-
-def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.device, sample: int = 4096,
-                    batch_size: int = 64, seed: int = 0, show_progress: bool = True,
-                    dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
-
-    Returns the pooled vectors [N, H] when the sample was the whole corpus, so the caller can
-    project them instead of encoding every block a second time."""
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(blocks), size=min(sample, len(blocks)), replace=False))
-    hidden = retriever.doc.bert.config.hidden_size
-    pooled = np.zeros((len(rows), hidden), dtype=np.float32)
-    encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], pooled,
-                batch_size, device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
-                description="projection (PCA)", dtype=dtype)
-    init_projection_pca(retriever, torch.from_numpy(pooled))
-    return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
 
 
 def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device,

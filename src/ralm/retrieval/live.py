@@ -27,7 +27,7 @@ from ralm.data.blocks import BlockStore, iter_blocks
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.bm25 import LiveBM25, _tokens
-from ralm.retrieval.encoders import encode_rows
+from ralm.retrieval.encoding import encode_rows
 from ralm.retrieval.exact import check_k
 from ralm.retrieval.searcher import Hit, LoadedVersion, Searcher, hits
 
@@ -232,7 +232,7 @@ class LiveSearcher:
     def _tokenizer(self):
         if self.searcher.retriever is not None:
             return self.searcher.retriever.tokenizer
-        from ralm.retrieval.encoders import load_tokenizer
+        from ralm.retrieval.loading import load_tokenizer
 
         if not hasattr(self, "_bm25_tokenizer"):
             self._bm25_tokenizer = load_tokenizer(None)

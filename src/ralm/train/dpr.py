@@ -26,8 +26,10 @@ from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.build import build_index, init_projection
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.build import build_index
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.searcher import Searcher
 from ralm.runtime import autocast
 from ralm.train.loop import MetricsLog, check_options, linear_warmup_decay, load_checkpoint, plot_metrics, save_checkpoint

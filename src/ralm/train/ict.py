@@ -23,8 +23,9 @@ from ralm.atomic import write_json
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
-from ralm.retrieval.build import init_projection
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.store import IndexDir
 from ralm.runtime import autocast
 from ralm.train.loop import MetricsLog, check_options, load_checkpoint, plot_metrics, save_checkpoint

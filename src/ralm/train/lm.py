@@ -28,7 +28,7 @@ from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
 from ralm.progress import progress_bar
-from ralm.retrieval.encoders import default_model_path
+from ralm.retrieval.loading import default_model_path
 from ralm.runtime import autocast, resolve_dtype, seed_everything
 from ralm.train.loop import MetricsLog, batch_indices, check_options, load_checkpoint, plot_metrics, prepare_run, save_checkpoint
 

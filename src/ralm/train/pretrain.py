@@ -36,8 +36,9 @@ from ralm.data.masking import MaskingConfig, corpus_sentences, masked_batch
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
-from ralm.retrieval.build import init_projection
-from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
+from ralm.retrieval.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.loading import default_model_path
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import LoadedVersion, load_version
 from ralm.retrieval.store import IndexDir, embeddings_file
