@@ -623,7 +623,7 @@ def knnlm_eval_cmd(
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import knnlm_eval
-    from ralm.models.knnlm import Datastore
+    from ralm.retrieval.datastore import Datastore
     from ralm.models.lm import load_lm
 
     _quiet_libraries()

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from ralm.data.chunks import TokenStream, context_windows, window_batches
-from ralm.models.knnlm import Datastore, interpolate, knn_target_prob, lm_states
+from ralm.models.knnlm import interpolate, knn_target_prob, lm_states
 from ralm.progress import progress_bar
+from ralm.retrieval.datastore import Datastore
 from ralm.runtime import autocast, resolve_dtype
 
 
