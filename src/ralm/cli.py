@@ -922,7 +922,7 @@ def serve(
     uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")
 
 
-# -- interop: `ralm convert hf-realm` (models/hf_realm.py) -------------------------------------
+# -- interop: `ralm convert hf-realm` (convert/hf_realm.py) -------------------------------------
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
 app.add_typer(convert_app, name="convert")
@@ -938,7 +938,7 @@ def convert_hf_realm_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the conversion summary as JSON"),
 ):
     """Convert Hugging Face REALM weights (safetensors or pytorch_model.bin, weights only) into our checkpoints."""
-    from ralm.models.hf_realm import convert_hf_realm
+    from ralm.convert.hf_realm import convert_hf_realm
 
     _quiet_libraries()
     summary = convert_hf_realm(src, run, doc_embedder)
