@@ -110,13 +110,17 @@ class Searcher:
             check_retriever(self.retriever, version.manifest, f"index {self.index.root} ({name})")
         return version
 
+    def newer_version(self) -> LoadedVersion | None:
+        """The newest complete version, loaded, if LATEST moved past the current one."""
+        name = self.index.latest()
+        return None if name == self.current.name else self._load(name)
+
     def refresh(self) -> bool:
         """Swap in the newest complete version if LATEST moved; True when it did."""
-        name = self.index.latest()
-        if name == self.current.name:
-            return False
-        self.current = self._load(name)
-        return True
+        version = self.newer_version()
+        if version is not None:
+            self.current = version
+        return version is not None
 
     def __len__(self) -> int:
         return len(self.current.blocks)

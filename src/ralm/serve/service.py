@@ -17,8 +17,9 @@ from ralm.errors import RalmError
 from ralm.eval.calibration import MIN_CONFIDENCE
 from ralm.eval.openqa import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.hybrid import HybridSearcher
-from ralm.retrieval.live import LOG, LiveSearcher
+from ralm.retrieval.live import LiveSearcher
 from ralm.retrieval.searcher import Hit, Searcher
+from ralm.retrieval.update_log import LOG
 from ralm.runtime import resolve_dtype
 
 log = logging.getLogger("ralm.serve")
