@@ -18,6 +18,7 @@ import torch
 
 from ralm.data.chunks import TokenStream, context_windows, window_batches
 from ralm.errors import RalmError
+from ralm.models.lm import context
 from ralm.retrieval.datastore import model_fingerprint, write_datastore
 from ralm.runtime import autocast, resolve_dtype
 
@@ -71,13 +72,15 @@ def lm_states(model, tokens: np.ndarray, start: int, end: int, seq_len: int, str
 
 # -- the datastore's keys ------------------------------------------------------------------
 
-def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike, seq_len: int = 512,
-                    stride: int = 256, faiss_spec: str | None = None, batch_size: int = 16,
-                    device: torch.device | None = None, show_progress: bool = True,
+def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike,
+                    seq_len: int | None = None, stride: int | None = None, faiss_spec: str | None = None,
+                    batch_size: int = 16, device: torch.device | None = None, show_progress: bool = True,
                     dtype: str | torch.dtype | None = None) -> Path:
-    """Keys = LM hidden states at every position of `stream` but the last, values = next tokens.
-    Resumable: finished blocks of keys survive a crash; STORE appears only when complete."""
+    """Keys = LM hidden states at every position of `stream` but the last, values = next tokens;
+    the window defaults to the model's training length, the stride to half of it. Resumable:
+    finished blocks of keys survive a crash; STORE appears only when complete."""
     device = device or torch.device("cpu")
+    seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1
     if n <= 0:
         raise RalmError("the text has fewer than two tokens")

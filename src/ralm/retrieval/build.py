@@ -11,7 +11,7 @@ import torch
 
 from ralm.atomic import read_npy
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
-from ralm.distributed import dist_env
+from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
 from ralm.retrieval.bm25 import BM25Index
@@ -70,30 +70,74 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
 
     Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py)."""
     if kind not in ("dense", "bm25"):
-        raise RalmError(f"--retriever must be 'dense' or 'bm25', got {kind!r}")
+        raise RalmError(f"the retriever must be 'dense' or 'bm25', got {kind!r}")
     if batch_size <= 0:
         raise RalmError(f"batch size must be positive, got {batch_size}")
     env = dist_env()
     device = env.device(device or torch.device("cpu"))
     dtype = resolve_dtype(dtype, device)
-    if kind == "bm25":  # one process's job, even under torchrun
-        name = None
-        if env.is_main:
-            index = IndexDir.create(out, kind)
-            key, blocks = ensure_block_store(index.blocks_dir, corpus, load_tokenizer(model), block_cfg, show_progress)
+    if kind == "bm25":
+        return _build_bm25(corpus, out, model, block_cfg, show_progress, env)
+    index, key, blocks, retriever, rpath, pooled = _prepare_dense(corpus, out, model, dim, block_cfg, batch_size, device,
+                                                                  show_progress, dtype, env)
 
-            def write_bm25(tmp: Path) -> dict:
-                BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
-                return version_manifest(kind, key, blocks)
+    def finish(tmp: Path) -> dict:
+        manifest = {**dense_manifest(index, key, blocks, retriever.dim, rpath, dtype), "faiss": faiss_spec}
+        if not faiss_spec:
+            return manifest
+        ann = FaissIndex.build(read_npy(embeddings_file(tmp)), faiss_spec)
+        ann.save(tmp / "faiss.index")
+        return {**manifest, "faiss_params": ann.default_search_params()}
 
-            name = index.publish(write_bm25)
-        env.barrier()
-        return IndexDir(out), env.broadcast_object(name)
+    if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
+        def write_projected(tmp: Path) -> dict:
+            embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, pooled, dtype)
+            return finish(tmp)
 
-    retriever = Retriever.from_pretrained(model, dim=dim)
-    # Rank 0 creates the directory, the block store and the projection; the others follow.
+        return index, index.publish(write_projected)
+
+    # Pieces written atomically per rank, so a killed (multi-process) build resumes.
+    staging = index.root / "versions" / f".pieces-{rpath.name}-{key}-w{env.world}"
+    encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
+                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress, dtype)
+    env.barrier()
+    name = None
     if env.is_main:
-        index = IndexDir.create(out, kind)
+        def write_assembled(tmp: Path) -> dict:
+            assemble_pieces(staging, len(blocks), retriever.dim, embeddings_file(tmp), env.world, piece_rows)
+            return finish(tmp)
+
+        name = index.publish(write_assembled)
+        shutil.rmtree(staging, ignore_errors=True)
+    return index, env.broadcast_object(name)
+
+
+def _build_bm25(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None, block_cfg: BlockConfig,
+                show_progress: bool, env: DistEnv) -> tuple[IndexDir, str]:
+    """BM25 is one process's job, even under torchrun: rank 0 builds, the others wait."""
+    name = None
+    if env.is_main:
+        index = IndexDir.create(out, "bm25")
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, load_tokenizer(model), block_cfg, show_progress)
+
+        def write_bm25(tmp: Path) -> dict:
+            BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
+            return version_manifest("bm25", key, blocks)
+
+        name = index.publish(write_bm25)
+    env.barrier()
+    return IndexDir(out), env.broadcast_object(name)
+
+
+def _prepare_dense(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None, dim: int | None,
+                   block_cfg: BlockConfig, batch_size: int, device: torch.device, show_progress: bool, dtype: torch.dtype,
+                   env: DistEnv) -> tuple[IndexDir, str, BlockStore, Retriever, Path, torch.Tensor | None]:
+    """(index, blocks key, blocks, retriever, its path in the index, pooled vectors or None) on
+    every rank: rank 0 creates the directory, the block store and the projection (returning the
+    pooled vectors when its PCA sample was the whole corpus); the others follow."""
+    retriever = Retriever.from_pretrained(model, dim=dim)
+    if env.is_main:
+        index = IndexDir.create(out, "dense")
         key, blocks = ensure_block_store(index.blocks_dir, corpus, retriever.tokenizer, block_cfg, show_progress)
     env.barrier()
     if not env.is_main:
@@ -111,36 +155,4 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     rpath = Path(env.broadcast_object(str(index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
     if not env.is_main and not retriever.cfg.projection_ready:
         retriever = Retriever.from_pretrained(rpath).to(device).eval()
-    fingerprint = rpath.name
-
-    def manifest() -> dict:
-        return {**dense_manifest(index, key, blocks, retriever.dim, rpath, dtype), "faiss": faiss_spec}
-
-    def finish(tmp: Path) -> dict:
-        if not faiss_spec:
-            return manifest()
-        ann = FaissIndex.build(read_npy(embeddings_file(tmp)), faiss_spec)
-        ann.save(tmp / "faiss.index")
-        return {**manifest(), "faiss_params": ann.default_search_params()}
-
-    if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
-        def write_projected(tmp: Path) -> dict:
-            embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, pooled, dtype)
-            return finish(tmp)
-
-        return index, index.publish(write_projected)
-
-    # Pieces written atomically per rank, so a killed (multi-process) build resumes.
-    staging = index.root / "versions" / f".pieces-{fingerprint}-{key}-w{env.world}"
-    encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
-                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress, dtype)
-    env.barrier()
-    name = None
-    if env.is_main:
-        def write_assembled(tmp: Path) -> dict:
-            assemble_pieces(staging, len(blocks), retriever.dim, embeddings_file(tmp), env.world, piece_rows)
-            return finish(tmp)
-
-        name = index.publish(write_assembled)
-        shutil.rmtree(staging, ignore_errors=True)
-    return index, env.broadcast_object(name)
+    return index, key, blocks, retriever, rpath, pooled

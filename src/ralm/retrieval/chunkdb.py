@@ -91,6 +91,12 @@ def read_chunk_db_manifest(path: str | os.PathLike) -> dict:
     return read_manifest(path, FORMAT, "chunk DB", build_hint(path, "ralm retro build-db"))
 
 
+def chunk_db_summary(path: str | os.PathLike) -> dict:
+    """What a build reports of the chunk DB at `path`."""
+    m = read_chunk_db_manifest(path)
+    return {"db": str(path), "chunks": m["count"], "tokens": m["tokens"], "dim": m["dim"], "faiss": m["faiss"]}
+
+
 class ChunkDB:
     def __init__(self, path: str | os.PathLike, device: torch.device | None = None, nprobe: int | None = None,
                  dtype: torch.dtype | None = None):

@@ -66,10 +66,20 @@ def write_datastore(out: str | os.PathLike, inputs: dict, values: np.ndarray, di
     return build.publish({**signature, "count": len(values), "dim": dim, "model_path": str(model_path)})
 
 
+def read_datastore_manifest(path: str | os.PathLike) -> dict:
+    return read_manifest(path, FORMAT, "kNN-LM datastore", build_hint(path, "ralm knnlm build"))
+
+
+def datastore_summary(path: str | os.PathLike) -> dict:
+    """What a build reports of the datastore at `path`."""
+    m = read_datastore_manifest(path)
+    return {"store": str(path), "entries": m["count"], "dim": m["dim"], "faiss": m["faiss"]}
+
+
 class Datastore:
     def __init__(self, path: str | os.PathLike, nprobe: int = 32):
         self.path = Path(path)
-        self.manifest = read_manifest(self.path, FORMAT, "kNN-LM datastore", build_hint(self.path, "ralm knnlm build"))
+        self.manifest = read_datastore_manifest(self.path)
         self.keys = np.load(self.path / "keys.npy", mmap_mode="r", allow_pickle=False)  # [N, D] float16
         self.values = np.load(self.path / "values.npy", mmap_mode="r", allow_pickle=False)  # [N]
         self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])

@@ -84,6 +84,12 @@ class IndexDir:
     def version_manifest(self, name: str) -> dict:
         return read_json(self.version_path(name) / "manifest.json")
 
+    def summary(self, name: str) -> dict:
+        """What a build reports of version `name`."""
+        m = self.version_manifest(name)
+        return {"index": str(self.root), "version": name, "retriever": self.kind, "blocks": m["count"],
+                "dim": m.get("dim"), "faiss": m.get("faiss"), "dtype": m.get("dtype")}
+
     def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:
         """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
         emb = read_npy(embeddings_file(self.version_path(name)), mmap_mode)
