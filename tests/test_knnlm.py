@@ -139,6 +139,9 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     # evaluated on its own datastore text, every query finds its own key: kNN-LM must help,
     # most with a low temperature (weight on the exact match)
     assert grid[0.5, 1.0]["ppl"] < 0.5 * lm["ppl"] and grid[0.5, 1.0]["ppl"] <= grid[0.5, 10.0]["ppl"]
+    for bad in ({"lambdas": (0.5, 1.5)}, {"lambdas": ()}, {"temperatures": (1.0, 0.0)}):
+        with pytest.raises(RalmError, match="lmbda must be in|temperature must be positive"):
+            knnlm_eval(model, store, stream, k=4, show_progress=False, **bad)
 
 
 def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, ralm):
@@ -161,4 +164,4 @@ def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, ral
     rc, out, err = ralm("lm", "eval", "--model", lm, "--text", corpus_file, "--json")
     assert rc == 0 and json.loads(out)["lm"] == res["lm"]
     rc, _, err = ralm("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "2")
-    assert rc == 2 and "--lmbda" in err
+    assert rc == 2 and "lmbda must be in [0, 1]" in err
