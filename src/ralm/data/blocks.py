@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
-from ralm.atomic import atomic_path, read_manifest, read_npy
+from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
@@ -179,7 +179,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             "corpus": str(corpus.resolve()),
             "corpus_fingerprint": corpus_fingerprint(corpus),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
     return BlockStore(out)
 
 
@@ -192,7 +192,7 @@ def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_
     raw = json.dumps([corpus_fingerprint(corpus), tokenizer_fingerprint(hf_tokenizer), asdict(cfg)], sort_keys=True)
     key = hashlib.sha256(raw.encode()).hexdigest()[:16]
     path = Path(folder) / key
-    if not (path / "manifest.json").is_file():
+    if not manifest_file(path).is_file():
         build_block_store(corpus, path, hf_tokenizer, cfg, show_progress)
     return key, BlockStore(path)
 

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ralm.atomic import atomic_path, read_manifest, write_json
+from ralm.atomic import atomic_path, manifest_file, read_manifest, write_json
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -101,7 +101,7 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg
     returns the cached table at once when it is complete.
     """
     out = Path(out)
-    if (out / "manifest.json").is_file():
+    if manifest_file(out).is_file():
         table = SentenceTable(out)
         if table.manifest["config"] != _config_json(cfg):
             raise RalmError(f"{out} was built with another sentence config; delete it to rebuild")
@@ -169,7 +169,7 @@ def _merge_shards(shards: Path, out: Path, count: int, cfg: SentenceConfig, mism
         np.save(tmp / "ends.npy", bounds[:, 1].copy())
         np.save(tmp / "span_offsets.npy", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         np.save(tmp / "spans.npy", spans)
-        write_json(tmp / "manifest.json", {"format": FORMAT, "config": _config_json(cfg), "sentences": int(len(rows)),
+        write_json(manifest_file(tmp), {"format": FORMAT, "config": _config_json(cfg), "sentences": int(len(rows)),
                                            "spans": int(len(spans)), "with_spans": int((counts > 0).sum()),
                                            "blocks_skipped": mismatched})
 

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ralm.atomic import _fsync_dir, atomic_path, fsync_tree, read_json, write_json
+from ralm.atomic import _fsync_dir, atomic_path, fsync_tree, manifest_file, read_json, write_json
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 
@@ -74,7 +74,7 @@ class PartialBuild:
 
     def publish(self, manifest: dict) -> Path:
         """Write manifest.json, flush everything and rename the folder into place."""
-        write_json(self.path / "manifest.json", manifest)
+        write_json(manifest_file(self.path), manifest)
         for f in self.path.glob("*.rows"):
             f.unlink()
         (self.path / "signature.json").unlink()

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ralm.atomic import atomic_path, read_manifest
+from ralm.atomic import atomic_path, read_manifest, read_npy
 from ralm.data.blocks import tokenizer_fingerprint
 from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, separator_doc_starts, tokenize_text
 from ralm.data.corpus import corpus_fingerprint
@@ -103,12 +103,12 @@ class ChunkDB:
         self.path = Path(path)
         self.manifest = read_chunk_db_manifest(self.path)
         self.chunk_len = int(self.manifest["chunk_len"])
-        self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r", allow_pickle=False)  # [T]
-        self.chunk_docs = np.load(self.path / "chunk_docs.npy", allow_pickle=False)  # [N, 2]
+        self.tokens = read_npy(self.path / "tokens.npy")  # [T]
+        self.chunk_docs = read_npy(self.path / "chunk_docs.npy", mmap_mode=None)  # [N, 2]
         starts = self.path / "doc_starts.npy"
-        self.doc_starts = (np.load(starts, allow_pickle=False) if starts.is_file()  # [n_docs + 1]
+        self.doc_starts = (read_npy(starts, mmap_mode=None) if starts.is_file()  # [n_docs + 1]
                            else separator_doc_starts(self.tokens, load_tokenizer(self.manifest["encoder_model"]).sep_token_id))
-        self.embeddings = np.load(self.path / "embeddings.npy", mmap_mode="r", allow_pickle=False)  # [N, H]
+        self.embeddings = read_npy(self.path / "embeddings.npy")  # [N, H]
         if self.manifest.get("faiss"):
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from ralm.atomic import read_manifest
+from ralm.atomic import read_manifest, read_npy
 from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.retrieval.exact import check_k
@@ -80,8 +80,8 @@ class Datastore:
     def __init__(self, path: str | os.PathLike, nprobe: int = 32):
         self.path = Path(path)
         self.manifest = read_datastore_manifest(self.path)
-        self.keys = np.load(self.path / "keys.npy", mmap_mode="r", allow_pickle=False)  # [N, D] float16
-        self.values = np.load(self.path / "values.npy", mmap_mode="r", allow_pickle=False)  # [N]
+        self.keys = read_npy(self.path / "keys.npy")  # [N, D] float16
+        self.values = read_npy(self.path / "values.npy")  # [N]
         self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
         self.index.set_search_params(nprobe=nprobe)
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ralm.atomic import fsync_tree, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
+from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 
@@ -48,7 +48,7 @@ class IndexDir:
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise RalmError(f"--out {root} is a file; choose a directory (new, empty, or an index of the same kind)")
-        if (root / "manifest.json").is_file():
+        if manifest_file(root).is_file():
             index = cls(root)
             if index.kind != retriever:
                 raise RalmError(f"{root} holds a {index.kind} index; cannot add a {retriever} version (use another --out)")
@@ -56,7 +56,7 @@ class IndexDir:
         if root.exists() and any(root.iterdir()):
             raise RalmError(f"{root} exists and is not an index directory; choose an empty or new --out")
         root.mkdir(parents=True, exist_ok=True)
-        write_json(root / "manifest.json", {"format": FORMAT, "retriever": retriever})
+        write_json(manifest_file(root), {"format": FORMAT, "retriever": retriever})
         return cls(root)
 
     @property
@@ -73,7 +73,7 @@ class IndexDir:
         if not f.is_file():
             raise RalmError(f"{self.root}: no complete index version yet")
         name = f.read_text(errors="replace").strip()
-        if not _VERSION.match(name) or not (self.version_path(name) / "manifest.json").is_file():
+        if not _VERSION.match(name) or not manifest_file(self.version_path(name)).is_file():
             raise RalmError(f"{f} names {name[:40]!r}, which is not a version of this index; the index is damaged: "
                             "rebuild it (`ralm index build` into the same directory publishes a new version)")
         return name
@@ -82,7 +82,7 @@ class IndexDir:
         return self.root / "versions" / name
 
     def version_manifest(self, name: str) -> dict:
-        return read_json(self.version_path(name) / "manifest.json")
+        return read_json(manifest_file(self.version_path(name)))
 
     def summary(self, name: str) -> dict:
         """What a build reports of version `name`."""
@@ -112,7 +112,7 @@ class IndexDir:
                 existing = self.versions()
                 name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
                 manifest = {**manifest, "version": name, "created": time.time()}
-                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+                manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
                 try:
                     os.rename(tmp, vdir / name)  # fails if a concurrent publisher took the name
                     break
