@@ -22,6 +22,7 @@ from ralm.commands.convert import convert_app
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
 from ralm.commands.shared import DeviceOpt, DtypeOpt, LimitOpt, TextHelp
+# the commands below still call the shared helpers by the private names they had in this module
 from ralm.commands.shared import main_rank as _main_rank
 from ralm.commands.shared import positive as _positive
 from ralm.commands.shared import quiet_libraries as _quiet_libraries
@@ -48,6 +49,7 @@ eval_app.command("retrieval")(eval_retrieval)
 MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence",
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      "(0 always answers; an uncalibrated reader always answers)")
+
 
 @app.command()
 def demo(

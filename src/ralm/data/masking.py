@@ -170,8 +170,8 @@ def _merge_shards(shards: Path, out: Path, count: int, cfg: SentenceConfig, mism
         np.save(tmp / "span_offsets.npy", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         np.save(tmp / "spans.npy", spans)
         write_json(manifest_file(tmp), {"format": FORMAT, "config": _config_json(cfg), "sentences": int(len(rows)),
-                                           "spans": int(len(spans)), "with_spans": int((counts > 0).sum()),
-                                           "blocks_skipped": mismatched})
+                                        "spans": int(len(spans)), "with_spans": int((counts > 0).sum()),
+                                        "blocks_skipped": mismatched})
 
 
 class SentenceTable:

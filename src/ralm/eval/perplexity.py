@@ -142,4 +142,3 @@ def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, str
                 nll[s:b] = -logp[row, s - a :].double().cpu().numpy()
             bar.advance(task, sum(b - s for _, b, s in part))
     return nll
-

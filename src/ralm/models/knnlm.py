@@ -94,5 +94,3 @@ def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, o
     inputs = {"model": model_fingerprint(model_path), "text": stream.fingerprint(), "seq_len": seq_len, "stride": stride}
     block = max(stride, (65_536 // stride) * stride)
     return write_datastore(out, inputs, stream.tokens[1:], model.dim, keys, block, faiss_spec, model_path, show_progress)
-
-
