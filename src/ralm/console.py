@@ -12,6 +12,14 @@ out = Console()
 err = Console(stderr=True)
 
 
+def print_summary(summary: dict, as_json: bool, line: str) -> None:
+    """A command's result: `summary` as one JSON line with --json, else `line` for a person."""
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        out.print(line)
+
+
 def print_hits(hits, title: str) -> None:
     table = Table(title=title, show_lines=True, expand=True)
     table.add_column("#", width=3)
@@ -36,10 +44,7 @@ def print_perplexity(title: str, rows: list[tuple[str, dict]], as_json: bool, ex
 
 
 def print_lm_train(summary: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {summary['run']}: {summary['steps']} steps, loss {summary['loss']}, "
+    print_summary(summary, as_json, f"[green]done[/green] {summary['run']}: {summary['steps']} steps, loss {summary['loss']}, "
                   f"{summary['parameters'] / 1e6:.2f}M parameters, {summary['seconds']} s; model in {summary['run']}/model")
 
 
@@ -50,11 +55,8 @@ def print_train_metrics(record: dict) -> None:
 
 
 def print_train_summary(summary: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]done[/green] {summary['run']}: {summary['steps']} steps; exported {summary['retriever']}"
-                  + (f" and {summary['encoder']}" if "encoder" in summary else ""))
+    print_summary(summary, as_json, f"[green]done[/green] {summary['run']}: {summary['steps']} steps; exported "
+                  f"{summary['retriever']}" + (f" and {summary['encoder']}" if "encoder" in summary else ""))
 
 
 def print_answer(answer) -> None:

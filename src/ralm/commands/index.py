@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from ralm.commands.shared import DeviceOpt, DtypeOpt, main_rank, positive, quiet_libraries, runtime
-from ralm.console import out, print_hits
+from ralm.console import out, print_hits, print_summary
 from ralm.errors import RalmError
 
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus.")
@@ -44,10 +44,7 @@ def index_build(
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]built[/green] {out_dir} {version}: {summary['blocks']} blocks, {retriever}"
+    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {summary['blocks']} blocks, {retriever}"
                   f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
 
 

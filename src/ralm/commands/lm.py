@@ -12,7 +12,7 @@ import typer
 
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
                                   runtime, token_limit, torch_device)
-from ralm.console import out, print_perplexity
+from ralm.console import out, print_perplexity, print_summary
 from ralm.errors import RalmError
 
 lm_app = typer.Typer(no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
@@ -67,11 +67,8 @@ def retro_build_db(
     path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
                           batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} ({summary['tokens']} tokens), "
-                  f"keys dim {summary['dim']} in {summary['seconds']} s")
+    print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
+                  f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
 
 
 @retro_app.command("eval")
@@ -164,11 +161,8 @@ def knnlm_build(
                            optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
                            positive("--batch-size", batch_size), dev, dtype=dt)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        out.print(f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, {summary['faiss']} index, "
-                  f"{summary['seconds']} s")
+    print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
+                  f"{summary['faiss']} index, {summary['seconds']} s")
 
 
 @knnlm_app.command("eval")
