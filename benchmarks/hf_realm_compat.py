@@ -9,7 +9,7 @@ separate venv that has transformers==4.57.6):
         init), save them with `save_pretrained`, run them on fixed inputs and save inputs and
         outputs (inputs.npz, outputs.npz). Candidate blocks are RealmTokenizer's pair encoding
         of (title, body) (`batch_encode_candidates`), segment id 1 on the body.
-  ralm  (our venv): convert every saved model with ralm.models.hf_realm, run our modules on
+  ralm  (our venv): convert every saved model with ralm.convert.hf_realm, run our modules on
         the same inputs and compare: our block featurisation of the same (title, body) texts
         (equal ids), relevance scores with our document tower fed ids and mask only, as the
         index builder feeds it (max abs diff <= 1e-4), the marginal MLM loss of the
@@ -180,7 +180,7 @@ def stage_ralm(work: Path) -> dict:
 
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
-    from ralm.models.hf_realm import convert_hf_realm
+    from ralm.convert.hf_realm import convert_hf_realm
     from ralm.models.reader import Reader, ReaderBatch, best_spans, valid_spans
     from ralm.models.realm import KnowledgeAugmentedEncoder, marginal_nll, masked_token_log_probs
     from ralm.retrieval.encoders import Retriever
@@ -285,7 +285,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.stage == "all":
         if args.vocab is None:
-            from ralm.retrieval.encoders import default_model_path
+            from ralm.retrieval.loading import default_model_path
 
             args.vocab = Path(default_model_path()) / "vocab.txt"
         subprocess.run([args.hf_python, __file__, "--stage", "hf", "--work", str(args.work), "--vocab", str(args.vocab),

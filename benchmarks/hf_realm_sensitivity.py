@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import hf_realm_compat  # noqa: E402
 
-import ralm.models.hf_realm as converter  # noqa: E402
+import ralm.convert.hf_realm as converter  # noqa: E402
 
 ORIGINAL = {name: getattr(converter, name) for name in ("bert_config", "build_retriever", "build_reader", "reader_state")}
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from ralm.data.chunks import read_lm_documents, tokenize_text
-from ralm.eval.perplexity import knnlm_eval, perplexity_report, retro_nll
-from ralm.models.knnlm import Datastore
+from ralm.eval.perplexity import knnlm_eval, retro_perplexity
 from ralm.models.lm import load_lm
 from ralm.models.retro import load_retro
 from ralm.retrieval.chunkdb import ChunkDB, text_neighbours
+from ralm.retrieval.datastore import Datastore
 
 WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2-raw"
 
@@ -78,20 +78,17 @@ def main() -> None:
         results["splits"][split] = row
         if args.lm:
             stream = tokenize_text(path, tok, args.limit_tokens, show_progress=False)
-            seq = lm.cfg.max_len
-            row["knnlm"] = knnlm_eval(lm, store, stream, args.k, lambdas, temperatures, seq, seq // 2, device, show_progress=False)
+            row["knnlm"] = knnlm_eval(lm, store, stream, args.k, lambdas, temperatures, device=device, show_progress=False)
             print(json.dumps({split: row["knnlm"]}), flush=True)
         if not args.retro:
             continue
         rstream = tokenize_text(path, rtok, args.limit_tokens, show_progress=False)
-        m = retro.cfg.chunk_len
-        stride = max(m, retro.cfg.max_len // 2 // m * m)
-        start = time.perf_counter()
-        nb = text_neighbours(db, rstream, retro.cfg.neighbours, exclude_same_doc=False, show_progress=False)
+        start = time.perf_counter()  # the neighbours, retrieved once: retro_perplexity reads them from the DB's cache
+        text_neighbours(db, rstream, retro.cfg.neighbours, exclude_same_doc=False, show_progress=False)
         row["retro_retrieval_seconds"] = round(time.perf_counter() - start, 1)
-        for name, neighbours in (("retro", nb), ("retro_off", None)):
+        for name, retrieval in (("retro", True), ("retro_off", False)):
             start = time.perf_counter()
-            row[name] = perplexity_report(retro_nll(retro, db, rstream, neighbours, stride, device, show_progress=False), rstream.words)
+            row[name] = retro_perplexity(retro, db, rstream, retrieval, device=device, show_progress=False)
             row[name]["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps({split: {k: row[k] for k in ("retro", "retro_off")}}), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

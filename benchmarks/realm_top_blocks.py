@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ralm.data.masking import MaskingConfig, masked_batch
+from ralm.data.masking import MaskingConfig, corpus_sentences, masked_batch
 from ralm.models.realm import RealmConfig, block_holds_span, select_candidates, trivial_margin
-from ralm.retrieval.encoders import Retriever, encode_rows, pad_rows
-from ralm.train.ict import corpus_sentences
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import encode_rows, pad_rows
+from ralm.retrieval.store import IndexDir
 
 
 def main() -> None:
@@ -32,7 +33,9 @@ def main() -> None:
 
     retriever = Retriever.from_pretrained(args.retriever).eval()
     tok = retriever.tokenizer
-    _, _, blocks, table = corpus_sentences(Path(args.run), args.corpus, tok, args.block_len, show_progress=False)
+    index = IndexDir(Path(args.run) / "index")
+    _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, args.corpus, tok, args.block_len,
+                                        show_progress=False)
     docs = np.zeros((len(blocks), retriever.dim), dtype=np.float32)
     encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), docs, pad_id=tok.pad_token_id, show_progress=False)
     x_len = RealmConfig().max_query_len - 2  # as `ralm pretrain` masks and embeds x

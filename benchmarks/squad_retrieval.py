@@ -39,7 +39,8 @@ def plain_embeddings(searcher, work: Path, batch_size: int = 64) -> np.ndarray:
 
     from ralm.atomic import atomic_path
     from ralm.progress import track
-    from ralm.retrieval.encoders import default_model_path, pool
+    from ralm.retrieval.encoders import pool
+    from ralm.retrieval.loading import default_model_path
 
     out = work / "plain.npy"
     if out.is_file():
@@ -66,7 +67,8 @@ def plain_recall(emb: np.ndarray, searcher, questions, ks) -> dict:
 
     from ralm.data.qa import has_answer
     from ralm.eval.metrics import recall_at_k
-    from ralm.retrieval.encoders import default_model_path, pool
+    from ralm.retrieval.encoders import pool
+    from ralm.retrieval.loading import default_model_path
 
     path = default_model_path()
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()

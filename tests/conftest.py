@@ -31,7 +31,7 @@ def make_tiny_bert(path: Path, seed: int = 0) -> Path:
     """Save a random 2-layer, hidden-32 BERT with the MiniLM tokenizer as an HF directory."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from ralm.retrieval.encoders import default_model_path
+    from ralm.retrieval.loading import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -6,15 +6,9 @@ import pytest
 import torch
 
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import (
-    SCORE_SCALE,
-    Retriever,
-    encode_rows,
-    init_projection_pca,
-    is_retriever_dir,
-    length_sorted_batches,
-    pool,
-)
+from ralm.retrieval.encoders import SCORE_SCALE, Retriever, is_retriever_dir, pool
+from ralm.retrieval.encoding import encode_rows, length_sorted_batches
+from ralm.retrieval.projection import init_projection_pca
 
 
 def test_mean_pooling_ignores_padding():

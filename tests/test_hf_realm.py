@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import DOCS
+from ralm.convert.hf_realm import convert_hf_realm
 from ralm.errors import RalmError
-from ralm.models.hf_realm import convert_hf_realm
-from ralm.models.reader import Reader, ReaderConfig, SpanScorer, valid_spans
+from ralm.models.reader import Reader, ReaderConfig, valid_spans
 from ralm.models.realm import KnowledgeAugmentedEncoder
 from ralm.retrieval.encoders import Retriever
 
@@ -120,7 +120,7 @@ def test_blocks_are_encoded_as_realm_tokenizer_pairs(tiny_bert, tmp_path, gen):
     encoding; with segment id 0 throughout they would not."""
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
-    from ralm.retrieval.encoders import pad_rows
+    from ralm.retrieval.encoding import pad_rows
 
     state = embedder("embedder.", gen) | embedder("query_embedder.", gen)
     convert_hf_realm(write_dir(tmp_path / "scorer", "RealmScorer", state, tiny_bert), tmp_path / "run")
@@ -275,10 +275,28 @@ def test_architecture_is_detected_from_names_without_config_hint(tiny_bert, tmp_
     assert convert_hf_realm(src, tmp_path / "run")["architecture"] == "RealmReader"
 
 
-def test_default_span_scorer_and_pooling_are_unchanged():
-    """The HF-REALM options are off by default: old reader checkpoints keep their tensor names."""
-    assert ReaderConfig().span_layernorm_eps is None
-    assert set(SpanScorer(H, S, W).state_dict()) == {"start.weight", "start.bias", "end.weight", "out.weight", "out.bias"}
+def _drop_config_keys(model_dir, *keys) -> None:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k not in keys}))
+
+
+def test_checkpoints_from_before_the_hf_realm_options_load_and_score_unchanged(tiny_bert, tmp_path):
+    """A reader and a retriever saved before the HF-REALM options existed (no span LayerNorm, [CLS]
+    pooling, a bare Linear projection, one segment; none of the options in config.json) load
+    strictly and give the scores they were saved with: the options stay off by default."""
+    reader = Reader.from_encoder(tiny_bert, max_len=64, max_query_len=16, span_hidden=S, max_span_width=W,
+                                 span_layernorm_eps=None).eval()
+    reader.save_pretrained(tmp_path / "reader")
+    _drop_config_keys(tmp_path / "reader", "span_layernorm_eps")
+    batch = reader.featurize(["capital of france?"], [DOCS[0]["text"]])
+    torch.testing.assert_close(Reader.from_pretrained(tmp_path / "reader").eval()(batch), reader(batch))
+
+    retriever = Retriever.from_pretrained(tiny_bert, dim=D, pooling="cls", proj_layernorm=False, pair_sep_id=None).eval()
+    retriever.save_pretrained(tmp_path / "retriever")
+    _drop_config_keys(tmp_path / "retriever", "pooling", "proj_layernorm", "pair_sep_id")
+    again = Retriever.from_pretrained(tmp_path / "retriever").eval()
+    texts = ["capital of france?", "[CLS] paris [SEP] paris is the capital of france. [SEP]"]
+    torch.testing.assert_close(again.encode_queries(texts, dtype=torch.float32), retriever.encode_queries(texts, dtype=torch.float32))
 
 
 def test_cli_convert_then_index_and_search(tiny_bert, tmp_path, gen, ralm, corpus_file):

@@ -11,8 +11,9 @@ import torch
 
 from ralm.data.chunks import TokenStream
 from ralm.errors import RalmError
-from ralm.models.knnlm import Datastore, auto_faiss_spec, build_datastore, interpolate, knn_distribution, knn_target_prob
+from ralm.models.knnlm import build_datastore, interpolate, knn_distribution, knn_target_prob
 from ralm.models.lm import LMConfig, TransformerLM
+from ralm.retrieval.datastore import Datastore, auto_faiss_spec
 
 
 def test_knn_interpolation_matches_hand_computation():
@@ -88,6 +89,7 @@ def test_datastore_keys_are_hidden_states_and_values_next_tokens(tmp_path, tiny_
 
 def test_datastore_build_is_atomic_and_resumes(tmp_path, tiny_lm, monkeypatch):
     import ralm.models.knnlm as knnlm
+    import ralm.retrieval.datastore as datastore
 
     model, path = tiny_lm
     stream = _stream(90)
@@ -101,10 +103,10 @@ def test_datastore_build_is_atomic_and_resumes(tmp_path, tiny_lm, monkeypatch):
         yield from real(m, tokens, start, end, *a, **kw)
 
     monkeypatch.setattr(knnlm, "lm_states", crashing)
-    monkeypatch.setattr(knnlm, "FLAT_MAX", 10**9)
+    monkeypatch.setattr(datastore, "FLAT_MAX", 10**9)
     out = tmp_path / "store"
     # blocks of 65536 // stride * stride rows would be one block here; use a stride that makes several
-    monkeypatch.setattr(knnlm.PartialBuild, "fill", _small_blocks(knnlm.PartialBuild.fill))
+    monkeypatch.setattr(datastore.PartialBuild, "fill", _small_blocks(datastore.PartialBuild.fill))
     with pytest.raises(KeyboardInterrupt):
         build_datastore(model, path, stream, out, seq_len=16, stride=8, show_progress=False)
     assert not out.exists() and (tmp_path / ".store.partial" / "keys.npy").is_file()
@@ -137,6 +139,9 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     # evaluated on its own datastore text, every query finds its own key: kNN-LM must help,
     # most with a low temperature (weight on the exact match)
     assert grid[0.5, 1.0]["ppl"] < 0.5 * lm["ppl"] and grid[0.5, 1.0]["ppl"] <= grid[0.5, 10.0]["ppl"]
+    for bad in ({"lambdas": (0.5, 1.5)}, {"lambdas": ()}, {"temperatures": (1.0, 0.0)}):
+        with pytest.raises(RalmError, match="lmbda must be in|temperature must be positive"):
+            knnlm_eval(model, store, stream, k=4, show_progress=False, **bad)
 
 
 def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, ralm):
@@ -159,4 +164,4 @@ def test_cli_lm_train_knnlm_build_and_eval(tmp_path, tiny_bert, corpus_file, ral
     rc, out, err = ralm("lm", "eval", "--model", lm, "--text", corpus_file, "--json")
     assert rc == 0 and json.loads(out)["lm"] == res["lm"]
     rc, _, err = ralm("knnlm", "eval", "--model", lm, "--store", store, "--text", corpus_file, "--lmbda", "2")
-    assert rc == 2 and "--lmbda" in err
+    assert rc == 2 and "lmbda must be in [0, 1]" in err

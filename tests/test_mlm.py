@@ -59,10 +59,12 @@ def test_warm_up_lowers_the_masked_lm_loss(tiny_bert, corpus_file, tmp_path):
 
 
 def test_evidence_is_the_block_without_the_sentence(tiny_bert, corpus_file, tmp_path):
-    from ralm.train.ict import corpus_sentences
     from transformers import AutoTokenizer
 
-    _, _, blocks, table = corpus_sentences(tmp_path / "run", str(corpus_file), AutoTokenizer.from_pretrained(str(tiny_bert)))
+    from ralm.data.masking import corpus_sentences
+
+    _, blocks, table = corpus_sentences(tmp_path / "blocks", tmp_path / "sentences", str(corpus_file),
+                                        AutoTokenizer.from_pretrained(str(tiny_bert)))
     s = int(np.flatnonzero(np.bincount(np.asarray(table.rows))[np.asarray(table.rows)] >= 2)[0])
     body = blocks.body(int(table.rows[s])).tolist()
     a, b = int(table.starts[s]), int(table.ends[s])

@@ -160,6 +160,9 @@ def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):
     assert again == text  # greedy is deterministic
     short, used = generate(model, db, tok, "river", max_new_tokens=2)  # no chunk completes: no retrieval
     assert short and used == []
+    for bad in ({"top_p": 0.0}, {"top_p": 1.5}, {"top_p": 0.9, "temperature": 0.0}):
+        with pytest.raises(RalmError, match="top_p must be in|temperature must be positive"):
+            generate(model, db, tok, "river", max_new_tokens=2, **bad)
     model.save_pretrained(tmp_path / "m", tok)
     loaded, _ = load_retro(tmp_path / "m")
     ids, nb = batch()
@@ -241,7 +244,7 @@ def test_cli_retrofit_keeps_the_lm_with_retrieval_off(tmp_path, tiny_bert, corpu
                       "--heads", 2, "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1)
     assert rc == 0, err
     rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--dim", 32)
-    assert rc == 2 and "--dim 32 differs from the --retrofit LM's dim 16" in err
+    assert rc == 2 and "dim 32 differs from the retro-fitted LM's dim 16" in err
     rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", db)
     assert rc == 2 and "needs a model from `ralm lm train`" in err
     rc, out, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--seq-len", 16,

@@ -107,13 +107,14 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     """The small-corpus shortcut (PCA sample = whole corpus) gives the same embeddings."""
     import torch
 
-    from ralm.retrieval.build import embed_blocks, ensure_blocks, init_projection
-    from ralm.data.blocks import BlockConfig
+    from ralm.data.blocks import BlockConfig, ensure_block_store
+    from ralm.retrieval.build import embed_blocks
+    from ralm.retrieval.projection import init_projection
 
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    _, blocks = ensure_blocks(IndexDir.create(tmp_path / "i", "dense"), corpus, r.tokenizer, BlockConfig(), False)
+    _, blocks = ensure_block_store(tmp_path / "blocks", corpus, r.tokenizer, BlockConfig(), False)
     pooled = init_projection(r, blocks, torch.device("cpu"), show_progress=False)
     assert pooled is not None
     a = embed_blocks(r, blocks, tmp_path / "a.npy", torch.device("cpu"), show_progress=False, pooled=pooled)

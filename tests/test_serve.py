@@ -342,10 +342,25 @@ def test_stats_show_no_file_paths(dirs):
     assert str(dirs[0]) not in stats and str(dirs[1]) not in stats
 
 
-def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_document(dirs):
+def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_document_outside_the_lock(dirs):
     from ralm.data.blocks import BlockStore
 
     svc = service(dirs)
+    reads, locked = [], []
+    real_record = BlockStore.record
+
+    def record(self, i):
+        reads.append(i)
+        locked.append(any(live._lock.locked() for live in svc.live.values()))
+        return real_record(self, i)
+
+    BlockStore.record = record
+    try:
+        svc.delete("paris")  # builds the document -> rows map of the main index
+    finally:
+        BlockStore.record = real_record
+    assert 0 < len(reads) <= 2 * len(DOCS)  # one record per document (and per side), not one per block
+    assert not any(locked)  # read before the writer lock is taken: updates never wait on it
     svc.add([Document(NEW["id"], NEW["title"], NEW["text"])])
     retriever = svc.searchers["dense"].searcher.retriever
     calls = []
@@ -354,14 +369,6 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
     svc.search(["archipelago", "river"], 3, "dense")
     svc.search(["archipelago", "river"], 3, "hybrid")
     assert calls == [2, 2]
-    reads = []
-    real_record = BlockStore.record
-    BlockStore.record = lambda self, i: (reads.append(i), real_record(self, i))[1]
-    try:
-        svc.delete("paris")  # builds the document -> rows map of the main index
-    finally:
-        BlockStore.record = real_record
-    assert len(reads) <= 2 * len(DOCS)  # one record per document (and per side), not one per block
 
 
 def test_a_bm25_index_without_its_average_length_measures_it(dirs, caplog):

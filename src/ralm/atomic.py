@@ -168,6 +168,25 @@ def read_json(path: str | os.PathLike) -> dict:
     return obj
 
 
+def manifest_file(folder: str | os.PathLike) -> Path:
+    """Where every ralm artifact (index, index version, block store, chunk DB ...) describes
+    itself; an artifact is complete once its manifest is there."""
+    return Path(folder) / "manifest.json"
+
+
+def read_manifest(folder: str | os.PathLike, fmt: str, what: str, hint: str = "") -> dict:
+    """The manifest of a ralm artifact in format `fmt`; `what` names the artifact ("index
+    directory", "chunk DB") and `hint` says how to make one, in the errors."""
+    path = manifest_file(folder)
+    if not path.is_file():
+        article = "an" if what[0] in "aeiou" else "a"
+        raise RalmError(f"{folder}: not {article} {what} (no manifest.json){hint}")
+    manifest = read_json(path)
+    if manifest.get("format") != fmt:
+        raise RalmError(f"{folder}: unsupported {what} format {manifest.get('format')!r}")
+    return manifest
+
+
 def read_npy(path: str | os.PathLike, mmap_mode: str | None = "r") -> np.ndarray:
     """A .npy array written by ralm, memory-mapped by default; never unpickles."""
     try:

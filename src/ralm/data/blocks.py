@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
-from ralm.atomic import atomic_path, read_json, read_npy
+from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
@@ -179,8 +179,22 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             "corpus": str(corpus.resolve()),
             "corpus_fingerprint": corpus_fingerprint(corpus),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
     return BlockStore(out)
+
+
+def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_tokenizer, cfg: BlockConfig = BlockConfig(),
+                       show_progress: bool = True) -> tuple[str, "BlockStore"]:
+    """(key, store): the block store of this corpus + tokenizer + config, kept in `folder`
+    under a key of all three, so it is built once and reused."""
+    if not Path(corpus).exists():
+        raise RalmError(f"corpus not found: {corpus}")
+    raw = json.dumps([corpus_fingerprint(corpus), tokenizer_fingerprint(hf_tokenizer), asdict(cfg)], sort_keys=True)
+    key = hashlib.sha256(raw.encode()).hexdigest()[:16]
+    path = Path(folder) / key
+    if not manifest_file(path).is_file():
+        build_block_store(corpus, path, hf_tokenizer, cfg, show_progress)
+    return key, BlockStore(path)
 
 
 def _check_unique_ids(hashes: np.ndarray, corpus: Path) -> None:
@@ -201,11 +215,7 @@ class BlockStore:
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
-        if not (self.folder / "manifest.json").exists():
-            raise RalmError(f"{self.folder}: not a block store (no manifest.json)")
-        self.manifest = read_json(self.folder / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.folder}: unsupported block store format {self.manifest.get('format')!r}")
+        self.manifest = read_manifest(self.folder, FORMAT, "block store")
         self.tokens = RaggedArray(self.folder / "tokens")
         self.body_start = read_npy(self.folder / "body_start.npy")
         self.doc_index = read_npy(self.folder / "doc_index.npy")

@@ -27,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ralm.atomic import atomic_path, read_json, write_json
-from ralm.data.blocks import BlockStore, wordpiece_tokenizer
+from ralm.atomic import atomic_path, manifest_file, read_manifest, write_json
+from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 
@@ -101,7 +101,7 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg
     returns the cached table at once when it is complete.
     """
     out = Path(out)
-    if (out / "manifest.json").is_file():
+    if manifest_file(out).is_file():
         table = SentenceTable(out)
         if table.manifest["config"] != _config_json(cfg):
             raise RalmError(f"{out} was built with another sentence config; delete it to rebuild")
@@ -139,6 +139,14 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg
     return SentenceTable(out)
 
 
+def corpus_sentences(blocks_dir: str | os.PathLike, sentences_dir: str | os.PathLike, corpus: str | os.PathLike,
+                     hf_tokenizer, block_len: int = 288, show_progress: bool = True) -> tuple[str, BlockStore, "SentenceTable"]:
+    """(key, blocks, sentences): the corpus' block store, kept in `blocks_dir`, and its spaCy
+    sentence pass, cached in `sentences_dir` under the same key (ICT and pre-training)."""
+    key, blocks = ensure_block_store(blocks_dir, corpus, hf_tokenizer, BlockConfig(max_len=block_len), show_progress)
+    return key, blocks, find_sentences(blocks, hf_tokenizer, Path(sentences_dir) / key, SentenceConfig(), show_progress)
+
+
 def _config_json(cfg: SentenceConfig) -> dict:
     d = asdict(cfg)
     d["labels"] = list(d["labels"])
@@ -161,9 +169,9 @@ def _merge_shards(shards: Path, out: Path, count: int, cfg: SentenceConfig, mism
         np.save(tmp / "ends.npy", bounds[:, 1].copy())
         np.save(tmp / "span_offsets.npy", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
         np.save(tmp / "spans.npy", spans)
-        write_json(tmp / "manifest.json", {"format": FORMAT, "config": _config_json(cfg), "sentences": int(len(rows)),
-                                           "spans": int(len(spans)), "with_spans": int((counts > 0).sum()),
-                                           "blocks_skipped": mismatched})
+        write_json(manifest_file(tmp), {"format": FORMAT, "config": _config_json(cfg), "sentences": int(len(rows)),
+                                        "spans": int(len(spans)), "with_spans": int((counts > 0).sum()),
+                                        "blocks_skipped": mismatched})
 
 
 class SentenceTable:
@@ -171,11 +179,7 @@ class SentenceTable:
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
-        if not (self.folder / "manifest.json").is_file():
-            raise RalmError(f"{self.folder}: not a sentence cache (no manifest.json)")
-        self.manifest = read_json(self.folder / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.folder}: unsupported sentence cache format {self.manifest.get('format')!r}")
+        self.manifest = read_manifest(self.folder, FORMAT, "sentence cache")
 
         def load(name):
             return np.load(self.folder / name, mmap_mode="r", allow_pickle=False)

@@ -15,9 +15,22 @@ from typing import Callable
 
 import numpy as np
 
-from ralm.atomic import _fsync_dir, atomic_path, fsync_tree, read_json, write_json
+from ralm.atomic import _fsync_dir, atomic_path, fsync_tree, manifest_file, read_json, write_json
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
+
+
+def partial_path(out: str | os.PathLike) -> Path:
+    """The folder an unfinished build of `out` works in."""
+    return Path(out).with_name(f".{Path(out).name}.partial")
+
+
+def build_hint(out: str | os.PathLike, command: str) -> str:
+    """How to make the missing `out`: finish its unfinished build, or build it with `command`."""
+    partial = partial_path(out)
+    if partial.exists():
+        return f" (an unfinished build is at {partial}; rerun `{command}` to finish it)"
+    return f"; build one with `{command}`"
 
 
 class PartialBuild:
@@ -25,7 +38,7 @@ class PartialBuild:
         self.out = Path(out)
         if self.out.exists():
             raise RalmError(f"{self.out} already exists; choose a new --out or remove it")
-        self.path = self.out.with_name(f".{self.out.name}.partial")
+        self.path = partial_path(self.out)
         sig = self.path / "signature.json"
         if self.path.is_dir() and (not sig.is_file() or read_json(sig) != json.loads(json.dumps(signature))):
             shutil.rmtree(self.path)  # a leftover of a build with other inputs
@@ -61,7 +74,7 @@ class PartialBuild:
 
     def publish(self, manifest: dict) -> Path:
         """Write manifest.json, flush everything and rename the folder into place."""
-        write_json(self.path / "manifest.json", manifest)
+        write_json(manifest_file(self.path), manifest)
         for f in self.path.glob("*.rows"):
             f.unlink()
         (self.path / "signature.json").unlink()

@@ -15,8 +15,12 @@ import numpy as np
 import torch
 
 from ralm.data.chunks import TokenStream, context_windows, window_batches
-from ralm.models.knnlm import Datastore, interpolate, knn_target_prob, lm_states
+from ralm.errors import RalmError
+from ralm.models.knnlm import interpolate, knn_target_prob, lm_states
+from ralm.models.lm import context
 from ralm.progress import progress_bar
+from ralm.retrieval.chunkdb import text_neighbours
+from ralm.retrieval.datastore import Datastore
 from ralm.runtime import autocast, resolve_dtype
 
 
@@ -40,14 +44,30 @@ def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.
     return nll
 
 
+def lm_perplexity(model, stream: TokenStream, seq_len: int | None = None, stride: int | None = None,
+                  device: torch.device | None = None, batch_size: int = 16, show_progress: bool = True,
+                  dtype: str | torch.dtype | None = None) -> dict:
+    """Perplexity report of a causal LM on `stream`; the window defaults to the model's training
+    length, the stride to half of it."""
+    seq_len, stride = context(model, seq_len, stride)
+    nll = lm_nll(model, stream, seq_len, stride, device or torch.device("cpu"), batch_size, show_progress, dtype)
+    return perplexity_report(nll, stream.words)
+
+
 def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
-               seq_len: int = 512, stride: int = 256, device: torch.device | None = None, batch_size: int = 16,
-               exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
+               seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
+               batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
                dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
     neighbours are searched once, so a grid costs no more than one setting. Hidden states are
-    searched `search_batch` at a time: faiss is several times faster on large query blocks."""
+    searched `search_batch` at a time: faiss is several times faster on large query blocks.
+    The window defaults to the model's training length, the stride to half of it."""
+    if not lambdas or any(not 0 <= x <= 1 for x in lambdas):
+        raise RalmError(f"lmbda must be in [0, 1], got {list(lambdas)}")
+    if not temperatures or any(not t > 0 for t in temperatures):
+        raise RalmError(f"temperature must be positive, got {list(temperatures)}")
     device = device or torch.device("cpu")
+    seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1
     p_lm, p_knn = np.empty(n, dtype=np.float64), np.empty((len(temperatures), n), dtype=np.float64)
     start = time.perf_counter()
@@ -79,6 +99,22 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
     return result
 
 
+def retro_perplexity(model, db, stream: TokenStream, retrieval: bool = True, stride: int | None = None,
+                     device: torch.device | None = None, batch_size: int = 8, show_progress: bool = True,
+                     dtype: str | torch.dtype | None = None) -> dict:
+    """Perplexity report of RETRO on `stream`, with neighbours from chunk DB `db` (retrieved
+    once, cached in the DB) or with retrieval off. The stride, a multiple of the chunk length,
+    defaults to half the training length."""
+    m = model.cfg.chunk_len
+    stride = stride or max(m, model.cfg.max_len // 2 // m * m)
+    if stride % m:
+        raise RalmError(f"stride must be a multiple of the chunk length {m}, got {stride}")
+    neighbours = (text_neighbours(db, stream, model.cfg.neighbours, exclude_same_doc=False, show_progress=show_progress)
+                  if retrieval else None)
+    nll = retro_nll(model, db, stream, neighbours, stride, device or torch.device("cpu"), batch_size, show_progress, dtype)
+    return perplexity_report(nll, stream.words)
+
+
 @torch.inference_mode()
 def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, stride: int, device: torch.device,
               batch_size: int = 8, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
@@ -106,4 +142,3 @@ def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, str
                 nll[s:b] = -logp[row, s - a :].double().cpu().numpy()
             bar.advance(task, sum(b - s for _, b, s in part))
     return nll
-

@@ -220,6 +220,13 @@ class HFCausalLM(nn.Module):
         return self.head(self.features(ids))
 
 
+def context(model, seq_len: int | None = None, stride: int | None = None) -> tuple[int, int]:
+    """(window, new tokens per window) for scoring a text with `model`: by default its training
+    length, and half of it."""
+    seq_len = seq_len or model.cfg.max_len
+    return seq_len, stride or seq_len // 2
+
+
 def load_lm(path: str | os.PathLike):
     """(model, tokenizer) from our LM directory, a `ralm lm train` run, or a local HF causal-LM directory."""
     path = Path(path)

@@ -28,7 +28,9 @@ from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import BERT_OVERRIDES, Retriever, pad_rows
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.loading import BERT_OVERRIDES
 from ralm.runtime import full_precision
 
 

@@ -34,10 +34,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import write_model_dir
+from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
-from ralm.runtime import full_precision
+from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
+from ralm.retrieval.chunkdb import read_chunk_db_manifest
+from ralm.runtime import full_precision
 
 FORMAT = "ralm.retro/2"
 OLD_FORMAT = "ralm.retro/1"  # trained with CCA query positions lacking the m - 1 offset: refused, not silently shifted
@@ -191,6 +193,23 @@ def retrofit(model: RetroLM, lm: TransformerLM) -> None:
         nn.init.zeros_(cca.attn.out.weight)
 
 
+def training_config(db: str | os.PathLike, retrofit: str | os.PathLike | None = None, **options) -> RetroConfig:
+    """The RetroConfig for training over chunk DB `db` (its chunk length) from `options` (None:
+    the default). Retro-fitting the LM at `retrofit` takes the decoder's sizes from it; a size
+    also given must match."""
+    given = {name: value for name, value in options.items() if value is not None}
+    if retrofit is not None:
+        found = model_dir(retrofit, LM_FORMAT)
+        if found is None:
+            raise RalmError(f"{retrofit}: retro-fitting needs a model from `ralm lm train`")
+        lm_cfg = read_json(found / "config.json")
+        for name in RetroConfig.decoder_sizes:
+            if name in given and given[name] != lm_cfg[name]:
+                raise RalmError(f"{name} {given[name]} differs from the retro-fitted LM's {name} {lm_cfg[name]}; leave it out")
+        given.update({name: lm_cfg[name] for name in RetroConfig.decoder_sizes})
+    return RetroConfig(chunk_len=read_chunk_db_manifest(db)["chunk_len"], **given)
+
+
 def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:
     """(model, tokenizer) from a RETRO model directory or a `ralm retro train` run."""
     found = model_dir(path, FORMAT)
@@ -214,6 +233,10 @@ def generate(model: RetroLM, db, tokenizer, prompt: str, max_new_tokens: int = 6
              device: torch.device | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it
     is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}]."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RalmError(f"top_p must be in (0, 1], got {top_p}")
+    if not temperature > 0:
+        raise RalmError(f"temperature must be positive, got {temperature}")
     device = device or torch.device("cpu")
     m, k = model.cfg.chunk_len, model.cfg.neighbours
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

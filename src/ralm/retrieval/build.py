@@ -13,17 +13,20 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ralm.atomic import write_text
-from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, tokenizer_fingerprint
-from ralm.data.corpus import Document, as_documents, corpus_fingerprint
-from ralm.distributed import dist_env
+from ralm.atomic import read_npy, write_text
+from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
+from ralm.data.corpus import Document, as_documents
+from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
 from ralm.retrieval.bm25 import BM25Index
-from ralm.retrieval.encoders import Retriever, encode_rows, init_projection_pca, load_tokenizer
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import encode_rows
 from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.loading import load_tokenizer
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.sharded import assemble_pieces, encode_pieces
-from ralm.retrieval.store import IndexDir, blocks_key
+from ralm.retrieval.store import IndexDir, embeddings_file
 from ralm.runtime import dtype_name, resolve_dtype
 
 
@@ -40,41 +43,19 @@ def save_documents(index: IndexDir, docs: Iterable[Document | dict | str]) -> Pa
     return path
 
 
-def ensure_blocks(index: IndexDir, corpus: Corpus, tokenizer, cfg: BlockConfig,
-                  show_progress: bool = True) -> tuple[str, BlockStore]:
-    """The block store for this corpus + tokenizer + config, built once and reused."""
-    if not isinstance(corpus, (str, os.PathLike)):
-        corpus = save_documents(index, corpus)
-    if not Path(corpus).exists():
-        raise RalmError(f"corpus not found: {corpus}")
-    key = blocks_key(corpus_fingerprint(corpus), tokenizer_fingerprint(tokenizer), asdict(cfg))
-    path = index.blocks_path(key)
-    if not (path / "manifest.json").is_file():
-        build_block_store(corpus, path, tokenizer, cfg, show_progress)
-    return key, BlockStore(path)
+def _corpus_file(corpus: Corpus, out: str | os.PathLike, kind: str, env: DistEnv) -> str | os.PathLike:
+    """Documents given in memory are saved in the index directory first (by rank 0), so every
+    rank and the block store read a file like any other corpus."""
+    if isinstance(corpus, (str, os.PathLike)):
+        return corpus
+    path = str(save_documents(IndexDir.create(out, kind), corpus)) if env.is_main else None
+    env.barrier()
+    return env.broadcast_object(path)
 
 
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
     """Title + body of every block: what BM25 indexes."""
     return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
-
-
-def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.device, sample: int = 4096,
-                    batch_size: int = 64, seed: int = 0, show_progress: bool = True,
-                    dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
-
-    Returns the pooled vectors [N, H] when the sample was the whole corpus, so the caller can
-    project them instead of encoding every block a second time."""
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(blocks), size=min(sample, len(blocks)), replace=False))
-    hidden = retriever.doc.bert.config.hidden_size
-    pooled = np.zeros((len(rows), hidden), dtype=np.float32)
-    encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], pooled,
-                batch_size, device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
-                description="projection (PCA)", dtype=dtype)
-    init_projection_pca(retriever, torch.from_numpy(pooled))
-    return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
 
 
 def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device,
@@ -95,8 +76,16 @@ def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: to
     return emb
 
 
-def _version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
+def version_manifest(kind: str, key: str, blocks: BlockStore) -> dict:
+    """What every version's manifest.json records (publishing adds its name and time)."""
     return {"kind": kind, "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
+
+
+def dense_manifest(index: IndexDir, key: str, blocks: BlockStore, dim: int, retriever_path: Path,
+                   dtype: torch.dtype) -> dict:
+    """A dense version's: also its dimension and the retriever (saved in the index) that built it."""
+    return {**version_manifest("dense", key, blocks), "dim": dim, "doc_fingerprint": retriever_path.name,
+            "retriever": str(retriever_path.relative_to(index.root)), "dtype": dtype_name(dtype)}
 
 
 def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", model: str | None = None,
@@ -113,35 +102,80 @@ def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", mod
     function on purpose: rank 0 creates, every rank embeds, rank 0 publishes, and the barriers
     between those steps read in order only when the steps sit side by side."""
     if kind not in ("dense", "bm25"):
-        raise RalmError(f"--retriever must be 'dense' or 'bm25', got {kind!r}")
+        raise RalmError(f"the retriever must be 'dense' or 'bm25', got {kind!r}")
     if batch_size <= 0:
         raise RalmError(f"batch size must be positive, got {batch_size}")
     env = dist_env()
     device = env.device(device or torch.device("cpu"))
     dtype = resolve_dtype(dtype, device)
-    if kind == "bm25":  # one process's job, even under torchrun
-        name = None
-        if env.is_main:
-            index = IndexDir.create(out, kind)
-            key, blocks = ensure_blocks(index, corpus, load_tokenizer(model), block_cfg, show_progress)
+    corpus = _corpus_file(corpus, out, kind, env)
+    if kind == "bm25":
+        return _build_bm25(corpus, out, model, block_cfg, show_progress, env)
+    index, key, blocks, retriever, rpath, pooled = _prepare_dense(corpus, out, model, dim, block_cfg, batch_size, device,
+                                                                  show_progress, dtype, env)
 
-            def write_bm25(tmp: Path) -> dict:
-                BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
-                return _version_manifest(kind, key, blocks)
+    def finish(tmp: Path) -> dict:
+        manifest = {**dense_manifest(index, key, blocks, retriever.dim, rpath, dtype), "faiss": faiss_spec}
+        if not faiss_spec:
+            return manifest
+        ann = FaissIndex.build(read_npy(embeddings_file(tmp)), faiss_spec)
+        ann.save(tmp / "faiss.index")
+        return {**manifest, "faiss_params": ann.default_search_params()}
 
-            name = index.publish(write_bm25)
-        env.barrier()
-        return IndexDir(out), env.broadcast_object(name)
+    if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
+        def write_projected(tmp: Path) -> dict:
+            embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, pooled, dtype)
+            return finish(tmp)
 
-    retriever = Retriever.from_pretrained(model, dim=dim)
-    # Rank 0 creates the directory, the block store and the projection; the others follow.
+        return index, index.publish(write_projected)
+
+    # Pieces written atomically per rank, so a killed (multi-process) build resumes.
+    staging = index.root / "versions" / f".pieces-{rpath.name}-{key}-w{env.world}"
+    encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
+                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress, dtype)
+    env.barrier()
+    name = None
     if env.is_main:
-        index = IndexDir.create(out, kind)
-        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress)
+        def write_assembled(tmp: Path) -> dict:
+            assemble_pieces(staging, len(blocks), retriever.dim, embeddings_file(tmp), env.world, piece_rows)
+            return finish(tmp)
+
+        name = index.publish(write_assembled)
+        shutil.rmtree(staging, ignore_errors=True)
+    return index, env.broadcast_object(name)
+
+
+def _build_bm25(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None, block_cfg: BlockConfig,
+                show_progress: bool, env: DistEnv) -> tuple[IndexDir, str]:
+    """BM25 is one process's job, even under torchrun: rank 0 builds, the others wait."""
+    name = None
+    if env.is_main:
+        index = IndexDir.create(out, "bm25")
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, load_tokenizer(model), block_cfg, show_progress)
+
+        def write_bm25(tmp: Path) -> dict:
+            BM25Index.build(block_texts(blocks, show_progress), show_progress=show_progress).save(tmp / "bm25")
+            return version_manifest("bm25", key, blocks)
+
+        name = index.publish(write_bm25)
+    env.barrier()
+    return IndexDir(out), env.broadcast_object(name)
+
+
+def _prepare_dense(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None, dim: int | None,
+                   block_cfg: BlockConfig, batch_size: int, device: torch.device, show_progress: bool, dtype: torch.dtype,
+                   env: DistEnv) -> tuple[IndexDir, str, BlockStore, Retriever, Path, torch.Tensor | None]:
+    """(index, blocks key, blocks, retriever, its path in the index, pooled vectors or None) on
+    every rank: rank 0 creates the directory, the block store and the projection (returning the
+    pooled vectors when its PCA sample was the whole corpus); the others follow."""
+    retriever = Retriever.from_pretrained(model, dim=dim)
+    if env.is_main:
+        index = IndexDir.create(out, "dense")
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, retriever.tokenizer, block_cfg, show_progress)
     env.barrier()
     if not env.is_main:
         index = IndexDir(out)
-        key, blocks = ensure_blocks(index, corpus, retriever.tokenizer, block_cfg, show_progress=False)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, retriever.tokenizer, block_cfg, show_progress=False)
     retriever.to(device).eval()
     pooled = None
     if env.is_main:
@@ -154,37 +188,4 @@ def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", mod
     rpath = Path(env.broadcast_object(str(index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
     if not env.is_main and not retriever.cfg.projection_ready:
         retriever = Retriever.from_pretrained(rpath).to(device).eval()
-    fingerprint = rpath.name
-
-    def manifest() -> dict:
-        return {**_version_manifest(kind, key, blocks), "dim": retriever.dim, "doc_fingerprint": fingerprint,
-                "retriever": str(rpath.relative_to(index.root)), "faiss": faiss_spec, "dtype": dtype_name(dtype)}
-
-    def finish(tmp: Path) -> dict:
-        if not faiss_spec:
-            return manifest()
-        ann = FaissIndex.build(np.load(tmp / "embeddings.npy", mmap_mode="r"), faiss_spec)
-        ann.save(tmp / "faiss.index")
-        return {**manifest(), "faiss_params": ann.default_search_params()}
-
-    if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
-        def write_projected(tmp: Path) -> dict:
-            embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, pooled, dtype)
-            return finish(tmp)
-
-        return index, index.publish(write_projected)
-
-    # Pieces written atomically per rank, so a killed (multi-process) build resumes.
-    staging = index.root / "versions" / f".pieces-{fingerprint}-{key}-w{env.world}"
-    encode_pieces(retriever.doc, blocks.tokens, blocks.tokens.lengths(), retriever.dim, staging, env, device,
-                  batch_size, retriever.tokenizer.pad_token_id or 0, piece_rows, show_progress, dtype)
-    env.barrier()
-    name = None
-    if env.is_main:
-        def write_assembled(tmp: Path) -> dict:
-            assemble_pieces(staging, len(blocks), retriever.dim, tmp / "embeddings.npy", env.world, piece_rows)
-            return finish(tmp)
-
-        name = index.publish(write_assembled)
-        shutil.rmtree(staging, ignore_errors=True)
-    return index, env.broadcast_object(name)
+    return index, key, blocks, retriever, rpath, pooled

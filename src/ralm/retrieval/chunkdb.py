@@ -26,16 +26,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ralm.atomic import atomic_path, read_json
+from ralm.atomic import atomic_path, read_manifest, read_npy
 from ralm.data.blocks import tokenizer_fingerprint
 from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, separator_doc_starts, tokenize_text
 from ralm.data.corpus import corpus_fingerprint
-from ralm.data.resumable import PartialBuild
+from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.encoders import Retriever, Tower, encode_rows, load_tokenizer
+from ralm.retrieval.encoders import Retriever, Tower
+from ralm.retrieval.encoding import encode_rows
 from ralm.retrieval.exact import ExactIndex
 from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.loading import load_tokenizer
 
 FORMAT = "ralm.chunkdb/1"
 
@@ -85,24 +87,28 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
                           "tokenizer": tokenizer_fingerprint(tokenizer), "corpus_path": str(corpus)})
 
 
+def read_chunk_db_manifest(path: str | os.PathLike) -> dict:
+    return read_manifest(path, FORMAT, "chunk DB", build_hint(path, "ralm retro build-db"))
+
+
+def chunk_db_summary(path: str | os.PathLike) -> dict:
+    """What a build reports of the chunk DB at `path`."""
+    m = read_chunk_db_manifest(path)
+    return {"db": str(path), "chunks": m["count"], "tokens": m["tokens"], "dim": m["dim"], "faiss": m["faiss"]}
+
+
 class ChunkDB:
     def __init__(self, path: str | os.PathLike, device: torch.device | None = None, nprobe: int | None = None,
                  dtype: torch.dtype | None = None):
         self.path = Path(path)
-        if not (self.path / "manifest.json").is_file():
-            partial = self.path.with_name(f".{self.path.name}.partial")
-            hint = f" (an unfinished build is at {partial}; rerun build-db to finish it)" if partial.exists() else ""
-            raise RalmError(f"{self.path}: not a chunk DB (no manifest.json){hint}")
-        self.manifest = read_json(self.path / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.path}: unsupported chunk DB format {self.manifest.get('format')!r}")
+        self.manifest = read_chunk_db_manifest(self.path)
         self.chunk_len = int(self.manifest["chunk_len"])
-        self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r", allow_pickle=False)  # [T]
-        self.chunk_docs = np.load(self.path / "chunk_docs.npy", allow_pickle=False)  # [N, 2]
+        self.tokens = read_npy(self.path / "tokens.npy")  # [T]
+        self.chunk_docs = read_npy(self.path / "chunk_docs.npy", mmap_mode=None)  # [N, 2]
         starts = self.path / "doc_starts.npy"
-        self.doc_starts = (np.load(starts, allow_pickle=False) if starts.is_file()  # [n_docs + 1]
+        self.doc_starts = (read_npy(starts, mmap_mode=None) if starts.is_file()  # [n_docs + 1]
                            else separator_doc_starts(self.tokens, load_tokenizer(self.manifest["encoder_model"]).sep_token_id))
-        self.embeddings = np.load(self.path / "embeddings.npy", mmap_mode="r", allow_pickle=False)  # [N, H]
+        self.embeddings = read_npy(self.path / "embeddings.npy")  # [N, H]
         if self.manifest.get("faiss"):
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)

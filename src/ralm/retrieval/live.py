@@ -1,63 +1,35 @@
 """Live knowledge updates: documents added, replaced or deleted while an index is served.
 
-An overlay sits on top of the searcher's current index version:
+An overlay (retrieval/overlay.py) sits on top of the searcher's current index version:
   - added documents are split into blocks and embedded with the document tower (dense) or
     scored with the BM25 index's statistics (bm25), and searched beside the main index;
   - replaced and deleted documents hide their main-index blocks (tombstones).
-Every change is appended to `DIR/updates.jsonl` and fsync'd before it is applied, and the log
-is replayed when the overlay opens, so an acknowledged update survives a crash or restart.
+Every change goes to the update log (retrieval/update_log.py) before it is applied, and the
+log is replayed when the overlay opens, so an acknowledged update survives a crash or restart.
 Rows >= len(main) name overlay blocks; a snapshot (`current`) keeps a search consistent
 across a concurrent update or index swap.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from ralm.data.blocks import BlockStore, iter_blocks
+from ralm.data.blocks import BlockStore
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.bm25 import LiveBM25, _tokens
-from ralm.retrieval.encoders import encode_rows
 from ralm.retrieval.exact import check_k
+from ralm.retrieval.overlay import Delta, OverlayBlocks, with_adds, without
 from ralm.retrieval.searcher import Hit, LoadedVersion, Searcher, hits
+from ralm.retrieval.update_log import UpdateLog
 
-LOG = "updates.jsonl"
-RECORD_START = b'{"op": '  # how json.dumps begins every record; inside a string value the quotes are escaped
 log = logging.getLogger("ralm.live")
-
-
-@dataclass(frozen=True)
-class Delta:
-    """The overlay's documents at one moment (immutable; an update makes a new one)."""
-    records: tuple[dict, ...] = ()  # {"id", "doc_id", "title", "text"} per overlay block
-    embeddings: np.ndarray | None = None  # [M, D] (dense)
-    hidden_docs: frozenset[str] = frozenset()  # doc ids whose main-index blocks are hidden
-    docs: dict = field(default_factory=dict)  # doc id -> Document, the overlay's documents
-    row_of: dict = field(default_factory=dict)  # block id -> its index in `records`
-
-
-class OverlayBlocks:
-    """BlockStore-like view: main rows first, then the overlay's blocks."""
-
-    def __init__(self, main: BlockStore, delta: Delta):
-        self.main, self.delta = main, delta
-
-    def __len__(self) -> int:
-        return len(self.main) + len(self.delta.records)
-
-    def record(self, row: int) -> dict:
-        n = len(self.main)
-        return self.main.record(row) if row < n else dict(self.delta.records[row - n])
 
 
 @dataclass(frozen=True)
@@ -87,10 +59,12 @@ class LiveSearcher:
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
         self.index = searcher.index
-        self.log_path = Path(searcher.index.root) / LOG
+        self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # serialises writers; readers use snapshots
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
-        self._snap = self._snapshot(searcher.current, self._replay())
+        self._bm25_tokenizer = None
+        added, deleted = self.updates.replay()
+        self._snap = self._snapshot(searcher.current, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added))
 
     # -- snapshots ------------------------------------------------------------------------
     @property
@@ -102,15 +76,21 @@ class LiveSearcher:
         return len(snap.blocks) - len(snap.hidden_rows)
 
     def refresh(self) -> bool:
-        """Swap in a newer index version (the overlay stays on top of it)."""
+        """Swap in a newer index version (the overlay stays on top of it). The version loads,
+        and its documents' rows are read, before the writer lock is taken."""
+        version = self.searcher.newer_version()
+        if version is None:
+            return False
+        if self._snap.delta.hidden_docs:
+            self._rows_by_doc(version)
         with self._lock:
-            if not self.searcher.refresh():
-                return False
-            self._snap = self._snapshot(self.searcher.current, self._snap.delta)
-            return True
+            self.searcher.current = version
+            self._snap = self._snapshot(version, self._snap.delta)
+        return True
 
     def _snapshot(self, version: LoadedVersion, delta: Delta) -> Snapshot:
-        hidden = sorted(r for d in delta.hidden_docs for r in self._rows_of(d, version)) if delta.hidden_docs else []
+        rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
+        hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
         bm25 = None
         if self.searcher.retriever is None and delta.records:
             if version.index.avgdl is None:
@@ -118,15 +98,18 @@ class LiveSearcher:
             bm25 = LiveBM25(version.index, [f"{r['title']} {r['text']}" for r in delta.records])
         return Snapshot(version, delta, np.array(hidden, dtype=np.int64), bm25)
 
-    def _rows_of(self, doc_id: str, version: LoadedVersion) -> range:
-        """Main-index rows of a document. A document's blocks are consecutive rows, so the map
-        reads one record per document (once per version)."""
-        if self._doc_rows is None or self._doc_rows[0] != version.name:
+    def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
+        """Main-index rows of each document, once per version. A document's blocks are
+        consecutive rows, so the map reads one record per document; writers build it before
+        they take the lock, which a corpus of millions of documents would hold for minutes."""
+        cached = self._doc_rows
+        if cached is None or cached[0] != version.name:
             blocks = version.blocks
             starts = np.flatnonzero(np.diff(blocks.doc_index, prepend=-1))  # first row of each document
             ends = np.append(starts[1:], len(blocks))
-            self._doc_rows = (version.name, {blocks.record(int(s))["doc_id"]: range(int(s), int(e)) for s, e in zip(starts, ends)})
-        return self._doc_rows[1].get(doc_id, range(0))
+            cached = (version.name, {blocks.record(int(s))["doc_id"]: range(int(s), int(e)) for s, e in zip(starts, ends)})
+            self._doc_rows = cached
+        return cached[1]
 
     # -- updates --------------------------------------------------------------------------
     def add(self, docs: Sequence[Document]) -> list[str]:
@@ -136,105 +119,38 @@ class LiveSearcher:
             if not d.id.strip() or not d.text.strip():
                 raise RalmError("a document needs a non-empty 'id' and 'text'")
         latest = list({d.id: d for d in docs}.values())
+        self._rows_by_doc(self._snap.version)  # outside the lock
         with self._lock:
             snap = self._snapshot(self._snap.version, self._with_adds(self._snap.delta, latest))
-            self._append([{"op": "add", "id": d.id, "title": d.title, "text": d.text} for d in latest])
+            self.updates.append([{"op": "add", "id": d.id, "title": d.title, "text": d.text} for d in latest])
             self._snap = snap
         return [d.id for d in latest]
 
     def delete(self, doc_id: str) -> None:
+        self._rows_by_doc(self._snap.version)  # outside the lock
         with self._lock:
             if not self.exists(doc_id):
                 raise KeyError(doc_id)
-            snap = self._snapshot(self._snap.version, _without(self._snap.delta, doc_id))
-            self._append([{"op": "delete", "id": doc_id}])
+            snap = self._snapshot(self._snap.version, without(self._snap.delta, doc_id))
+            self.updates.append([{"op": "delete", "id": doc_id}])
             self._snap = snap
 
     def exists(self, doc_id: str) -> bool:
         snap = self._snap
         if doc_id in snap.delta.docs:
             return True
-        return doc_id not in snap.delta.hidden_docs and bool(self._rows_of(doc_id, snap.version))
-
-    def _append(self, entries: list[dict]) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _replay(self) -> Delta:
-        """The overlay the log describes. Its order is the live one: a document sits where its
-        last add put it."""
-        adds: dict[str, Document] = {}
-        deleted: set[str] = set()
-        for e in self._read_log():
-            adds.pop(e["id"], None)
-            if e["op"] == "add":
-                adds[e["id"]] = Document(e["id"], e.get("title", ""), e["text"])
-                deleted.discard(e["id"])
-            else:
-                deleted.add(e["id"])
-        return self._with_adds(Delta(hidden_docs=frozenset(deleted)), list(adds.values()))
-
-    def _read_log(self) -> list[dict]:
-        """The log's records, after cutting a torn last record (a crash mid-append: it was never
-        acknowledged) so that the next append starts on a line of its own."""
-        if not self.log_path.is_file():
-            return []
-        data = self.log_path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            with open(self.log_path, "r+b") as f:
-                f.truncate(end)
-                os.fsync(f.fileno())
-            log.warning("%s: cut a torn last record (%d bytes, never acknowledged) left by a crash mid-write",
-                        self.log_path, len(data) - end)
-        records = []
-        for lineno, line in enumerate(data[:end].split(b"\n")[:-1], 1):  # bytes: a text may hold U+2028
-            if not line.strip():
-                continue
-            record = _record(line)
-            if record is None:  # ralm <= 0.2.0 appended onto a torn record: the acknowledged one ends the line
-                start = line.rfind(RECORD_START)
-                record = _record(line[start:]) if start > 0 else None
-                if record is None:
-                    # written by hand or another program: replaying around it could drop or resurrect documents
-                    raise RalmError(f'{self.log_path}:{lineno}: not an update record ({{"op": "add", "id", "title", "text"}} '
-                                    f'or {{"op": "delete", "id"}}); fix or remove the line')
-                log.warning("%s:%d: skipped a torn record before the update of %r", self.log_path, lineno, record["id"])
-            records.append(record)
-        return records
+        return doc_id not in snap.delta.hidden_docs and doc_id in self._rows_by_doc(snap.version)
 
     def _with_adds(self, old: Delta, docs: Sequence[Document]) -> Delta:
-        """`old` with `docs` (unique ids) added at the end, replacing their earlier versions."""
-        if not docs:
-            return old
-        ids = {d.id for d in docs}
-        keep = [i for i, r in enumerate(old.records) if r["doc_id"] not in ids]
-        new_records, new_tokens = [], []
-        for doc, blocks in iter_blocks(docs, self._tokenizer(), self.searcher.current.blocks.config):
-            for b in blocks:
-                new_records.append({"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]})
-                new_tokens.append(np.asarray(b.token_ids))
-        records = tuple([old.records[i] for i in keep] + new_records)
-        embeddings = None
-        if self.searcher.retriever is not None:
-            r = self.searcher.retriever
-            fresh = np.zeros((len(new_tokens), r.dim), np.float32)
-            encode_rows(r.doc, new_tokens, np.array([len(t) for t in new_tokens]), fresh, device=r.device,
-                        pad_id=r.tokenizer.pad_token_id or 0, show_progress=False, dtype=self.searcher.dtype)
-            base = old.embeddings[keep] if old.embeddings is not None else np.zeros((0, r.dim), np.float32)
-            embeddings = np.concatenate([base, fresh])
-        docs_by_id = {**{k: v for k, v in old.docs.items() if k not in ids}, **{d.id: d for d in docs}}
-        # a replaced document's main-index blocks go
-        return _delta(records, embeddings, old.hidden_docs | ids, docs_by_id)
+        return with_adds(old, docs, self._tokenizer(), self.searcher.current.blocks.config, self.searcher.retriever,
+                         self.searcher.dtype)
 
     def _tokenizer(self):
         if self.searcher.retriever is not None:
             return self.searcher.retriever.tokenizer
-        from ralm.retrieval.encoders import load_tokenizer
+        if self._bm25_tokenizer is None:
+            from ralm.retrieval.loading import load_tokenizer
 
-        if not hasattr(self, "_bm25_tokenizer"):
             self._bm25_tokenizer = load_tokenizer(None)
         return self._bm25_tokenizer
 
@@ -293,28 +209,6 @@ class LiveSearcher:
         snap = self._snap
         scores, rows = self.search_rows(queries, k, snap)
         return hits(snap.blocks, scores, rows, bm25=self.searcher.retriever is None)
-
-
-def _record(line: bytes) -> dict | None:
-    """A log line's update record, or None when it is not one."""
-    try:
-        e = json.loads(line)
-    except ValueError:  # also a UnicodeDecodeError
-        return None
-    add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
-    ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")
-    return e if ok else None
-
-
-def _delta(records: tuple[dict, ...], embeddings: np.ndarray | None, hidden: frozenset[str], docs: dict) -> Delta:
-    return Delta(records, embeddings, frozenset(hidden), docs, {r["id"]: i for i, r in enumerate(records)})
-
-
-def _without(old: Delta, doc_id: str) -> Delta:
-    keep = [i for i, r in enumerate(old.records) if r["doc_id"] != doc_id]
-    embeddings = old.embeddings[keep] if old.embeddings is not None else None
-    docs = {k: v for k, v in old.docs.items() if k != doc_id}
-    return _delta(tuple(old.records[i] for i in keep), embeddings, old.hidden_docs | {doc_id}, docs)
 
 
 def _measured_avgdl(blocks: BlockStore, sample: int = 10_000) -> float:

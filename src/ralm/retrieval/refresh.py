@@ -30,10 +30,10 @@ import torch
 from ralm.atomic import write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
-from ralm.retrieval.build import embed_blocks
+from ralm.retrieval.build import dense_manifest, embed_blocks
 from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.store import IndexDir
-from ralm.runtime import DTYPES
+from ralm.retrieval.store import IndexDir, embeddings_file
+from ralm.runtime import DTYPES, resolve_dtype
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, blocks: BlockStore, step: int,
@@ -45,15 +45,13 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, b
     start = time.perf_counter()
     was_training = retriever.training
     retriever.eval()
-    fingerprint = retriever.doc_fingerprint()
-    rpath = index.retriever_path(fingerprint)
+    rpath = index.retriever_path(retriever.doc_fingerprint())
     if not (rpath / "config.json").is_file():
         retriever.save_pretrained(rpath)
 
     def write(tmp: Path) -> dict:
-        embed_blocks(retriever, blocks, tmp / "embeddings.npy", device, batch_size, show_progress, dtype=dtype)
-        return {"kind": "dense", "count": len(blocks), "blocks": blocks_key, "corpus": blocks.manifest["corpus"],
-                "dim": retriever.dim, "doc_fingerprint": fingerprint, "retriever": str(rpath.relative_to(index.root)),
+        embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, dtype=dtype)
+        return {**dense_manifest(index, blocks_key, blocks, retriever.dim, rpath, resolve_dtype(dtype, device)),
                 "faiss": None, "step": step, "seconds": round(time.perf_counter() - start, 3)}
 
     try:

@@ -13,7 +13,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ralm.atomic import read_npy
 from ralm.data.blocks import BlockStore
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
@@ -45,6 +44,7 @@ class LoadedVersion:
     manifest: dict
     blocks: BlockStore
     index: ExactIndex | ShardedExactIndex | FaissIndex | BM25Index
+    embeddings: np.ndarray | None = None  # [N, D] float32, memory-mapped (dense)
 
 
 def load_version(index: IndexDir, name: str, device: torch.device | None = None,
@@ -56,18 +56,18 @@ def load_version(index: IndexDir, name: str, device: torch.device | None = None,
         raise RalmError(f"{path}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")
     if manifest["kind"] == "bm25":
         return LoadedVersion(name, manifest, blocks, BM25Index.load(path / "bm25", manifest["count"]))
+    # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
+    emb = index.embeddings(name, manifest, mmap_mode="c")
     if manifest.get("faiss"):
         ann = FaissIndex.load(path / "faiss.index", manifest["faiss"])
         ann.set_search_params(**manifest.get("faiss_params", {}))
-        return LoadedVersion(name, manifest, blocks, ann)
-    # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
-    emb = read_npy(path / "embeddings.npy", mmap_mode="c")
-    if emb.shape != (manifest["count"], manifest["dim"]):
-        raise RalmError(f"{path}: embeddings have shape {emb.shape}, manifest says {(manifest['count'], manifest['dim'])}")
+        return LoadedVersion(name, manifest, blocks, ann, emb)
     env = dist_env()
     if env.active:  # under torchrun each rank holds and searches its shard of the rows
-        return LoadedVersion(name, manifest, blocks, ShardedExactIndex(emb, env, env.device(device or torch.device("cpu")), dtype))
-    return LoadedVersion(name, manifest, blocks, ExactIndex(emb, device, dtype=dtype))
+        exact = ShardedExactIndex(emb, env, env.device(device or torch.device("cpu")), dtype)
+    else:
+        exact = ExactIndex(emb, device, dtype=dtype)
+    return LoadedVersion(name, manifest, blocks, exact, emb)
 
 
 def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
@@ -110,13 +110,17 @@ class Searcher:
             check_retriever(self.retriever, version.manifest, f"index {self.index.root} ({name})")
         return version
 
+    def newer_version(self) -> LoadedVersion | None:
+        """The newest complete version, loaded, if LATEST moved past the current one."""
+        name = self.index.latest()
+        return None if name == self.current.name else self._load(name)
+
     def refresh(self) -> bool:
         """Swap in the newest complete version if LATEST moved; True when it did."""
-        name = self.index.latest()
-        if name == self.current.name:
-            return False
-        self.current = self._load(name)
-        return True
+        version = self.newer_version()
+        if version is not None:
+            self.current = version
+        return version is not None
 
     def __len__(self) -> int:
         return len(self.current.blocks)
@@ -145,8 +149,7 @@ class Searcher:
     def exact_scores(self, qvec: np.ndarray, rows: np.ndarray, version: LoadedVersion) -> np.ndarray:
         """Dense: [D] query vector, [C] rows -> [C] inner products with the stored float32
         embeddings (whatever the search index approximates or stores in bf16)."""
-        emb = np.load(self.index.version_path(version.name) / "embeddings.npy", mmap_mode="r", allow_pickle=False)
-        return np.asarray(emb[rows], dtype=np.float32) @ qvec
+        return np.asarray(version.embeddings[rows], dtype=np.float32) @ qvec
 
     def match_rows(self, rows: np.ndarray, other: LoadedVersion, version: LoadedVersion) -> np.ndarray:
         """Rows of another searcher's version as rows of `version`: over the same block store

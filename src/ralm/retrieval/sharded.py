@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ralm.atomic import atomic_path
 from ralm.distributed import DistEnv, shard_range
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import encode_rows
+from ralm.retrieval.encoding import encode_rows
 from ralm.retrieval.exact import ExactIndex, check_k, merge_topk
 
 

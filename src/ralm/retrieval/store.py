@@ -3,9 +3,10 @@ version is being written (by `ralm index build` or the pre-training refresher).
 
   DIR/manifest.json         {"format", "retriever": "dense" | "bm25"}
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
+  DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
   DIR/corpus/<sha>.jsonl    documents given in memory to build_index, saved as a corpus file
-  DIR/versions/v000007/     manifest.json + embeddings.npy [+ faiss.index] | bm25/
+  DIR/versions/v000007/     manifest.json + embeddings.npy (dense) [+ faiss.index] | bm25/
   DIR/LATEST                name of the newest complete version (replaced atomically)
 
 A version directory is complete before it gets its name, and LATEST moves only after that,
@@ -15,7 +16,6 @@ so a reader never sees a partial version. A version is written in `versions/.bui
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ralm.atomic import fsync_tree, read_json, remove_stale_temps, temp_dir, write_json, write_text
+import numpy as np
+
+from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 
@@ -32,26 +34,22 @@ FORMAT = "ralm.index/1"
 _VERSION = re.compile(r"^v(\d{6})$")
 
 
-def blocks_key(corpus_fp: str, tokenizer_fp: str, block_cfg: dict) -> str:
-    raw = json.dumps([corpus_fp, tokenizer_fp, block_cfg], sort_keys=True).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
+def embeddings_file(version_dir: Path) -> Path:
+    """Where a dense version keeps its float32 block embeddings [N, D], also while it is written."""
+    return version_dir / "embeddings.npy"
 
 
 class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        if not (self.root / "manifest.json").is_file():
-            raise RalmError(f"{self.root}: not an index directory (no manifest.json); build one with `ralm index build`")
-        self.manifest = read_json(self.root / "manifest.json")
-        if self.manifest.get("format") != FORMAT:
-            raise RalmError(f"{self.root}: unsupported index format {self.manifest.get('format')!r}")
+        self.manifest = read_manifest(self.root, FORMAT, "index directory", "; build one with `ralm index build`")
 
     @classmethod
     def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise RalmError(f"--out {root} is a file; choose a directory (new, empty, or an index of the same kind)")
-        if (root / "manifest.json").is_file():
+        if manifest_file(root).is_file():
             index = cls(root)
             if index.kind != retriever:
                 raise RalmError(f"{root} holds a {index.kind} index; cannot add a {retriever} version (use another --out)")
@@ -59,7 +57,7 @@ class IndexDir:
         if root.exists() and any(root.iterdir()):
             raise RalmError(f"{root} exists and is not an index directory; choose an empty or new --out")
         root.mkdir(parents=True, exist_ok=True)
-        write_json(root / "manifest.json", {"format": FORMAT, "retriever": retriever})
+        write_json(manifest_file(root), {"format": FORMAT, "retriever": retriever})
         return cls(root)
 
     @property
@@ -75,17 +73,35 @@ class IndexDir:
         f = self.root / "LATEST"
         if not f.is_file():
             raise RalmError(f"{self.root}: no complete index version yet")
-        name = f.read_text(errors="replace").strip()
-        if not _VERSION.match(name) or not (self.version_path(name) / "manifest.json").is_file():
-            raise RalmError(f"{f} names {name[:40]!r}, which is not a version of this index; the index is damaged: "
-                            "rebuild it (`ralm index build` into the same directory publishes a new version)")
-        return name
+        name = None
+        for _ in range(3):  # a publish may prune the version LATEST named a moment ago: read it again
+            previous, name = name, f.read_text(errors="replace").strip()
+            if _VERSION.match(name) and manifest_file(self.version_path(name)).is_file():
+                return name
+            if name == previous:
+                break
+        raise RalmError(f"{f} names {name[:40]!r}, which is not a version of this index; the index is damaged: "
+                        "rebuild it (`ralm index build` into the same directory publishes a new version)")
 
     def version_path(self, name: str) -> Path:
         return self.root / "versions" / name
 
     def version_manifest(self, name: str) -> dict:
-        return read_json(self.version_path(name) / "manifest.json")
+        return read_json(manifest_file(self.version_path(name)))
+
+    def summary(self, name: str) -> dict:
+        """What a build reports of version `name`."""
+        m = self.version_manifest(name)
+        return {"index": str(self.root), "version": name, "retriever": self.kind, "blocks": m["count"],
+                "dim": m.get("dim"), "faiss": m.get("faiss"), "dtype": m.get("dtype")}
+
+    def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:
+        """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
+        emb = read_npy(embeddings_file(self.version_path(name)), mmap_mode)
+        if emb.shape != (manifest["count"], manifest["dim"]):
+            raise RalmError(f"{self.version_path(name)}: embeddings have shape {emb.shape}, "
+                            f"manifest says {(manifest['count'], manifest['dim'])}")
+        return emb
 
     def publish(self, write: Callable[[Path], dict], keep: int = 3) -> str:
         """Call `write(tmp_dir) -> manifest`, then give the folder the next version name and
@@ -101,7 +117,7 @@ class IndexDir:
                 existing = self.versions()
                 name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
                 manifest = {**manifest, "version": name, "created": time.time()}
-                (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+                manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
                 try:
                     os.rename(tmp, vdir / name)  # fails if a concurrent publisher took the name
                     break
@@ -121,11 +137,18 @@ class IndexDir:
                 shutil.rmtree(self.version_path(name), ignore_errors=True)
 
     # -- blocks and retrievers ---------------------------------------------------------------
-    def blocks_path(self, key: str) -> Path:
-        return self.root / "blocks" / key
+    @property
+    def blocks_dir(self) -> Path:
+        """The block stores (data/blocks.py `ensure_block_store`)."""
+        return self.root / "blocks"
+
+    @property
+    def sentences_dir(self) -> Path:
+        """The spaCy sentence passes over them (data/masking.py `corpus_sentences`)."""
+        return self.root / "sentences"
 
     def blocks(self, key: str) -> BlockStore:
-        path = self.blocks_path(key)
+        path = self.blocks_dir / key
         if not path.is_dir():
             raise RalmError(f"{self.root}: block store {key} is missing; rebuild the index")
         return BlockStore(path)

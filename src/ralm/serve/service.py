@@ -7,6 +7,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -17,8 +18,9 @@ from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.hybrid import HybridSearcher
-from ralm.retrieval.live import LOG, LiveSearcher
+from ralm.retrieval.live import LiveSearcher
 from ralm.retrieval.searcher import Hit, Searcher
+from ralm.retrieval.update_log import LOG
 from ralm.runtime import resolve_dtype
 
 log = logging.getLogger("ralm.serve")

@@ -26,8 +26,10 @@ from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.build import build_index, init_projection
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.build import build_index
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay

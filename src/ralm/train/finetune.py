@@ -176,8 +176,7 @@ def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device |
     reader_src, retriever_src = resolve_init(cfg.init)
     searcher = Searcher.open(cfg.index, model=retriever_src, device=device, dtype=ctx.dtype)
     dense = searcher.retriever is not None
-    embeddings = np.load(searcher.index.version_path(searcher.current.name) / "embeddings.npy", mmap_mode="r",
-                         allow_pickle=False) if dense else None
+    embeddings = searcher.current.embeddings
     reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(device)
     train_query = dense and cfg.train_retriever
     model = QAModel(reader, searcher, embeddings, env).to(device)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ralm.data.blocks import BlockConfig, BlockStore
-from ralm.data.masking import SentenceConfig, SentenceTable, find_sentences
+from ralm.data.blocks import BlockStore
+from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
-from ralm.retrieval.build import ensure_blocks, init_projection
-from ralm.retrieval.encoders import Retriever, pad_rows
+from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.store import IndexDir
 from ralm.rundir import final_dir
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_constant
@@ -58,15 +58,6 @@ class IctResult(TrainResult):
     retriever: str  # RUN/final/retriever
 
 
-def corpus_sentences(run: Path, corpus: str, tokenizer, block_len: int = 288,
-                     show_progress: bool = True) -> tuple[IndexDir, str, BlockStore, SentenceTable]:
-    """RUN/index with the corpus' block store and its cached spaCy sentence pass."""
-    index = IndexDir.create(run / "index", "dense")
-    key, blocks = ensure_blocks(index, corpus, tokenizer, BlockConfig(max_len=block_len), show_progress)
-    table = find_sentences(blocks, tokenizer, index.root / "sentences" / key, SentenceConfig(), show_progress)
-    return index, key, blocks, table
-
-
 def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_id: int, sep_id: int,
              max_query_len: int) -> tuple[list[int], list[int]]:
     """(query `[CLS] sentence [SEP]`, context `[CLS] title [SEP] body-without-sentence [SEP]`)."""
@@ -87,7 +78,9 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device | Non
     run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
-        _, _, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+        index = IndexDir.create(run / "index", "dense")
+        _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
+                                            cfg.block_len, show_progress)
     # A block needs a second sentence, or its context would be empty without the query.
     per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)

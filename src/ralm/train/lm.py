@@ -25,7 +25,7 @@ from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
-from ralm.retrieval.encoders import default_model_path
+from ralm.retrieval.loading import default_model_path
 from ralm.runtime import seed_everything
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_cosine
 from ralm.train.parallel import RunContext, main_first, rank_batch, start_run

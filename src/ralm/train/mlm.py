@@ -35,12 +35,12 @@ import torch
 from torch import nn
 
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, masked_batch
+from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
-from ralm.retrieval.encoders import default_model_path
+from ralm.retrieval.loading import default_model_path
+from ralm.retrieval.store import IndexDir
 from ralm.rundir import final_dir
-from ralm.train.ict import corpus_sentences
 from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
@@ -116,7 +116,9 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
     encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
     if corpus is None:
         with main_first(env):
-            _, _, *corpus = corpus_sentences(run, cfg.corpus, encoder.tokenizer, cfg.block_len, show_progress)
+            index = IndexDir.create(run / "index", "dense")
+            _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, encoder.tokenizer,
+                                          cfg.block_len, show_progress)
     blocks, table = corpus
     masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))

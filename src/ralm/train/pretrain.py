@@ -30,17 +30,17 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskingConfig, SentenceTable, masked_batch
+from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
-from ralm.retrieval.build import init_projection
-from ralm.retrieval.encoders import Retriever, default_model_path, is_retriever_dir
+from ralm.retrieval.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.loading import default_model_path
+from ralm.retrieval.projection import init_projection
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import load_version
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.store import IndexDir, embeddings_file
 from ralm.rundir import final_dir, find_model
 from ralm.runtime import dtype_name
-from ralm.train.ict import corpus_sentences
 from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries, start_run
@@ -131,7 +131,7 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
         shutil.copytree(src.root / manifest["retriever"], rpath)
 
     def write(tmp: Path) -> dict:
-        shutil.copyfile(src.version_path(src.latest()) / "embeddings.npy", tmp / "embeddings.npy")
+        shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
         return {**{k: v for k, v in manifest.items() if k not in ("version", "created")}, "step": 0, "source": str(src.root)}
 
     return index.publish(write)
@@ -251,7 +251,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
     with main_first(env):
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
-        index, key, blocks, table = corpus_sentences(run, cfg.corpus, retriever.tokenizer, cfg.block_len, show_progress)
+        index = IndexDir.create(run / "index", "dense")
+        key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
+                                              cfg.block_len, show_progress)
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")

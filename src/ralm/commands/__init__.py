@@ -1,0 +1,1 @@
+"""The `ralm` command groups, one module each; cli.py puts them together into one app."""

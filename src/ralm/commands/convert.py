@@ -1,0 +1,39 @@
+"""`ralm convert`: checkpoints saved by other libraries into ralm's (convert/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ralm.commands.shared import quiet_libraries
+from ralm.console import out
+
+convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
+
+
+@convert_app.command("hf-realm")
+def convert_hf_realm_cmd(
+    src: Path = typer.Argument(..., help="a Hugging Face REALM directory (transformers 4.x: RealmEmbedder, RealmScorer, "
+                                         "RealmKnowledgeAugEncoder, RealmReader or RealmForOpenQA)"),
+    run: Path = typer.Option(..., "--out", help="run directory: writes RUN/final/{retriever,encoder,reader} (those the source holds)"),
+    doc_embedder: Optional[Path] = typer.Option(None, "--doc-embedder", help="RealmForOpenQA only: a RealmEmbedder/RealmScorer "
+                                                "directory for the document tower (default: a copy of the query embedder)"),
+    as_json: bool = typer.Option(False, "--json", help="print the conversion summary as JSON"),
+):
+    """Convert Hugging Face REALM weights (safetensors or pytorch_model.bin, weights only) into our checkpoints."""
+    from ralm.convert.hf_realm import convert_hf_realm
+
+    quiet_libraries()
+    summary = convert_hf_realm(src, run, doc_embedder)
+    if as_json:
+        print(json.dumps(summary))
+        return
+    out.print(f"[green]converted[/green] {src} ({summary['architecture']}) -> "
+              + ", ".join(f"{name}: {path}" for name, path in summary["components"].items()))
+    if "doc_tower" in summary:
+        out.print(f"document tower: {summary['doc_tower']}")
+    if summary["ignored_tensors"]:
+        out.print(f"[dim]{len(summary['ignored_tensors'])} unused tensors dropped (see {run / 'final' / 'conversion.json'})[/dim]")

@@ -1,0 +1,117 @@
+"""`ralm index build`, `ralm search` and `ralm eval retrieval`: indexes over a corpus and what
+they retrieve."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ralm.commands.shared import DeviceOpt, DtypeOpt, main_rank, positive, quiet_libraries, runtime
+from ralm.console import out, print_hits, print_summary
+from ralm.errors import RalmError
+
+index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus.")
+
+
+@index_app.command("build")
+def index_build(
+    corpus: Path = typer.Argument(..., help="JSONL {id,title,text}, TSV with a header, or a folder of .txt files"),
+    out_dir: Path = typer.Option(..., "--out", help="index directory (created, or given a new version)"),
+    model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
+    retriever: str = typer.Option("dense", "--retriever", help="dense or bm25"),
+    faiss: Optional[str] = typer.Option(None, "--faiss", help="also build a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
+    dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
+                            "N: a fresh PCA-initialised projection to N (REALM's 128)"),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Split a corpus into REALM blocks and index them (dense embeddings or BM25)."""
+    from ralm.retrieval.build import build_index
+
+    quiet_libraries()
+    start = time.perf_counter()
+    reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
+    dev, dt = runtime(device, dtype)
+    index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
+                                 batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
+    if not reports:
+        return
+    summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
+    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {summary['blocks']} blocks, {retriever}"
+                  f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
+
+
+def search(
+    index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
+    query: str = typer.Argument(...),
+    k: int = typer.Option(5, "-k", "--k", help="number of passages"),
+    model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text}]"),
+):
+    """Search an index with a free-text query."""
+    from ralm.retrieval.searcher import Searcher
+
+    quiet_libraries()
+    positive("-k", k)
+    if not query.strip():
+        raise RalmError("the query is empty")
+    dev, dt = runtime(device, dtype)
+    hits = Searcher.open(index_dir, model=model, device=dev, dtype=dt).search([query], k)[0]
+    if not main_rank():
+        return
+    if as_json:
+        print(json.dumps([h.to_json() for h in hits], ensure_ascii=False))
+    else:
+        print_hits(hits, query)
+
+
+def eval_retrieval(
+    index_dir: Path = typer.Option(..., "--index"),
+    questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
+    ks: str = typer.Option("1,5,20,100", "--ks", help="comma-separated cut-offs"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
+    predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
+    model: Optional[str] = typer.Option(None, "--model"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """recall@k: a question counts when a top-k passage contains a normalised answer."""
+    from ralm.data.qa import read_questions
+    from ralm.eval.retrieval import evaluate_retrieval
+    from ralm.retrieval.searcher import Searcher
+
+    quiet_libraries()
+    try:
+        cutoffs = sorted({positive("--ks", int(x)) for x in ks.split(",") if x.strip()})
+    except ValueError:
+        raise RalmError(f"--ks must be comma-separated integers, got {ks!r}") from None
+    if not cutoffs:
+        raise RalmError("--ks names no cut-off")
+    qs = read_questions(questions)
+    if limit is not None:
+        qs = qs[: positive("--limit", limit)]
+    dev, dt = runtime(device, dtype)
+    searcher = Searcher.open(index_dir, model=model, device=dev, dtype=dt)
+    reports = main_rank()
+    result = evaluate_retrieval(searcher, qs, cutoffs, predictions=predictions if reports else None, show_progress=reports)
+    if not reports:
+        return
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"retrieval on {questions.name} ({result['questions']} questions, {result['retriever']})")
+    for c in cutoffs:
+        table.add_column(f"recall@{c}")
+    table.add_row(*(f"{result[f'recall@{c}']:.1f}" for c in cutoffs))
+    out.print(table)
+    out.print(f"{result['seconds']} s")

@@ -1,0 +1,205 @@
+"""`ralm lm`, `ralm retro` and `ralm knnlm`: language models with retrieval, their chunk DB and
+datastore, perplexity and generation (training is in cli.py, beside the other trainers)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
+                                  runtime, token_limit, torch_device)
+from ralm.console import out, print_perplexity, print_summary
+from ralm.errors import RalmError
+
+lm_app = typer.Typer(no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
+retro_app = typer.Typer(no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")
+knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidden states, interpolated perplexity.")
+
+
+@lm_app.command("eval")
+def lm_eval(
+    model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
+    text: Path = typer.Option(..., "--text", help=TextHelp),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
+    stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
+    limit_tokens: Optional[int] = LimitOpt,
+    batch_size: int = typer.Option(16, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Perplexity of a causal LM on a text."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.eval.perplexity import lm_perplexity
+    from ralm.models.lm import load_lm
+
+    quiet_libraries()
+    dev, dt = runtime(device, dtype)
+    lm, tok = load_lm(model)
+    report = lm_perplexity(lm.to(dev), tokenize_text(text, tok, token_limit(limit_tokens)), optional_positive("--seq-len", seq_len),
+                           optional_positive("--stride", stride), dev, positive("--batch-size", batch_size), dtype=dt)
+    print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
+
+
+@retro_app.command("build-db")
+def retro_build_db(
+    corpus: Path = typer.Argument(..., help=TextHelp),
+    db: Path = typer.Option(..., "--out", help="chunk DB directory (must not exist; an interrupted build resumes)"),
+    model: Optional[str] = typer.Option(None, "--model", help="frozen key encoder: HF BERT directory (default: bundled MiniLM, mean-pooled)"),
+    chunk_len: int = typer.Option(64, "--chunk-len"),
+    faiss: Optional[str] = typer.Option(None, "--faiss", help="faiss index over the keys (e.g. IVF1024,Flat); default exact search"),
+    limit_tokens: Optional[int] = LimitOpt,
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
+    from ralm.retrieval.chunkdb import build_chunk_db, chunk_db_summary
+
+    quiet_libraries()
+    dev, dt = runtime(device, dtype)
+    start = time.perf_counter()
+    path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
+                          batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+    summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
+    print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
+                  f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
+
+
+@retro_app.command("eval")
+def retro_eval(
+    model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
+    db: Path = typer.Option(..., "--db"),
+    text: Path = typer.Option(..., "--text", help=TextHelp),
+    no_retrieval: bool = typer.Option(False, "--no-retrieval", help="switch retrieval off (CCA layers skipped)"),
+    stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window, a multiple of the chunk length (default: half the training length)"),
+    limit_tokens: Optional[int] = LimitOpt,
+    batch_size: int = typer.Option(8, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Perplexity of RETRO on a text, with retrieval from the DB or with retrieval off."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.eval.perplexity import retro_perplexity
+    from ralm.models.retro import load_retro
+    from ralm.retrieval.chunkdb import ChunkDB
+
+    quiet_libraries()
+    dev, dt = runtime(device, dtype)
+    retro, tok = load_retro(model)
+    report = retro_perplexity(retro.to(dev), ChunkDB(db, dev, dtype=dt), tokenize_text(text, tok, token_limit(limit_tokens)),
+                              not no_retrieval, optional_positive("--stride", stride), dev,
+                              positive("--batch-size", batch_size), dtype=dt)
+    print_perplexity(f"RETRO perplexity on {text.name}", [("retro" + (" (retrieval off)" if no_retrieval else ""), report)],
+                     as_json, {"retrieval": not no_retrieval})
+
+
+@retro_app.command("generate")
+def retro_generate(
+    prompt: str = typer.Argument(...),
+    model: Path = typer.Option(..., "--model"),
+    db: Path = typer.Option(..., "--db"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="nucleus sampling (default: greedy)"),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = DeviceOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Continue a prompt with RETRO and show the neighbours each completed chunk retrieved."""
+    import torch
+
+    from ralm.models.retro import generate, load_retro
+    from ralm.retrieval.chunkdb import ChunkDB
+
+    quiet_libraries()
+    dev = torch_device(device)
+    retro, tok = load_retro(model)
+    text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
+                          top_p, temperature, torch.Generator().manual_seed(seed), dev)
+    if as_json:
+        print(json.dumps({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False))
+        return
+    out.print(f"[bold]{prompt}[/bold] {text}")
+    for i, u in enumerate(used):
+        out.print(f"[dim]chunk {i}:[/dim] {u['chunk']}")
+        for j, nb in enumerate(u["neighbours"]):
+            out.print(f"   [cyan]neighbour {j}:[/cyan] {nb[:300]}")
+
+
+@knnlm_app.command("build")
+def knnlm_build(
+    model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
+    text: Path = typer.Option(..., "--text", help=TextHelp),
+    store: Path = typer.Option(..., "--out", help="datastore directory (must not exist; an interrupted build resumes)"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
+    stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
+    faiss: Optional[str] = typer.Option(None, "--faiss", help="faiss spec; default Flat up to 1M keys, else IVF-PQ"),
+    limit_tokens: Optional[int] = LimitOpt,
+    batch_size: int = typer.Option(16, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.models.knnlm import build_datastore
+    from ralm.models.lm import load_lm
+    from ralm.retrieval.datastore import datastore_summary
+
+    quiet_libraries()
+    start = time.perf_counter()
+    dev, dt = runtime(device, dtype)
+    lm, tok = load_lm(model)
+    path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
+                           optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
+                           positive("--batch-size", batch_size), dev, dtype=dt)
+    summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
+    print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
+                  f"{summary['faiss']} index, {summary['seconds']} s")
+
+
+@knnlm_app.command("eval")
+def knnlm_eval_cmd(
+    model: Path = typer.Option(..., "--model"),
+    store: Path = typer.Option(..., "--store"),
+    text: Path = typer.Option(..., "--text", help=TextHelp),
+    lmbda: str = typer.Option("0.25", "--lmbda", help="interpolation weight of p_kNN; comma-separated to compare several"),
+    k: int = typer.Option(1024, "-k", "--k", help="neighbours per token"),
+    temperature: str = typer.Option("1", "--temperature", help="softmax temperature over -distance; comma-separated to compare several"),
+    nprobe: int = typer.Option(32, "--nprobe", help="IVF lists searched (approximate stores)"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    stride: Optional[int] = typer.Option(None, "--stride"),
+    limit_tokens: Optional[int] = LimitOpt,
+    batch_size: int = typer.Option(16, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Perplexity of the LM alone and of the kNN-LM interpolation."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.eval.perplexity import knnlm_eval
+    from ralm.models.lm import load_lm
+    from ralm.retrieval.datastore import Datastore
+
+    quiet_libraries()
+    try:
+        lambdas = [float(x) for x in lmbda.split(",") if x.strip()]
+        temperatures = [float(x) for x in temperature.split(",") if x.strip()]
+    except ValueError:
+        raise RalmError(f"--lmbda and --temperature must be comma-separated numbers, got {lmbda!r}, {temperature!r}") from None
+    dev, dt = runtime(device, dtype)
+    lm, tok = load_lm(model)
+    ds = Datastore(store, nprobe=positive("--nprobe", nprobe))
+    ds.check_model(model)
+    res = knnlm_eval(lm.to(dev), ds, tokenize_text(text, tok, token_limit(limit_tokens)), positive("-k", k), lambdas,
+                     temperatures, optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), dev,
+                     positive("--batch-size", batch_size), dtype=dt)
+    rows = [("lm", res["lm"])] + [(f"knn-lm (λ={r['lmbda']}, T={r['temperature']}, k={k})", r) for r in res["knn"]]
+    print_perplexity(f"kNN-LM perplexity on {text.name}", rows, as_json, {"k": k, "seconds": res["seconds"]})

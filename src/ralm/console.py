@@ -1,0 +1,107 @@
+"""What `ralm` commands print: the consoles (results on stdout, progress and notes on stderr)
+and the tables and lines several commands share."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+
+def print_summary(summary: dict, as_json: bool, line: str) -> None:
+    """A command's result: `summary` as one JSON line with --json, else `line` for a person."""
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        out.print(line)
+
+
+def print_hits(hits, title: str) -> None:
+    table = Table(title=title, show_lines=True, expand=True)
+    table.add_column("#", width=3)
+    table.add_column("score", width=8)
+    table.add_column("evidence")
+    for rank, h in enumerate(hits, 1):
+        text = h.text if len(h.text) <= 400 else h.text[:400] + "…"
+        table.add_row(str(rank), f"{h.score:.3f}", f"[bold]{h.title}[/bold] [dim]({h.id})[/dim]\n{text}")
+    out.print(table)
+
+
+def print_perplexity(title: str, rows: list[tuple[str, dict]], as_json: bool, extra: dict) -> None:
+    if as_json:
+        print(json.dumps({**extra, **{name: r for name, r in rows}}))
+        return
+    table = Table(title=title)
+    for col in ("model", "wordpiece ppl", "word ppl", "tokens"):
+        table.add_column(col)
+    for name, r in rows:
+        table.add_row(name, f"{r['ppl']:.2f}", f"{r['word_ppl']:.2f}", str(r["tokens"]))
+    out.print(table)
+
+
+def print_train_metrics(record: dict) -> None:
+    parts = [f"step {record['step']}"] + [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in record.items() if k != "step" and v is not None]
+    err.print("  ".join(parts), highlight=False)
+
+
+def print_train_summary(result, as_json: bool, done: str) -> None:
+    """A trainer's result (train.loop.TrainResult): its fields as JSON, or the line `done`."""
+    from dataclasses import asdict
+
+    from ralm.distributed import dist_env
+
+    if not dist_env().is_main:  # under torchrun every rank trains; rank 0 reports
+        return
+    if as_json:
+        print(json.dumps(asdict(result)))
+    else:
+        out.print(f"[green]done[/green] {result.run}: {done}")
+
+
+def print_lm_train(result, as_json: bool) -> None:
+    print_train_summary(result, as_json, f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M "
+                                         f"parameters, {result.seconds} s; model in {result.run}/model")
+
+
+def notify(message: str) -> None:
+    err.print(message, highlight=False)
+
+
+def print_answer(answer) -> None:
+    from rich.text import Text
+
+    out.print(f"[bold]Q:[/bold] {answer.question}")
+    confidence = "uncalibrated" if answer.confidence is None else f"confidence {answer.confidence:.2f}"
+    if answer.no_answer:
+        best = answer.evidence[answer.best].span_text
+        out.print(f"[bold yellow]A: no answer found in the corpus[/bold yellow]  [dim](best guess {best!r}, {confidence})[/dim]")
+    else:
+        out.print(f"[bold green]A: {answer.answer}[/bold green]  [dim]({confidence}, p = {answer.score:.3f})[/dim]")
+    table = Table(show_lines=True, expand=True)
+    for col, width in (("#", 3), ("p(z|x)", 7), ("p(span)", 7), ("evidence", None)):
+        table.add_column(col, width=width)
+    for rank, e in enumerate(answer.evidence, 1):
+        body = Text.assemble((e.title, "bold"), (f" ({e.id})\n", "dim"))
+        text = Text(e.text)
+        if e.span:
+            text.stylize("bold black on yellow" if rank - 1 == answer.best else "underline", *e.span)
+        body.append_text(text)
+        table.add_row(str(rank), f"{e.retrieval_prob:.3f}", f"{e.span_prob:.3f}", body)
+    out.print(table)
+
+
+def print_reliability(rel: dict) -> None:
+    table = Table(title=f"confidence vs exact match (ECE {rel['ece']:.3f})")
+    for col in ("confidence bin", "questions", "mean confidence", "share correct"):
+        table.add_column(col)
+    for b in rel["bins"]:
+        table.add_row(f"{b['lo']:.1f}-{b['hi']:.1f}", str(b["count"]), f"{b['confidence']:.3f}", f"{b['accuracy']:.3f}")
+    out.print(table)
+    for t in rel["at"]:
+        acc = "-" if t["accuracy"] is None else f"{100 * t['accuracy']:.1f}% correct"
+        out.print(f"confidence >= {t['min_confidence']}: {100 * t['answered']:.1f}% of questions answered, {acc}")
