@@ -19,7 +19,8 @@ from ralm.train.pretrain import PretrainConfig, pretrain
 
 def _cfg(corpus, bert, **kw) -> PretrainConfig:
     base = dict(model=str(bert), dim=16, steps=4, batch_size=2, k=2, lr=1e-3, warmup=1, refresh="sync",
-                refresh_every=2, save_every=2, log_every=1, max_len=96, seed=3, mlm_warmup=0)
+                refresh_every=2, save_every=2, log_every=1, max_len=96, seed=3, mlm_warmup=0,
+                retriever_warmup=0, retriever_lr=None)
     return PretrainConfig(str(corpus), **{**base, **kw})
 
 

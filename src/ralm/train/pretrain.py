@@ -62,8 +62,10 @@ class PretrainConfig:
     k: int = 8
     lr: float = 5e-5
     warmup: int = 100  # steps of linear learning-rate warm-up
-    retriever_warmup: int = 0  # steps before the towers train (see _schedules)
-    retriever_lr: float | None = None  # the towers' learning rate (default: lr)
+    # The towers wait and then move slowly: a retriever trained at the encoder's rate against an
+    # encoder still learning to read collapses onto near-empty blocks (docs/pretraining.md).
+    retriever_warmup: int = 200  # steps before the towers train (see _schedules)
+    retriever_lr: float | None = 1e-5  # the towers' learning rate (None: lr)
     masking: str = "salient"
     random_prob: float = 0.15
     null_doc: bool = True  # REALM's ingredients, switchable for ablations
