@@ -37,6 +37,14 @@ _EXPORTS = {
     # evaluation
     "evaluate_retrieval": "ralm.eval.retrieval",
     "evaluate_qa": "ralm.eval.openqa",
+    # trainers: one config dataclass and one function each, returning a typed result
+    "TrainResult": "ralm.train.loop",
+    "IctConfig": "ralm.train.ict", "train_ict": "ralm.train.ict",
+    "MlmConfig": "ralm.train.mlm", "warm_up_encoder": "ralm.train.mlm",
+    "PretrainConfig": "ralm.train.pretrain", "pretrain": "ralm.train.pretrain",
+    "ReaderTrainConfig": "ralm.train.reader", "train_reader": "ralm.train.reader",
+    "FinetuneConfig": "ralm.train.finetune", "finetune": "ralm.train.finetune",
+    "DPRConfig": "ralm.train.dpr", "train_dpr": "ralm.train.dpr",
 }
 
 __all__ = ["__version__", *_EXPORTS]
