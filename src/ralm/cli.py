@@ -390,7 +390,7 @@ def eval_qa(
 ):
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
     from ralm.data.qa import read_questions
-    from ralm.eval.openqa import evaluate_qa
+    from ralm.eval.openqa import default_predictions_path, evaluate_qa
     from ralm.models.reader import write_calibration
     from ralm.pipeline import resolve_reader
 
@@ -399,8 +399,7 @@ def eval_qa(
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
     qa = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence=0.0)
-    name = f"{questions.stem}-{index_dir.name}" + (f"-hybrid-{hybrid.name}" if hybrid else "")
-    predictions = predictions or Path(f"{name}.predictions.jsonl")  # the current directory, never the model's
+    predictions = predictions or default_predictions_path(questions, index_dir, hybrid)
     result = evaluate_qa(qa, qs, (1, 5, 20), positive("--batch-size", batch_size), predictions, calibrate=calibrate)
     result = {**result, "index": str(index_dir), "hybrid": str(hybrid) if hybrid else None, "predictions": str(predictions)}
     if calibrate:

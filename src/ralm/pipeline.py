@@ -27,6 +27,7 @@ from ralm.retrieval.encoders import Retriever, is_retriever_dir
 from ralm.retrieval.hybrid import HybridSearcher
 from ralm.retrieval.searcher import Searcher
 from ralm.retrieval.store import IndexDir
+from ralm.rundir import final_dir, find_model
 from ralm.runtime import autocast, resolve_dtype
 
 
@@ -144,10 +145,9 @@ def resolve_reader(model: str | os.PathLike | None) -> Path:
     general-purpose reader."""
     if model is None:
         return default_reader_path()
-    path = Path(model)
-    for candidate in (path / "final" / "reader", path):
-        if is_reader_dir(candidate):
-            return candidate
+    found = find_model(model, "reader", is_reader_dir)
+    if found is not None:
+        return found
     raise RalmError(f"{model}: neither a fine-tuning run (RUN/final/reader) nor a reader checkpoint; "
                     "train one with `ralm finetune`")
 
@@ -161,7 +161,7 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
     device = device or torch.device("cpu")
     idx = IndexDir(index)
     searcher = None
-    candidate = Path(model) / "final" / "retriever" if model is not None else None
+    candidate = final_dir(model, "retriever") if model is not None else None
     if idx.kind == "dense" and candidate is not None and is_retriever_dir(candidate):
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
         if tuned.doc_fingerprint() == idx.version_manifest(idx.latest())["doc_fingerprint"]:

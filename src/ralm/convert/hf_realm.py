@@ -32,6 +32,7 @@ import torch
 
 from ralm.atomic import read_json, write_json
 from ralm.errors import RalmError
+from ralm.rundir import final_dir
 
 ARCHITECTURES = ("RealmEmbedder", "RealmScorer", "RealmKnowledgeAugEncoder", "RealmReader", "RealmForOpenQA")
 # Per architecture, the source tensors no converted module uses (see the module docstring).
@@ -368,7 +369,7 @@ def convert_hf_realm(src: str | os.PathLike, run: str | os.PathLike, doc_embedde
     if "reader" in plan:
         models["reader"] = build_reader(ckpt, tokenizer, plan["reader"][0])
     summary["ignored_tensors"] = ckpt.ignored
-    final = Path(run) / "final"
+    final = final_dir(run)
     for name, model in models.items():
         model.save_pretrained(final / name)
         summary["components"][name] = str(final / name)

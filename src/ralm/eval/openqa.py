@@ -5,6 +5,7 @@ reader's confidence calibration on these questions and report its reliability.""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -16,6 +17,14 @@ from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
 from ralm.pipeline import OpenQA
 from ralm.progress import progress_bar
+
+
+def default_predictions_path(questions: str | os.PathLike, index: str | os.PathLike,
+                             hybrid: str | os.PathLike | None = None) -> Path:
+    """./<questions>-<index>[-hybrid-<bm25>].predictions.jsonl: the current directory, never a
+    model's or an index's folder (a shared or read-only model must not be written into)."""
+    name = f"{Path(questions).stem}-{Path(index).name}" + (f"-hybrid-{Path(hybrid).name}" if hybrid else "")
+    return Path(f"{name}.predictions.jsonl")
 
 
 def evaluate_qa(qa: OpenQA, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
