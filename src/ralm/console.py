@@ -55,12 +55,8 @@ def print_train_summary(result, as_json: bool, done: str) -> None:
 
     from ralm.distributed import dist_env
 
-    if not dist_env().is_main:  # under torchrun every rank trains; rank 0 reports
-        return
-    if as_json:
-        print(json.dumps(asdict(result)))
-    else:
-        out.print(f"[green]done[/green] {result.run}: {done}")
+    if dist_env().is_main:  # under torchrun every rank trains; rank 0 reports
+        print_summary(asdict(result), as_json, f"[green]done[/green] {result.run}: {done}")
 
 
 def print_lm_train(result, as_json: bool) -> None:

@@ -30,7 +30,7 @@ from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.encoding import pad_rows
-from ralm.retrieval.loading import BERT_OVERRIDES
+from ralm.retrieval.loading import BERT_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
 
@@ -64,10 +64,12 @@ class KnowledgeAugmentedEncoder(nn.Module):
         self.register_state_dict_post_hook(_untie_state)
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "KnowledgeAugmentedEncoder":
-        """A BERT directory; a missing MLM head (e.g. sentence-transformers MiniLM) starts fresh,
-        its output layer tied to the word embeddings."""
+    def from_pretrained(cls, path: str | os.PathLike | None = None) -> "KnowledgeAugmentedEncoder":
+        """A BERT directory (`None` or "default": the offline default MiniLM); a missing MLM head
+        (e.g. sentence-transformers MiniLM) starts fresh, its output layer tied to the word embeddings."""
         from transformers import AutoTokenizer, BertForMaskedLM
+
+        path = default_model_path() if path in (None, "", "default") else str(path)
 
         try:
             mlm, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True, **BERT_OVERRIDES)

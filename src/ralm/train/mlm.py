@@ -38,7 +38,6 @@ from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
-from ralm.retrieval.loading import default_model_path
 from ralm.retrieval.store import IndexDir
 from ralm.rundir import final_dir
 from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
@@ -113,7 +112,7 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
     gets them."""
     ctx = start_run(run, cfg, device, show_progress, notify)
     run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
-    encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if cfg.model in ("", "default") else cfg.model)
+    encoder = KnowledgeAugmentedEncoder.from_pretrained(cfg.model)
     if corpus is None:
         with main_first(env):
             index = IndexDir.create(run / "index", "dense")

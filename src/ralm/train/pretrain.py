@@ -34,7 +34,6 @@ from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, ma
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.encoders import Retriever, is_retriever_dir
-from ralm.retrieval.loading import default_model_path
 from ralm.retrieval.projection import init_projection
 from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.searcher import load_version
@@ -147,7 +146,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
     source = cfg.encoder or cfg.model
     if cfg.encoder and (found := find_model(cfg.encoder, "encoder", lambda p: (p / "config.json").is_file())):
         source = str(found)
-    encoder = KnowledgeAugmentedEncoder.from_pretrained(default_model_path() if source in ("", "default") else source)
+    encoder = KnowledgeAugmentedEncoder.from_pretrained(source)
     if not encoder.fresh_head:
         return encoder
     if cfg.mlm_warmup == 0:
