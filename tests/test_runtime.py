@@ -47,12 +47,14 @@ def test_cli_bf16_on_a_cpu_without_it_is_a_one_line_error(monkeypatch, ralm, tin
 def test_bf16_and_fp32_exact_search_return_the_same_top_k():
     rng = np.random.default_rng(0)
     emb = rng.standard_normal((70_000, 16), dtype=np.float32)
-    q = rng.standard_normal((64, 16), dtype=np.float32)
+    q = rng.standard_normal((300, 16), dtype=np.float32)
     s32, i32 = ExactIndex(emb, dtype="fp32").search(q, 10)
+    # 300 queries: more than one query block of the bf16 scan; chunk 7000: a ragged last chunk
     s16, i16 = ExactIndex(emb, dtype="bf16", chunk_size=7000).search(q, 10)
     # bf16 only shortlists; the shortlist is rescored in fp32, so ids and scores equal fp32's
     np.testing.assert_array_equal(i16, i32)
     np.testing.assert_allclose(s16, s32, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ExactIndex(emb, dtype="bf16").search(q, 10)[1], i32)  # default blocking
     assert ExactIndex(emb, dtype="bf16")._matrix.dtype == torch.bfloat16  # half the RAM of fp32
     assert ExactIndex(emb[:1000], dtype="bf16").dtype == torch.float32  # too small to pay: stays fp32
 
