@@ -1,10 +1,13 @@
-"""Open-domain QA inference and evaluation: best span per block, p(z|x)·p(s|z,x), EM/F1."""
+"""Open-domain QA inference and evaluation: p(answer|x) under one softmax over the spans of
+all blocks read (weighted by p(z|x), summed per answer text), evidence, EM/F1."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+
+import math
 
 import pytest
 import torch
@@ -13,8 +16,9 @@ from conftest import DOCS
 from ralm.data.qa import Question
 from ralm.errors import RalmError
 from ralm.eval.openqa import evaluate_qa
-from ralm.models.reader import Reader, default_reader_path, is_reader_dir, write_calibration
-from ralm.pipeline import OpenQA, open_searcher, resolve_reader
+from ralm.data.qa import normalize_answer
+from ralm.models.reader import Reader, default_reader_path, is_reader_dir, valid_spans, write_calibration
+from ralm.pipeline import OpenQA, open_searcher, pick_answer, resolve_reader
 from ralm.retrieval.build import build_index
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.searcher import Searcher
@@ -50,10 +54,51 @@ def test_answers_come_from_evidence_with_consistent_scores(oracle_reader, tiny_d
     assert best.title == "Paris" and a.answer == best.span_text
     start, end = best.span
     assert best.text[start:end] == a.answer == "Paris"
-    joint = [e.retrieval_prob * e.span_prob for e in a.evidence]
-    assert a.score == pytest.approx(max(joint))
+    # p(answer|x) by brute force: every valid span of every block read, one softmax, p(z|x) weights
+    batch = oracle_reader.featurize([a.question] * len(a.evidence), [e.text for e in a.evidence])
+    scores, valid = oracle_reader(batch), valid_spans(batch, oracle_reader.cfg.max_span_width)
+    num = den = 0.0
+    for n, e in enumerate(a.evidence):
+        for i, w in valid[n].nonzero().tolist():
+            mass = e.retrieval_prob * math.exp(float(scores[n, i, w]))
+            den += mass
+            num += mass if normalize_answer(oracle_reader.span_text(batch, n, i, w)[0]) == "paris" else 0.0
+    assert a.score == pytest.approx(num / den, rel=1e-4)
     assert sum(e.retrieval_prob for e in a.evidence) == pytest.approx(1.0, abs=1e-5)
     assert json.loads(json.dumps(a.to_json()))["evidence"][a.best]["span"] == [start, end]
+
+
+def _span(text):
+    return (text, (0, len(text)))
+
+
+def test_an_answer_found_in_several_blocks_adds_up():
+    """Block 0 (p 0.6): "A" 2, "B" 1; block 1 (p 0.4): "B" 2, "C" 0. "A" is the best single span
+    (0.6 e^2 > 0.4 e^2) but "B" has more mass in all (0.6 e + 0.4 e^2)."""
+    f = torch.tensor([[2.0, 1.0], [2.0, 0.0]])
+    log_norm = torch.logsumexp(f, 1)  # these are all the valid spans
+    texts = [[_span("A"), _span("B")], [_span("B"), _span("the c")]]
+    score, best, shown = pick_answer(torch.log(torch.tensor([0.6, 0.4])), f, log_norm, texts)
+    e = math.e
+    assert score == pytest.approx((0.6 * e + 0.4 * e**2) / (0.6 * (e**2 + e) + 0.4 * (e**2 + 1)), rel=1e-5)
+    assert best == 1 and shown == [0, 0]  # block 1 adds most to "B"; block 0 still shows its own best
+
+
+def test_one_softmax_over_all_blocks_lets_a_confident_block_win():
+    """Per-block softmaxes would pick "X" (p(X|z0) = 1 as its only span, 0.5 x 1 > 0.5 x 0.5);
+    over one softmax "X" scores e^0 against e^5 for "Y"."""
+    f = torch.tensor([[0.0, NEG_FILL], [5.0, 4.9]])
+    texts = [[_span("X"), None], [_span("Y"), _span("Z")]]
+    log_norm = torch.tensor([0.0, float(torch.logsumexp(f[1], 0))])
+    score, best, shown = pick_answer(torch.log(torch.tensor([0.5, 0.5])), f, log_norm, texts)
+    assert best == 1 and shown == [0, 0] and score == pytest.approx(math.exp(5) / (1 + math.exp(5) + math.exp(4.9)), rel=1e-5)
+    shown_second = pick_answer(torch.log(torch.tensor([0.5, 0.5])), torch.tensor([[0.0, NEG_FILL], [5.0, 5.5]]),
+                               log_norm, [[_span("X"), None], [_span("Y"), _span("X")]])[2]
+    assert shown_second == [0, 1]  # "X" wins through block 1's second span, which that block then shows
+    assert pick_answer(torch.zeros(2), f, log_norm, [[None, None], [None, None]]) == (0.0, None, [None, None])
+
+
+NEG_FILL = -1e9
 
 
 @pytest.fixture(scope="module")

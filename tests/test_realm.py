@@ -232,3 +232,39 @@ def test_mismatched_vocabularies_are_refused(tiny_bert, tiny_dense_index, tmp_pa
     tok.save_pretrained(str(other))
     with pytest.raises(RalmError, match="vocabulary"):
         Realm(retriever, KnowledgeAugmentedEncoder.from_pretrained(str(other)), RealmConfig(k=2))
+
+
+def test_length_buckets_change_no_number(realm, monkeypatch):
+    """Reading pairs and embedding blocks in groups of similar length (each padded to its own
+    longest row) gives the loss and gradients of one padded batch."""
+    import functools
+
+    import ralm.models.realm as realm_module
+    from ralm.retrieval.encoding import by_length
+
+    model, version = realm
+    examples = _examples(model, version)
+
+    def loss_and_grads(group):
+        monkeypatch.setattr(realm_module, "by_length", functools.partial(by_length, group=group))
+        model.zero_grad()
+        out = model(examples, version.blocks, _exact_search(version))
+        out.nll.sum().backward()
+        return out.nll.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    nll_one, grads_one = loss_and_grads(10_000)  # a single group: the unbucketed batch
+    nll_two, grads_two = loss_and_grads(2)
+    torch.testing.assert_close(nll_two, nll_one, rtol=1e-5, atol=1e-5)
+    assert len(grads_two) == len(grads_one) > 0
+    for a, b in zip(grads_two, grads_one):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_by_length_returns_results_in_input_order():
+    from ralm.retrieval.encoding import by_length
+
+    lengths = [5, 1, 4, 1, 3]
+    calls = []
+    out = by_length(lengths, lambda rows: calls.append(rows) or torch.tensor([[float(lengths[r]), r] for r in rows]), group=2)
+    assert calls == [[1, 3], [4, 2], [0]]  # shortest first, stable on ties
+    assert out[:, 1].tolist() == [0, 1, 2, 3, 4]

@@ -150,6 +150,16 @@ def best_spans(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     return flat // width, flat % width, best
 
 
+def top_spans(scores: torch.Tensor, valid: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The n highest-scoring valid spans of each input: (score [N, n], start [N, n], width [N, n],
+    log_norm [N]), log_norm = log Σ exp(score) over all the input's valid spans (so score - log_norm
+    is log p(span|z,x), and inputs can share one softmax). Invalid fillers score below NEG / 2."""
+    flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
+    top = torch.topk(flat, min(n, flat.shape[1]), dim=1)
+    width = scores.shape[-1]
+    return top.values, top.indices // width, top.indices % width, torch.logsumexp(flat, 1)
+
+
 class Reader(nn.Module):
     def __init__(self, bert: nn.Module, tokenizer, cfg: ReaderConfig):
         super().__init__()

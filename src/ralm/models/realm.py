@@ -29,7 +29,7 @@ from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerpr
 from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.encoding import by_length, pad_rows
 from ralm.retrieval.loading import BERT_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
@@ -190,8 +190,6 @@ def read_pairs(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedSent
             ids, tt, _ = join_query_evidence(e.ids, body, cls_id, sep_id, cfg.max_len, x_len)
             seqs.append(ids)
             types.append(tt)
-    ids, mask = pad_rows(seqs, pad_id)  # [B*K, L]
-    tt, _ = pad_rows(types, 0)
     kept = [[p for p in e.positions if p < x_len] for e in examples]
     if any(not p for p in kept):
         raise RalmError(f"an example has no masked wordpiece within the first {x_len} wordpieces")
@@ -205,7 +203,13 @@ def read_pairs(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedSent
         label_mask[i, : len(p)] = True
     dev = next(encoder.parameters()).device
     pos = positions.repeat_interleave(k, dim=0)  # [B*K, M]
-    logits = encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos.to(dev))  # [B*K, M, V]
+
+    def run(rows: list[int]) -> torch.Tensor:  # [G, M, V] for G pairs of similar length
+        ids, mask = pad_rows([seqs[r] for r in rows], pad_id)  # [G, L]
+        tt, _ = pad_rows([types[r] for r in rows], 0)
+        return encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos[rows].to(dev))
+
+    logits = by_length([len(x) for x in seqs], run)  # [B*K, M, V]
     return rearrange(logits, "(b k) m v -> b k m v", b=b), labels.to(dev), label_mask.to(dev)
 
 
@@ -244,9 +248,14 @@ class Realm(nn.Module):
     def embed_candidates(self, blocks: BlockStore, rows: np.ndarray) -> torch.Tensor:
         """Current document tower over the candidate blocks and the null document -> [B, K, D]."""
         b, k = rows.shape
-        null = [self.cls_id, self.sep_id]  # the empty block
-        ids, mask = pad_rows([blocks.tokens[int(r)] for r in rows.reshape(-1)] + [null], self.pad_id)  # [B*k + 1, L]
-        d = self.retriever.doc(ids.to(self.device), mask.to(self.device))  # [B*k + 1, D]
+        null = np.array([self.cls_id, self.sep_id])  # the empty block
+        tokens = [blocks.tokens[int(r)] for r in rows.reshape(-1)] + [null]
+
+        def run(group: list[int]) -> torch.Tensor:  # [G, D] for G blocks of similar length
+            ids, mask = pad_rows([tokens[i] for i in group], self.pad_id)
+            return self.retriever.doc(ids.to(self.device), mask.to(self.device))
+
+        d = by_length([len(t) for t in tokens], run)  # [B*k + 1, D]
         retrieved = rearrange(d[:-1], "(b k) d -> b k d", b=b)
         return torch.cat([retrieved, d[-1].expand(b, 1, -1)], dim=1)  # [B, k + 1, D]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -39,6 +39,17 @@ def pad_rows(rows: Sequence[np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor,
         ids[i, : len(r)] = r
         mask[i, : len(r)] = 1
     return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def by_length(lengths: Sequence[int], run: Callable[[list[int]], torch.Tensor], group: int = 16) -> torch.Tensor:
+    """run(rows) over groups of `group` rows of similar length (shortest first), the results
+    stacked back in input order along dim 0. Each group is padded only to its own longest row, so
+    a training step does not spend attention and FFN work on padding; gradients flow as usual."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    out = torch.cat([run(order[i : i + group].tolist()) for i in range(0, len(order), group)])
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.from_numpy(order)] = torch.arange(len(order))
+    return out[inverse.to(out.device)]
 
 
 def _prefetch(items, depth: int):
