@@ -433,7 +433,7 @@ def ask(
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print {answer, no_answer, score, confidence, evidence: [{id, title, text, retrieval_score, span}]}"),
 ):
-    """Answer a question with evidence: the best span over the top-k blocks."""
+    """Answer a question with evidence: the most probable answer over the top-k blocks."""
     quiet_libraries()
     if not question.strip():
         raise RalmError("the question is empty")
