@@ -5,9 +5,9 @@ p(z|x) is the softmax of the retrieval scores over the top-k (as in training), f
 span scores, and C normalises over every valid span of every block read. One softmax shared by
 the k blocks (not one per block) lets a block whose best span is weak lose to a confident one,
 and an answer found in several blocks adds up (texts compared after SQuAD normalisation). On
-held-out SQuAD questions this beats the best span of the best single block by 4.7 EM points
-(benchmarks/RESULTS.md, issue 22). A calibrated reader (models/confidence.py) turns that raw score into a confidence, P(correct);
-below `min_confidence` the answer is "no answer found in the corpus" (the evidence is kept).
+held-out SQuAD questions this beats the best span of the best single block by 5.5 EM points
+(dense retrieval; benchmarks/RESULTS.md, issue 22). A calibrated reader (models/confidence.py)
+turns p(a|x) into a confidence, P(correct); below `min_confidence` the answer is "no answer found in the corpus" (the evidence is kept).
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
 through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run.
