@@ -127,16 +127,16 @@ class OpenQA:
         p_z = torch.softmax(torch.from_numpy(np.asarray(scores[:, :k], dtype=np.float32)), -1)  # [Q, k]
         out = []
         for qi, question in enumerate(questions):
-            n = slice(qi * k, qi * k + k)  # this question's (question, block) pairs
-            readable = [bool(e > s) for s, e in zip(batch.evidence_start[n], batch.evidence_end[n])]
-            texts = [[self.reader.span_text(batch, qi * k + j, int(start[qi * k + j, r]), int(width[qi * k + j, r]))
-                      if readable[j] and f[qi * k + j, r] > NEG / 2 else None for r in range(f.shape[1])] for j in range(k)]
-            score, best, shown = pick_answer(torch.log(p_z[qi]), f[n], log_norm[n], texts)
+            pairs = range(qi * k, qi * k + k)  # this question's (question, block) pairs, block j at pairs[j]
+            texts = [[self.reader.span_text(batch, n, int(start[n, r]), int(width[n, r]))
+                      if batch.evidence_end[n] > batch.evidence_start[n] and f[n, r] > NEG / 2 else None
+                      for r in range(f.shape[1])] for n in pairs]
+            score, best, shown = pick_answer(torch.log(p_z[qi]), f[pairs.start : pairs.stop], log_norm[pairs.start : pairs.stop], texts)
             evidence = []
-            for j in range(k):
+            for j, n in enumerate(pairs):
                 rec, r = records[qi][j], shown[j]
                 text, span = texts[j][r] if r is not None else ("", None)
-                span_prob = float((f[qi * k + j, r] - log_norm[qi * k + j]).exp()) if r is not None else 0.0
+                span_prob = float((f[n, r] - log_norm[n]).exp()) if r is not None else 0.0
                 evidence.append(Evidence(int(rows[qi, j]), rec["id"], rec["title"], rec["text"], float(scores[qi, j]),
                                          float(p_z[qi, j]), text, span_prob, span))
             confidence = None if self.calibration is None else float(self.calibration(score))
@@ -157,15 +157,15 @@ def pick_answer(log_pz: torch.Tensor, f: torch.Tensor, log_norm: torch.Tensor,
     """
     log_w = log_pz - torch.logsumexp(log_pz + log_norm, 0)  # [k]: a shared softmax over all blocks' spans
     joint = {(j, r): float((log_w[j] + f[j, r]).exp()) for j, row in enumerate(texts) for r, t in enumerate(row) if t}
+    keys = {(j, r): normalize_answer(texts[j][r][0]) for j, r in joint}
     shown = [0 if row[0] else None for row in texts]
     mass: dict[str, float] = {}
-    for (j, r), p in joint.items():
-        key = normalize_answer(texts[j][r][0])
-        mass[key] = mass.get(key, 0.0) + p
+    for jr, p in joint.items():
+        mass[keys[jr]] = mass.get(keys[jr], 0.0) + p
     if not mass:
         return 0.0, None, shown
     answer = max(mass, key=mass.get)
-    best_j, best_r = max((jr for jr in joint if normalize_answer(texts[jr[0]][jr[1]][0]) == answer), key=joint.get)
+    best_j, best_r = max((jr for jr in joint if keys[jr] == answer), key=joint.get)
     shown[best_j] = best_r
     return mass[answer], best_j, shown
 

@@ -144,10 +144,8 @@ def marginal_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
 
 def best_spans(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The highest-scoring valid span of each input: (start [N], width [N], log p(span|z,x) [N])."""
-    log_p = span_log_probs(scores, valid).flatten(1)  # [N, L*W]
-    best, flat = log_p.max(1)
-    width = scores.shape[-1]
-    return flat // width, flat % width, best
+    f, start, width, log_norm = top_spans(scores, valid, 1)
+    return start[:, 0], width[:, 0], f[:, 0] - log_norm
 
 
 def top_spans(scores: torch.Tensor, valid: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

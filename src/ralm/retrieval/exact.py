@@ -139,16 +139,16 @@ class ExactIndex:
             # Cache blocking: a [65,536 x 128] bf16 score block stays in cache between the matmul
             # and its group maxima; with all queries at once the scan runs ~1.6x slower (1M rows).
             step = self.chunk_size or CPU_SCORE_BLOCK // min(q.shape[0], CPU_QUERY_BLOCK)
-            parts = [self._scan(q[i : i + CPU_QUERY_BLOCK], shortlist, step) for i in range(0, q.shape[0], CPU_QUERY_BLOCK)]
-            best_s, best_i = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-            best_s, best_i = self._rescore(exact, best_i, k)
+            cand = torch.cat([self._scan(q[i : i + CPU_QUERY_BLOCK], shortlist, step, rows_first=True)[1]
+                              for i in range(0, q.shape[0], CPU_QUERY_BLOCK)])  # [Q, shortlist]
+            best_s, best_i = self._rescore(exact, cand, k)
         else:
             best_s, best_i = self._scan(q, k, self.chunk_size or max(65_536, self.score_budget // max(q.shape[0], 1)))
         return best_s.cpu().numpy(), best_i.cpu().numpy()
 
-    def _scan(self, q: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass over the matrix, `step` rows at a time -> the best k (scores [Q, k], ids [Q, k])."""
-        rows_first = self.device.type == "cpu" and q.dtype == torch.bfloat16
+    def _scan(self, q: torch.Tensor, k: int, step: int, rows_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over the matrix, `step` rows at a time -> the best k (scores [Q, k], ids [Q, k]).
+        rows_first: scores computed as [C, Q] (the CPU bf16 layout, see grouped_topk)."""
         best_s = torch.empty(q.shape[0], 0, device=self.device)
         best_i = torch.empty(q.shape[0], 0, dtype=torch.long, device=self.device)
         for start in range(0, self.count, step):
