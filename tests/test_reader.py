@@ -145,6 +145,34 @@ def test_gradients_reach_the_encoder_and_scorer(reader):
     reader.eval()
 
 
+def test_reading_in_length_groups_equals_one_padded_batch(reader):
+    """Each group is cut to its own longest input: the valid span scores, the loss and every
+    gradient must equal those of the whole batch read at full padding."""
+    torch.manual_seed(0)
+    texts = [" ".join(["word"] * n) + " eiffel built it ." for n in (3, 40, 7, 25, 1, 33) * 3]  # 18 inputs > one group
+    batch = reader.featurize(["who built it ?"] * len(texts), texts)
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    match = reader.answer_match(batch, [["eiffel"]] * len(texts))
+
+    def loss_and_grads(read):
+        reader.zero_grad()
+        scores = read(batch)
+        L, W = scores.shape[1:]
+        loss, _ = marginal_nll(scores.view(3, 6, L, W), valid.view(3, 6, L, W), match.view(3, 6, L, W), torch.zeros(3, 6))
+        loss.backward()
+        return scores.masked_fill(~valid, 0), loss, [p.grad.clone() for p in reader.parameters() if p.grad is not None]
+
+    def padded(b):
+        h = reader.bert(input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids).last_hidden_state
+        return reader.spans(h)
+
+    s1, l1, g1 = loss_and_grads(reader)
+    s2, l2, g2 = loss_and_grads(padded)
+    reader.zero_grad()
+    assert torch.allclose(s1, s2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-6)
+    assert len(g1) == len(g2) > 0 and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
+
+
 def test_save_and_load_round_trip(reader, tmp_path):
     reader.save_pretrained(tmp_path / "r")
     assert is_reader_dir(tmp_path / "r")
@@ -181,6 +209,25 @@ def test_config_rejects_bad_values():
         ReaderConfig(max_span_width=0)
     with pytest.raises(RalmError, match="no room"):
         ReaderConfig(max_len=20, max_query_len=64)
+
+
+def test_a_reader_longer_than_its_encoders_positions_is_a_clear_error(tiny_bert):
+    with pytest.raises(RalmError, match="exceeds the encoder's 512 positions"):
+        Reader.from_encoder(tiny_bert, max_len=600)
+
+
+def test_a_reader_checkpoint_is_trained_at_the_length_asked_for(reader, tmp_path):
+    from ralm.train.finetune import load_reader
+
+    reader.cfg.calibration = {"stale": True}
+    reader.save_pretrained(tmp_path / "r")
+    reader.cfg.calibration = None
+    again = load_reader(str(tmp_path / "r"), 96)
+    assert (again.cfg.max_len, again.cfg.calibration) == (96, None)
+    long_text = " ".join(["word"] * 200)
+    assert again.featurize(["q ?"], [long_text]).input_ids.shape[1] == 96  # reads 96, not the saved 64
+    with pytest.raises(RalmError, match="positions"):
+        load_reader(str(tmp_path / "r"), 600)
 
 
 def test_partial_reader_trains_and_saves_only_its_top_layers(tiny_bert, tmp_path):

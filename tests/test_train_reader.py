@@ -157,7 +157,7 @@ def test_open_domain_finetuning_continues_from_the_gold_run(questions_file, corp
     before, after = load_file(str(gold / "model.safetensors")), load_file(str(tmp_path / "open" / "final" / "reader" / "model.safetensors"))
     assert set(before) == set(after) and all(torch.allclose(before[k], after[k], atol=1e-8) for k in before)
     reader = Reader.from_pretrained(tmp_path / "open" / "final" / "reader")
-    assert reader.cfg.max_len == 80 and reader.cfg.calibration is None  # the stale calibration is dropped
+    assert reader.cfg.max_len == 96 and reader.cfg.calibration is None  # read at the run's length; the stale calibration is dropped
 
 
 def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tmp_path, ralm):

@@ -30,7 +30,7 @@ from torch import nn
 from ralm.atomic import read_weights, write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
-from ralm.retrieval.encoding import pad_rows
+from ralm.retrieval.encoding import by_length, pad_rows
 from ralm.retrieval.loading import bert_from_config, default_model_path, load_hf_encoder
 
 FORMAT = "ralm.reader/1"
@@ -165,6 +165,7 @@ class Reader(nn.Module):
         self.spans = SpanScorer(bert.config.hidden_size, cfg.span_hidden, cfg.max_span_width, cfg.span_layernorm_eps)
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self.check_length()
         self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
         vocab = tokenizer.get_vocab()
         self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
@@ -175,6 +176,11 @@ class Reader(nn.Module):
                 raise RalmError(f"trainable_layers {cfg.trainable_layers} exceeds the encoder's {layers} layers")
             for name, p in self.bert.named_parameters():
                 p.requires_grad_(self._is_trained(f"bert.{name}"))
+
+    def check_length(self) -> None:
+        positions = getattr(self.bert.config, "max_position_embeddings", None)
+        if positions is not None and self.cfg.max_len > positions:
+            raise RalmError(f"reader max_len {self.cfg.max_len} exceeds the encoder's {positions} positions")
 
     def _is_trained(self, key: str) -> bool:
         """Whether a state-dict key belongs to the trained (and saved) part of the model."""
@@ -189,10 +195,20 @@ class Reader(nn.Module):
         return next(self.parameters()).device
 
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
-        """Span scores [N, L, W] (mask them with `valid_spans`)."""
-        h = self.bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                      token_type_ids=batch.token_type_ids).last_hidden_state  # [N, L, H]
-        return self.spans(h)
+        """Span scores [N, L, W] (mask them with `valid_spans`). The inputs are read in groups of
+        similar length, each cut to its longest, so no attention or FFN work goes to padding
+        (blocks vary from a few dozen wordpieces to max_len)."""
+        length = batch.input_ids.shape[1]
+        lengths = batch.attention_mask.sum(1).tolist()
+
+        def run(rows: list[int]) -> torch.Tensor:
+            m = max(lengths[r] for r in rows)
+            pick = torch.as_tensor(rows, device=batch.input_ids.device)
+            h = self.bert(input_ids=batch.input_ids[pick, :m], attention_mask=batch.attention_mask[pick, :m],
+                          token_type_ids=batch.token_type_ids[pick, :m]).last_hidden_state  # [G, m, H]
+            return F.pad(self.spans(h), (0, 0, 0, length - m))  # [G, L, W]; the padding is never a valid span
+
+        return by_length(lengths, run)
 
     # -- featurisation ---------------------------------------------------------------------
     def featurize(self, questions: Sequence[str], texts: Sequence[str]) -> ReaderBatch:

@@ -14,7 +14,7 @@ fine-tuned query tower with the index's unchanged document tower).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -107,11 +107,13 @@ def resolve_init(init: str | None) -> tuple[str | None, str | None]:
 
 
 def load_reader(source: str | None, max_len: int, trainable_layers: int | None = None) -> Reader:
-    """The reader to train: a reader checkpoint (its own settings), else a fresh span scorer on
-    an HF encoder (None: the bundled MiniLM)."""
+    """The reader to train: a reader checkpoint (its own settings, read at `max_len`), else a
+    fresh span scorer on an HF encoder (None: the bundled MiniLM)."""
     if source is not None and is_reader_dir(source):
         reader = Reader.from_pretrained(source)
-        reader.cfg.calibration = None  # fitted to the old weights; training makes it stale
+        # the calibration was fitted to the old weights, which training makes stale
+        reader.cfg = replace(reader.cfg, max_len=max_len, calibration=None)
+        reader.check_length()
         return reader
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
