@@ -114,7 +114,7 @@ def main() -> None:
             build_index(corpus, index, dtype=dtype)
             result[f"build_seconds_{dtype}"] = round(time.perf_counter() - t, 1)
         searcher = Searcher.open(index, dtype=dtype)
-        result[f"blocks"] = len(searcher)
+        result["blocks"] = len(searcher)
         for name, qs in question_sets.items():
             r = evaluate_retrieval(searcher, qs, ks, show_progress=True)
             result[f"default_{dtype}/{name}"] = {k: v for k, v in r.items() if k.startswith("recall") or k in ("questions", "seconds")}
