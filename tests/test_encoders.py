@@ -66,7 +66,7 @@ def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
 
     v = r.encode_queries(["hello world"], dtype="fp32")
     ids = r.tokenize_queries(["hello world"])
-    d = r.doc(ids["input_ids"], ids["attention_mask"])
+    d = r.doc(ids["input_ids"], ids["attention_mask"]).detach()
     # normalised, no projection: documents are unit vectors, queries carry the 20 x cosine scale
     assert abs(float(d.norm()) - 1.0) < 1e-5 and abs(float(v.norm()) - SCORE_SCALE) < 1e-3
     assert r.cfg.score_scale == SCORE_SCALE
