@@ -165,7 +165,9 @@ class Reader(nn.Module):
         self.spans = SpanScorer(bert.config.hidden_size, cfg.span_hidden, cfg.max_span_width, cfg.span_layernorm_eps)
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.check_length()
+        positions = getattr(bert.config, "max_position_embeddings", None)
+        if positions is not None and cfg.max_len > positions:
+            raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {positions} positions")
         self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
         vocab = tokenizer.get_vocab()
         self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
@@ -176,11 +178,6 @@ class Reader(nn.Module):
                 raise RalmError(f"trainable_layers {cfg.trainable_layers} exceeds the encoder's {layers} layers")
             for name, p in self.bert.named_parameters():
                 p.requires_grad_(self._is_trained(f"bert.{name}"))
-
-    def check_length(self) -> None:
-        positions = getattr(self.bert.config, "max_position_embeddings", None)
-        if positions is not None and self.cfg.max_len > positions:
-            raise RalmError(f"reader max_len {self.cfg.max_len} exceeds the encoder's {positions} positions")
 
     def _is_trained(self, key: str) -> bool:
         """Whether a state-dict key belongs to the trained (and saved) part of the model."""
@@ -292,9 +289,10 @@ class Reader(nn.Module):
         return cls(bert, tokenizer, ReaderConfig(base_model=name, encoder=bert.config.to_dict(), **overrides))
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike | None = None) -> "Reader":
+    def from_pretrained(cls, path: str | os.PathLike | None = None, **overrides) -> "Reader":
         """A reader checkpoint directory written by `save_pretrained`; `None` gives the
-        package's general-purpose reader."""
+        package's general-purpose reader. `overrides` replace saved ReaderConfig fields (e.g.
+        max_len, calibration)."""
         from transformers import AutoTokenizer
 
         path = default_reader_path() if path is None else Path(path)
@@ -302,7 +300,7 @@ class Reader(nn.Module):
             raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
         raw = json.loads((path / "config.json").read_text())
         raw.pop("format")
-        cfg = ReaderConfig(**raw)
+        cfg = ReaderConfig(**{**raw, **overrides})
         if cfg.trainable_layers is not None:  # the frozen part comes from the base encoder
             base = cfg.base_model
             bert, _ = load_hf_encoder(default_model_path() if base == "default" else base)

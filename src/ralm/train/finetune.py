@@ -14,7 +14,7 @@ fine-tuned query tower with the index's unchanged document tower).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -110,11 +110,8 @@ def load_reader(source: str | None, max_len: int, trainable_layers: int | None =
     """The reader to train: a reader checkpoint (its own settings, read at `max_len`), else a
     fresh span scorer on an HF encoder (None: the bundled MiniLM)."""
     if source is not None and is_reader_dir(source):
-        reader = Reader.from_pretrained(source)
         # the calibration was fitted to the old weights, which training makes stale
-        reader.cfg = replace(reader.cfg, max_len=max_len, calibration=None)
-        reader.check_length()
-        return reader
+        return Reader.from_pretrained(source, max_len=max_len, calibration=None)
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
