@@ -1,6 +1,7 @@
 """Recall@k of the default dense index (built in each --dtype) next to the same encoder used
 as sentence-transformers users use it (mean pooling, L2-normalised, cosine, 256 wordpieces,
-fp32), on the same blocks and questions, in one run.
+fp32), on the same blocks and questions, in one run. --model swaps the encoder (default: the
+bundled MiniLM), e.g. for a local all-mpnet-base-v2.
 
   python benchmarks/squad_retrieval.py --work runs/sqret \\
       --corpus ../shared/data/squad_corpus.jsonl ../shared/data/squad_dev_official_corpus.jsonl \\
@@ -33,25 +34,23 @@ def combined_corpus(paths: list[str], work: Path) -> Path:
     return out
 
 
-def plain_embeddings(searcher, work: Path, batch_size: int = 64) -> np.ndarray:
+def plain_embeddings(searcher, work: Path, path: str, batch_size: int = 64) -> np.ndarray:
     """Every block as "title text", encoded by the plain HF model: mean pooling, normalised."""
     from transformers import AutoModel, AutoTokenizer
 
     from ralm.atomic import atomic_path
     from ralm.progress import track
     from ralm.retrieval.encoders import pool
-    from ralm.retrieval.loading import default_model_path
 
     out = work / "plain.npy"
     if out.is_file():
         return np.load(out, allow_pickle=False)
-    path = default_model_path()
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     blocks = searcher.current.blocks
     texts = [f"{r['title']} {r['text']}" for r in (blocks.record(i) for i in range(len(blocks)))]
     vecs = []
     with torch.inference_mode():
-        for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain MiniLM (fp32)"):
+        for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain encoder (fp32)"):
             enc = tok(texts[i : i + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt")
             h = model(**enc).last_hidden_state
             vecs.append(torch.nn.functional.normalize(pool(h, enc["attention_mask"], "mean"), dim=-1).numpy())
@@ -62,15 +61,13 @@ def plain_embeddings(searcher, work: Path, batch_size: int = 64) -> np.ndarray:
     return emb
 
 
-def plain_recall(emb: np.ndarray, searcher, questions, ks) -> dict:
+def plain_recall(emb: np.ndarray, searcher, questions, ks, path: str) -> dict:
     from transformers import AutoModel, AutoTokenizer
 
     from ralm.data.qa import has_answer
     from ralm.eval.metrics import recall_at_k
     from ralm.retrieval.encoders import pool
-    from ralm.retrieval.loading import default_model_path
 
-    path = default_model_path()
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     matrix = torch.from_numpy(emb)
     blocks = searcher.current.blocks
@@ -92,12 +89,14 @@ def main() -> None:
     ap.add_argument("--questions", nargs="+", required=True)
     ap.add_argument("--dtypes", default="fp32,bf16", help="one default index per compute dtype")
     ap.add_argument("--ks", default="1,5,20,100")
+    ap.add_argument("--model", default=None, help="encoder: HF model directory (default: the bundled MiniLM)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain sentence-transformers-style baseline")
     args = ap.parse_args()
 
     from ralm.data.qa import read_questions
     from ralm.eval.retrieval import evaluate_retrieval
     from ralm.retrieval.build import build_index
+    from ralm.retrieval.loading import default_model_path
     from ralm.retrieval.searcher import Searcher
 
     work = Path(args.work)
@@ -105,13 +104,14 @@ def main() -> None:
     corpus = combined_corpus(args.corpus, work)
     ks = [int(k) for k in args.ks.split(",")]
     question_sets = {Path(q).name: read_questions(q) for q in args.questions}
-    result: dict = {"corpus": [str(c) for c in args.corpus], "threads": torch.get_num_threads(), "torch": torch.__version__}
+    model = args.model or default_model_path()
+    result: dict = {"corpus": [str(c) for c in args.corpus], "model": model, "threads": torch.get_num_threads(), "torch": torch.__version__}
     searcher = None
     for dtype in args.dtypes.split(","):
         index = work / f"dense-{dtype}"
         if not (index / "LATEST").is_file():
             t = time.perf_counter()
-            build_index(corpus, index, dtype=dtype)
+            build_index(corpus, index, model=model, dtype=dtype)
             result[f"build_seconds_{dtype}"] = round(time.perf_counter() - t, 1)
         searcher = Searcher.open(index, dtype=dtype)
         result["blocks"] = len(searcher)
@@ -121,11 +121,11 @@ def main() -> None:
             print(json.dumps({f"default_{dtype}/{name}": result[f"default_{dtype}/{name}"]}), flush=True)
     if not args.no_plain and searcher is not None:
         t = time.perf_counter()
-        emb = plain_embeddings(searcher, work)
+        emb = plain_embeddings(searcher, work, model)
         result["plain_embed_seconds"] = round(time.perf_counter() - t, 1)
         for name, qs in question_sets.items():
-            result[f"plain_minilm/{name}"] = plain_recall(emb, searcher, qs, ks)
-            print(json.dumps({f"plain_minilm/{name}": result[f"plain_minilm/{name}"]}), flush=True)
+            result[f"plain/{name}"] = plain_recall(emb, searcher, qs, ks, model)
+            print(json.dumps({f"plain/{name}": result[f"plain/{name}"]}), flush=True)
     (work / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 

@@ -73,6 +73,33 @@ def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
     assert Retriever.from_pretrained(st, dim=8).cfg.score_scale == 1.0  # a PCA projection carries the scale
 
 
+def test_an_encoder_without_sdpa_or_segment_ids_loads_and_round_trips(tmp_path):
+    """MPNet (all-mpnet-base-v2's architecture) has neither SDPA attention nor token type ids:
+    it loads with eager attention, pools as its plain HF model does, and a saved retriever
+    reloads to the same vectors."""
+    from transformers import AutoModel, AutoTokenizer, MPNetConfig, MPNetModel
+
+    from ralm.retrieval.loading import default_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    cfg = MPNetConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=64)
+    torch.manual_seed(0)
+    MPNetModel(cfg).save_pretrained(str(tmp_path / "mpnet"))
+    tokenizer.save_pretrained(str(tmp_path / "mpnet"))
+    r = Retriever.from_pretrained(tmp_path / "mpnet", dim=None, pooling="mean").eval()
+    assert r.query.bert.config._attn_implementation == "eager"
+    q = ["where is paris", "capital of japan"]
+    plain = AutoModel.from_pretrained(str(tmp_path / "mpnet")).eval()
+    enc = r.tokenize_queries(q)
+    with torch.no_grad():
+        expect = pool(plain(**enc).last_hidden_state, enc["attention_mask"], "mean")
+    torch.testing.assert_close(r.encode_queries(q, dtype="fp32"), expect, atol=1e-5, rtol=1e-4)
+    r.save_pretrained(tmp_path / "ckpt")
+    again = Retriever.from_pretrained(tmp_path / "ckpt").eval()
+    torch.testing.assert_close(again.encode_queries(q, dtype="fp32"), r.encode_queries(q, dtype="fp32"))
+
+
 def test_default_model_is_the_bundled_minilm_with_mean_pooling():
     r = Retriever.from_pretrained(None, dim=None)
     assert r.cfg.pooling == "mean" and r.cfg.normalize and r.dim == 384

@@ -102,7 +102,9 @@ class Tower(nn.Module):
         return ((sep.cumsum(-1) - sep) > 0).long()  # 1 strictly after the first [SEP]
 
     def pooled(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=self.segments(input_ids))
+        segments = self.segments(input_ids)
+        extra = {} if segments is None else {"token_type_ids": segments}  # encoders without segments (MPNet) take none
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, **extra)
         v = out.pooler_output if self.cfg.pooling == "pooler" else pool(out.last_hidden_state, attention_mask, self.cfg.pooling)  # [B, H]
         v = v.float()
         return F.normalize(v, dim=-1) if self.cfg.normalize else v

@@ -48,11 +48,13 @@ def load_tokenizer(name_or_path: str | None = None):
     return tokenizer
 
 
-# How every BERT is built: SDPA attention, and no dropout on attention probabilities. That
-# dropout forces SDPA's unfused path and a Bernoulli draw per attention weight: on a 2-core
-# CPU it was 31% of a bf16 reader step (and ~35% of an fp32 one); without it the fused kernel
-# runs and a step takes 0.66x the time. Hidden-state dropout (0.1) stays. Inference is unchanged.
-BERT_OVERRIDES = {"attn_implementation": "sdpa", "attention_probs_dropout_prob": 0.0}
+# How every encoder is built: no dropout on attention probabilities. That dropout forces SDPA's
+# unfused path and a Bernoulli draw per attention weight: on a 2-core CPU it was 31% of a bf16
+# reader step (and ~35% of an fp32 one); without it the fused kernel runs and a step takes 0.66x
+# the time. Hidden-state dropout (0.1) stays. Inference is unchanged. The attention itself is
+# transformers' default: SDPA where the architecture has it (BERT), else eager (MPNet), so that
+# any Hugging Face encoder loads.
+BERT_OVERRIDES = {"attention_probs_dropout_prob": 0.0}
 
 
 def load_hf_encoder(path: str):
@@ -64,14 +66,12 @@ def load_hf_encoder(path: str):
 
 
 def bert_from_config(encoder: dict) -> nn.Module:
-    """An untrained HF encoder (SDPA attention) of the architecture recorded in a checkpoint's
+    """An untrained HF encoder (SDPA attention where it has one) of the architecture recorded in a checkpoint's
     config; its weights come from the checkpoint."""
     from transformers import AutoConfig, AutoModel
 
-    enc = {**encoder, "attention_probs_dropout_prob": BERT_OVERRIDES["attention_probs_dropout_prob"]}
-    cfg = AutoConfig.for_model(enc.pop("model_type", "bert"), **enc)
-    cfg._attn_implementation = BERT_OVERRIDES["attn_implementation"]
-    return AutoModel.from_config(cfg)
+    enc = {**encoder, **BERT_OVERRIDES}
+    return AutoModel.from_config(AutoConfig.for_model(enc.pop("model_type", "bert"), **enc))
 
 
 def sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:
