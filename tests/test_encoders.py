@@ -53,6 +53,25 @@ def test_save_and_load_round_trip_gives_identical_embeddings(tiny_bert, tmp_path
     assert again.cfg.projection_ready and again.dim == 8
 
 
+def test_equal_towers_are_stored_once_and_load_as_two_independent_towers(tiny_bert, tmp_path):
+    from safetensors import safe_open
+
+    r = Retriever.from_pretrained(tiny_bert, dim=None).eval()
+    r.save_pretrained(tmp_path / "tied")
+    with safe_open(str(tmp_path / "tied" / "model.safetensors"), "pt") as f:
+        assert f.keys() and not [k for k in f.keys() if not k.startswith("query.")]
+    again = Retriever.from_pretrained(tmp_path / "tied").eval()
+    assert again.doc_fingerprint() == r.doc_fingerprint()
+    ids = r.tokenize_queries(["where is paris"])
+    torch.testing.assert_close(again.doc(ids["input_ids"], ids["attention_mask"]), r.doc(ids["input_ids"], ids["attention_mask"]))
+    with torch.no_grad():  # the loaded towers do not share storage: training one leaves the other
+        next(again.doc.parameters()).add_(1.0)
+    assert again.doc_fingerprint() != r.doc_fingerprint()
+    assert not torch.equal(next(again.doc.parameters()), next(again.query.parameters()))
+    again.save_pretrained(tmp_path / "untied")  # towers now differ: both are stored
+    assert Retriever.from_pretrained(tmp_path / "untied").doc_fingerprint() == again.doc_fingerprint()
+
+
 def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
     st = tmp_path / "st"
     shutil.copytree(tiny_bert, st)

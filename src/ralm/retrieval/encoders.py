@@ -7,7 +7,9 @@ Loading Hugging Face encoders is retrieval/loading.py; the PCA start of the proj
 retrieval/projection.py; encoding a corpus retrieval/encoding.py.
 
 Checkpoint directory (HF-style): config.json (our RetrieverConfig + the BERT config),
-model.safetensors (`query.*`, `doc.*`), and the tokenizer files.
+model.safetensors (`query.*`, `doc.*`), and the tokenizer files. While the two towers are
+still equal (an untrained retriever, e.g. the one every default index saves) only `query.*`
+is written, and loading gives the document tower the same weights: half the disk.
 """
 
 from __future__ import annotations
@@ -183,7 +185,11 @@ class Retriever(nn.Module):
 
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
-        write_model_dir(out, self.state_dict(), self.tokenizer, FORMAT, asdict(self.cfg))
+        state = self.state_dict()
+        doc = {k: v for k, v in state.items() if k.startswith("doc.")}
+        if all(torch.equal(v, state["query." + k[4:]]) for k, v in doc.items()):
+            state = {k: v for k, v in state.items() if k not in doc}  # equal towers: stored once
+        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,
@@ -250,6 +256,8 @@ def _load_ralm(path: Path) -> Retriever:
     towers = [Tower(bert_from_config(cfg.encoder), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
     state = load_file(str(path / "model.safetensors"))
+    if not any(k.startswith("doc.") for k in state):  # saved with equal towers (see the module's docstring)
+        state.update({"doc." + k[6:]: v for k, v in state.items() if k.startswith("query.")})
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Position-id buffers are not always saved; any other gap is a broken checkpoint.
     missing = [k for k in missing if not k.endswith("position_ids")]
