@@ -66,8 +66,8 @@ def load_hf_encoder(path: str):
 
 
 def bert_from_config(encoder: dict) -> nn.Module:
-    """An untrained HF encoder (SDPA attention where it has one) of the architecture recorded in a checkpoint's
-    config; its weights come from the checkpoint."""
+    """An untrained HF encoder (SDPA attention where it has one) of the architecture recorded
+    in a checkpoint's config; its weights come from the checkpoint."""
     from transformers import AutoConfig, AutoModel
 
     enc = {**encoder, **BERT_OVERRIDES}
