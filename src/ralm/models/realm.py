@@ -30,7 +30,7 @@ from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
 from ralm.retrieval.encoders import Retriever
 from ralm.retrieval.encoding import by_length, pad_rows
-from ralm.retrieval.loading import BERT_OVERRIDES, default_model_path
+from ralm.retrieval.loading import ENCODER_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
 
@@ -72,7 +72,7 @@ class KnowledgeAugmentedEncoder(nn.Module):
         path = default_model_path() if path in (None, "", "default") else str(path)
 
         try:
-            mlm, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True, **BERT_OVERRIDES)
+            mlm, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True, **ENCODER_OVERRIDES)
             tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
         except (OSError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

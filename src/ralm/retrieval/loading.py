@@ -54,7 +54,7 @@ def load_tokenizer(name_or_path: str | None = None):
 # the time. Hidden-state dropout (0.1) stays. Inference is unchanged. The attention itself is
 # transformers' default: SDPA where the architecture has it (BERT), else eager (MPNet), so that
 # any Hugging Face encoder loads.
-BERT_OVERRIDES = {"attention_probs_dropout_prob": 0.0}
+ENCODER_OVERRIDES = {"attention_probs_dropout_prob": 0.0}
 
 
 def load_hf_encoder(path: str):
@@ -62,7 +62,7 @@ def load_hf_encoder(path: str):
     from transformers import AutoModel
 
     tokenizer = load_tokenizer(path)
-    return _loading(path, lambda: AutoModel.from_pretrained(path, **BERT_OVERRIDES)), tokenizer
+    return _loading(path, lambda: AutoModel.from_pretrained(path, **ENCODER_OVERRIDES)), tokenizer
 
 
 def bert_from_config(encoder: dict) -> nn.Module:
@@ -70,7 +70,7 @@ def bert_from_config(encoder: dict) -> nn.Module:
     in a checkpoint's config; its weights come from the checkpoint."""
     from transformers import AutoConfig, AutoModel
 
-    enc = {**encoder, **BERT_OVERRIDES}
+    enc = {**encoder, **ENCODER_OVERRIDES}
     return AutoModel.from_config(AutoConfig.for_model(enc.pop("model_type", "bert"), **enc))
 
 
