@@ -34,26 +34,34 @@ def combined_corpus(paths: list[str], work: Path) -> Path:
     return out
 
 
-def plain_embeddings(searcher, work: Path, path: str, batch_size: int = 64) -> np.ndarray:
-    """Every block as "title text", encoded by the plain HF model: mean pooling, normalised."""
+def plain_encoder(path: str):
+    """texts -> [N, H] unit vectors from the plain HF model: mean pooling, normalised, 256 wordpieces."""
     from transformers import AutoModel, AutoTokenizer
 
+    from ralm.retrieval.encoders import pool
+
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+
+    @torch.inference_mode()
+    def encode(texts: list[str]) -> torch.Tensor:
+        enc = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        return torch.nn.functional.normalize(pool(model(**enc).last_hidden_state, enc["attention_mask"], "mean"), dim=-1)
+
+    return encode
+
+
+def plain_embeddings(searcher, work: Path, encode, batch_size: int = 64) -> np.ndarray:
+    """Every block as "title text", encoded by the plain model (`plain_encoder`)."""
     from ralm.atomic import atomic_path
     from ralm.progress import track
-    from ralm.retrieval.encoders import pool
 
     out = work / "plain.npy"
     if out.is_file():
         return np.load(out, allow_pickle=False)
-    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     blocks = searcher.current.blocks
     texts = [f"{r['title']} {r['text']}" for r in (blocks.record(i) for i in range(len(blocks)))]
-    vecs = []
-    with torch.inference_mode():
-        for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain encoder (fp32)"):
-            enc = tok(texts[i : i + batch_size], padding=True, truncation=True, max_length=256, return_tensors="pt")
-            h = model(**enc).last_hidden_state
-            vecs.append(torch.nn.functional.normalize(pool(h, enc["attention_mask"], "mean"), dim=-1).numpy())
+    vecs = [encode(texts[i : i + batch_size]).numpy()
+            for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain encoder (fp32)")]
     emb = np.concatenate(vecs).astype(np.float32)
     with atomic_path(out) as tmp:
         with open(tmp, "wb") as f:
@@ -61,24 +69,17 @@ def plain_embeddings(searcher, work: Path, path: str, batch_size: int = 64) -> n
     return emb
 
 
-def plain_recall(emb: np.ndarray, searcher, questions, ks, path: str) -> dict:
-    from transformers import AutoModel, AutoTokenizer
-
+def plain_recall(emb: np.ndarray, searcher, questions, ks, encode) -> dict:
     from ralm.data.qa import has_answer
     from ralm.eval.metrics import recall_at_k
-    from ralm.retrieval.encoders import pool
 
-    tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
     matrix = torch.from_numpy(emb)
     blocks = searcher.current.blocks
     hits = []
-    with torch.inference_mode():
-        for i in range(0, len(questions), 256):
-            batch = questions[i : i + 256]
-            enc = tok([q.question for q in batch], padding=True, truncation=True, max_length=256, return_tensors="pt")
-            q = torch.nn.functional.normalize(pool(model(**enc).last_hidden_state, enc["attention_mask"], "mean"), dim=-1)
-            top = torch.topk(q @ matrix.T, max(ks), dim=1).indices.numpy()
-            hits.extend([has_answer(blocks.record(int(r))["text"], qq.answers) for r in row] for qq, row in zip(batch, top))
+    for i in range(0, len(questions), 256):
+        batch = questions[i : i + 256]
+        top = torch.topk(encode([q.question for q in batch]) @ matrix.T, max(ks), dim=1).indices.numpy()
+        hits.extend([has_answer(blocks.record(int(r))["text"], qq.answers) for r in row] for qq, row in zip(batch, top))
     return recall_at_k(hits, ks)
 
 
@@ -121,10 +122,11 @@ def main() -> None:
             print(json.dumps({f"default_{dtype}/{name}": result[f"default_{dtype}/{name}"]}), flush=True)
     if not args.no_plain and searcher is not None:
         t = time.perf_counter()
-        emb = plain_embeddings(searcher, work, model)
+        encode = plain_encoder(model)  # loaded once, for the blocks and every question set
+        emb = plain_embeddings(searcher, work, encode)
         result["plain_embed_seconds"] = round(time.perf_counter() - t, 1)
         for name, qs in question_sets.items():
-            result[f"plain/{name}"] = plain_recall(emb, searcher, qs, ks, model)
+            result[f"plain/{name}"] = plain_recall(emb, searcher, qs, ks, encode)
             print(json.dumps({f"plain/{name}": result[f"plain/{name}"]}), flush=True)
     (work / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -27,17 +27,18 @@ DOCS = [
 ]
 
 
-def make_tiny_bert(path: Path, seed: int = 0) -> Path:
-    """Save a random 2-layer, hidden-32 BERT with the MiniLM tokenizer as an HF directory."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def make_tiny_bert(path: Path, seed: int = 0, arch: str = "bert") -> Path:
+    """Save a random 2-layer, hidden-32 BERT (or another encoder `arch`, e.g. "mpnet") with the
+    MiniLM tokenizer as an HF directory."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     from ralm.retrieval.loading import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
-    cfg = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=512)
+    cfg = AutoConfig.for_model(arch, vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
     torch.manual_seed(seed)
-    BertModel(cfg).save_pretrained(str(path))
+    AutoModel.from_config(cfg).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path
 

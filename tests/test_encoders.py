@@ -96,16 +96,10 @@ def test_an_encoder_without_sdpa_or_segment_ids_loads_and_round_trips(tmp_path):
     """MPNet (all-mpnet-base-v2's architecture) has neither SDPA attention nor token type ids:
     it loads with eager attention, pools as its plain HF model does, and a saved retriever
     reloads to the same vectors."""
-    from transformers import AutoModel, AutoTokenizer, MPNetConfig, MPNetModel
+    from conftest import make_tiny_bert
+    from transformers import AutoModel
 
-    from ralm.retrieval.loading import default_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
-    cfg = MPNetConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=64)
-    torch.manual_seed(0)
-    MPNetModel(cfg).save_pretrained(str(tmp_path / "mpnet"))
-    tokenizer.save_pretrained(str(tmp_path / "mpnet"))
+    make_tiny_bert(tmp_path / "mpnet", arch="mpnet")
     r = Retriever.from_pretrained(tmp_path / "mpnet", dim=None, pooling="mean").eval()
     assert r.query.bert.config._attn_implementation == "eager"
     q = ["where is paris", "capital of japan"]
