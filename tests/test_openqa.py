@@ -126,6 +126,19 @@ def test_evaluate_qa_reads_the_right_block_among_distractors(oracle_reader, dist
     assert [r["answer_in_read"] for r in rows] == [True, True, True, False, True]
 
 
+def test_a_block_is_read_whole_past_the_readers_training_window(oracle_reader, tmp_path):
+    """The oracle reader was trained at 96 wordpieces; the answer sits after wordpiece 150."""
+    text = "The capital of France, " + "an old city of many bridges and museums, " * 16 + "is Paris."
+    build_index([{"id": "long", "title": "France", "text": text}], tmp_path / "bm25", kind="bm25", show_progress=False)
+    searcher = Searcher.open(tmp_path / "bm25")
+    assert len(searcher) == 1 and len(oracle_reader._wordpieces.encode(text).ids) > 150
+    (a,) = OpenQA(oracle_reader, searcher, k=1).answer(["What is the capital of France?"])
+    assert a.answer == "Paris" and a.evidence[0].text[slice(*a.evidence[0].span)] == "Paris"
+    assert oracle_reader.featurize(["q"], [text]).input_ids.shape[1] == 96  # training still reads its window
+    with pytest.raises(RalmError, match="exceeds the encoder's 512 positions"):
+        oracle_reader.featurize(["q"], [text], max_len=513)
+
+
 def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_reader, tiny_dense_index, monkeypatch):
     searcher = Searcher.open(tiny_dense_index)
     (raw,) = OpenQA(oracle_reader, searcher, k=6).answer(["What is the capital of France?"])

@@ -25,6 +25,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOp
                                   quiet_libraries, runtime, token_limit, torch_device)
 from ralm.console import (err, notify, out, print_answer, print_lm_train, print_reliability, print_train_metrics,
                           print_train_summary)
+from ralm.defaults import HYBRID_ALPHA, READ_K
 from ralm.errors import RalmError, RalmWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -37,7 +38,7 @@ eval_app.command("retrieval")(eval_retrieval)
 
 @app.command()
 def demo(
-    k: int = typer.Option(5, "-k", help="passages read per question (5, as `ralm ask`)"),
+    k: int = typer.Option(READ_K, "-k", help="passages read per question (as `ralm ask`)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
@@ -263,7 +264,7 @@ def _open_qa(model: Optional[str], index_dir: Path, k: int, hybrid: Optional[Pat
 
 
 HybridOpt = typer.Option(None, "--hybrid", help="a BM25 index over the same corpus to fuse with a dense --index")
-AlphaOpt = typer.Option(0.5, "--alpha", help="hybrid weight of the dense score (1 - alpha for BM25)")
+AlphaOpt = typer.Option(HYBRID_ALPHA, "--alpha", help="hybrid weight of the dense score (1 - alpha for BM25)")
 ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpoint (default: the package's general reader)")
 
 
@@ -376,7 +377,7 @@ def eval_qa(
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
-    k: int = typer.Option(5, "-k", "--k", help="retrieved blocks read per question"),
+    k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read per question"),
     hybrid: Optional[Path] = HybridOpt,
     alpha: float = AlphaOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
@@ -425,7 +426,7 @@ def ask(
     question: str = typer.Argument(...),
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
-    k: int = typer.Option(5, "-k", "--k", help="retrieved blocks read"),
+    k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
     hybrid: Optional[Path] = HybridOpt,
     alpha: float = AlphaOpt,
     min_confidence: float = MinConfidenceOpt,

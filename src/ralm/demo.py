@@ -14,6 +14,7 @@ import torch
 import ralm
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
+from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import Answer, OpenQA
@@ -49,7 +50,7 @@ def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool 
     return path, True
 
 
-def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = 5, rebuild: bool = False,
+def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = READ_K, rebuild: bool = False,
              show_progress: bool = True, min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(device, rebuild, show_progress, dtype)

@@ -165,9 +165,8 @@ class Reader(nn.Module):
         self.spans = SpanScorer(bert.config.hidden_size, cfg.span_hidden, cfg.max_span_width, cfg.span_layernorm_eps)
         self.tokenizer = tokenizer
         self.cfg = cfg
-        positions = getattr(bert.config, "max_position_embeddings", None)
-        if positions is not None and cfg.max_len > positions:
-            raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {positions} positions")
+        if cfg.max_len > self.max_positions:
+            raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {self.max_positions} positions")
         self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
         vocab = tokenizer.get_vocab()
         self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
@@ -208,29 +207,38 @@ class Reader(nn.Module):
         return by_length(lengths, run)
 
     # -- featurisation ---------------------------------------------------------------------
-    def featurize(self, questions: Sequence[str], texts: Sequence[str]) -> ReaderBatch:
+    @property
+    def max_positions(self) -> int:
+        """The longest input the encoder takes (its position embeddings); `max_len` where unknown."""
+        return getattr(self.bert.config, "max_position_embeddings", None) or self.cfg.max_len
+
+    def featurize(self, questions: Sequence[str], texts: Sequence[str], max_len: int | None = None) -> ReaderBatch:
         """One reader input per (question, evidence text) pair (both lists of length N); the
-        evidence is cut to what fits in `max_len`."""
-        return self.featurize_windows(questions, texts, stride=None)[0]
+        evidence is cut to what fits in `max_len` wordpieces (default: cfg.max_len, the training window)."""
+        return self.featurize_windows(questions, texts, stride=None, max_len=max_len)[0]
 
     def featurize_windows(self, questions: Sequence[str], texts: Sequence[str],
-                          stride: int | None) -> tuple[ReaderBatch, list[int]]:
+                          stride: int | None, max_len: int | None = None) -> tuple[ReaderBatch, list[int]]:
         """`[CLS] question [SEP] window [SEP]` for windows of each text that start `stride`
         wordpieces apart (BERT's doc stride) until the text is covered; `stride=None` reads the
-        first window only. Returns (batch of every window, the pair index of each window)."""
+        first window only. Inputs are at most `max_len` wordpieces (default: cfg.max_len).
+        Returns (batch of every window, the pair index of each window)."""
         if len(questions) != len(texts):
             raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
+        max_len = max_len or self.cfg.max_len
+        if max_len > self.max_positions:
+            raise RalmError(f"reader input length {max_len} exceeds the encoder's {self.max_positions} positions")
         q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
         z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
         rows, types, starts, ends, offsets, window_texts, owner = [], [], [], [], [], [], []
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         for pair, (q, z) in enumerate(zip(q_enc, z_enc)):
-            room = self.cfg.max_len - min(len(q.ids), self.cfg.max_query_len) - 3
+            room = max_len - min(len(q.ids), self.cfg.max_query_len) - 3
             if stride is not None and not 0 < stride <= room:
-                raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {self.cfg.max_len}-wordpiece input)")
+                raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {max_len}-wordpiece input)")
             first = 0
             while True:
-                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id, sep_id, self.cfg.max_len, self.cfg.max_query_len)
+                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id, sep_id, max_len, self.cfg.max_query_len)
                 rows.append(ids)
                 types.append(tt)
                 starts.append(ev_start)

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ralm.defaults import HYBRID_ALPHA
 from ralm.errors import RalmError
 from ralm.retrieval.exact import check_k
 from ralm.retrieval.searcher import Hit, hits
@@ -38,7 +39,7 @@ def fuse(dense: np.ndarray, bm25: np.ndarray, alpha: float) -> np.ndarray:
 
 
 class HybridSearcher:
-    def __init__(self, dense, bm25, alpha: float = 0.5, depth: int = 100):
+    def __init__(self, dense, bm25, alpha: float = HYBRID_ALPHA, depth: int = 100):
         """`dense` and `bm25`: two Searchers, or two LiveSearchers."""
         if not 0.0 <= alpha <= 1.0:
             raise RalmError(f"hybrid weight alpha must be in [0, 1], got {alpha}")

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ralm.data.corpus import Document
+from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.serve.batching import MicroBatcher
 from ralm.serve.guards import BodyLimit, HostGuard, allowed_hosts, error
@@ -49,7 +50,7 @@ class Strict(BaseModel):
 
 class AskRequest(Strict):
     question: NonBlank = Field(..., max_length=2000, description="the question")
-    k: int = Field(5, ge=1, le=100, description="number of passages to read")
+    k: int = Field(READ_K, ge=1, le=100, description="number of passages to read")
     retriever: Retriever | None = Field(None, description="default: the --index's kind (dense or bm25)")
 
 

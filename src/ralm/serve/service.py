@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ralm.data.corpus import Document
+from ralm.defaults import HYBRID_ALPHA
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
@@ -35,7 +36,7 @@ class ServeConfig:
     api_key: str | None = None
     host: str = "127.0.0.1"  # the address the server binds; Host headers naming it are accepted
     allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
-    hybrid_alpha: float = 0.5
+    hybrid_alpha: float = HYBRID_ALPHA
     hybrid_depth: int = 100
     poll_seconds: float = 1.0
     max_body_bytes: int = 1 << 20
