@@ -45,7 +45,7 @@ async function ask(event) {
   showError("");
   try {
     if (window.readerLoaded) {
-      const r = await api("/ask", { question, k: 5, retriever });
+      const r = await api("/ask", { question, retriever });  // the server's default k, which the confidence is calibrated for
       $("answer").hidden = false;
       $("answer-text").textContent = r.answer || "(no answer)";
       $("answer-score").textContent = `score ${r.score.toFixed(4)}`;
