@@ -23,7 +23,7 @@ import torch
 
 KS = (3, 5, 8, 10)
 ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7)
-DEPTH = 100  # as HybridSearcher's
+DEPTH = 100  # HybridSearcher's default
 
 
 @torch.inference_mode()
@@ -40,14 +40,9 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
     blocks = hs.current.blocks
     out = []
     for q in track(questions, len(questions), "reading", enabled=show_progress):
-        b_scores, b_rows = hs.bm25.search_rows([q.question], DEPTH)
-        qvec = hs.dense.encode([q.question])
-        _, d_rows = hs.dense.search_encoded(qvec, DEPTH)
-        rows = np.union1d(b_rows[0], d_rows[0])  # [C]
-        dense = hs.dense.exact_scores(qvec[0].numpy(), rows, hs.current)
-        bm25_of = dict(zip(b_rows[0].tolist(), b_scores[0].tolist()))
-        bm25 = np.array([bm25_of.get(int(r), float(b_scores[0].min())) for r in rows], np.float32)
-        read = set(b_rows[0, : max(KS)].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())
+        [(rows, dense, bm25)] = hs.candidates([q.question], DEPTH)  # as HybridSearcher.search_rows fuses them
+        b_scores, b_rows = hs.bm25.search_rows([q.question], max(KS))  # BM25 alone
+        read = set(b_rows[0].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())
         for a in ALPHAS:
             read |= set(rows[np.argsort(-fuse(dense, bm25, a), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)

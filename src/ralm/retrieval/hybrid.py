@@ -62,24 +62,30 @@ class HybridSearcher:
     def __len__(self) -> int:
         return len(self.dense)
 
-    def search_rows(self, queries: Sequence[str], k: int, snap=None) -> tuple[np.ndarray, np.ndarray]:
-        """[Q] strings -> (fused scores [Q, k'], rows of the dense side's `snap` [Q, k']), best
-        first; k' = k unless fewer blocks are live."""
-        check_k(k)
+    def candidates(self, queries: Sequence[str], depth: int, snap=None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per query: (rows of the dense side's `snap` [C], the union of each side's top `depth`;
+        their dense scores [C]; their BM25 scores [C], a row outside BM25's list at its floor)."""
         d_snap, b_snap = snap or self.dense.current, self.bm25.current
         _check_same_blocks(d_snap, b_snap, self.dense, self.bm25)
-        depth = max(k, self.depth)
         b_scores, b_rows = self.bm25.search_rows(queries, depth, b_snap)  # [Q, depth]
         b_rows = self.dense.match_rows(b_rows, b_snap, d_snap)  # -1: a block the dense side does not hold
         qvecs = self.dense.encode(queries)  # [Q, D], once for the search and the exact scores
         _, d_rows = self.dense.search_encoded(qvecs, depth, d_snap)
-        fused_rows = []
+        out = []
         for i, qvec in enumerate(qvecs.numpy()):
             rows = np.union1d(b_rows[i][b_rows[i] >= 0], d_rows[i])  # [C]
             dense = self.dense.exact_scores(qvec, rows, d_snap)  # [C]
             bm25_of = dict(zip(b_rows[i].tolist(), b_scores[i].tolist()))
             floor = float(b_scores[i].min()) if b_scores.shape[1] else 0.0
-            bm25 = np.array([bm25_of.get(int(r), floor) for r in rows], dtype=np.float32)
+            out.append((rows, dense, np.array([bm25_of.get(int(r), floor) for r in rows], dtype=np.float32)))
+        return out
+
+    def search_rows(self, queries: Sequence[str], k: int, snap=None) -> tuple[np.ndarray, np.ndarray]:
+        """[Q] strings -> (fused scores [Q, k'], rows of the dense side's `snap` [Q, k']), best
+        first; k' = k unless fewer blocks are live."""
+        check_k(k)
+        fused_rows = []
+        for rows, dense, bm25 in self.candidates(queries, max(k, self.depth), snap):
             fused = fuse(dense, bm25, self.alpha)
             top = np.argsort(-fused, kind="stable")[:k]
             fused_rows.append((fused[top], rows[top]))
