@@ -46,7 +46,7 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
         for a in ALPHAS:
             read |= set(rows[np.argsort(-fuse(dense, bm25, a), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)
-        batch = reader.featurize([q.question] * len(read), [blocks.record(r)["text"] for r in read], max_len=reader.max_positions)
+        batch = reader.featurize([q.question] * len(read), [blocks.record(r)["text"] for r in read], max_len=reader.max_read_len)
         with autocast(qa.device, qa.dtype):
             scores = reader(batch.to(qa.device))
         f, start, width, log_norm = (t.cpu() for t in top_spans(scores, valid_spans(batch, reader.cfg.max_span_width), N_BEST))

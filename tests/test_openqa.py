@@ -135,7 +135,8 @@ def test_a_block_is_read_whole_past_the_readers_training_window(oracle_reader, t
     (a,) = OpenQA(oracle_reader, searcher, k=1).answer(["What is the capital of France?"])
     assert a.answer == "Paris" and a.evidence[0].text[slice(*a.evidence[0].span)] == "Paris"
     assert oracle_reader.featurize(["q"], [text]).input_ids.shape[1] == 96  # training still reads its window
-    with pytest.raises(RalmError, match="exceeds the encoder's 512 positions"):
+    assert oracle_reader.max_read_len == 512
+    with pytest.raises(RalmError, match="exceeds the 512 wordpieces the encoder reads"):
         oracle_reader.featurize(["q"], [text], max_len=513)
 
 

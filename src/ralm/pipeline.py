@@ -122,7 +122,7 @@ class OpenQA:
         # Whole blocks (up to the encoder's positions), not the training window, which would hide
         # the tail of every long block from the reader.
         batch = self.reader.featurize([q for q in questions for _ in range(k)], [rec["text"] for qrec in records for rec in qrec[:k]],
-                                      max_len=self.reader.max_positions)
+                                      max_len=self.reader.max_read_len)
         dev_batch = batch.to(self.device)
         with autocast(self.device, self.dtype):
             span_scores = self.reader(dev_batch)  # [Q*k, L, W]

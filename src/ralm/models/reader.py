@@ -165,8 +165,9 @@ class Reader(nn.Module):
         self.spans = SpanScorer(bert.config.hidden_size, cfg.span_hidden, cfg.max_span_width, cfg.span_layernorm_eps)
         self.tokenizer = tokenizer
         self.cfg = cfg
-        if cfg.max_len > self.max_positions:
-            raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {self.max_positions} positions")
+        positions = getattr(bert.config, "max_position_embeddings", None)
+        if positions is not None and cfg.max_len > positions:
+            raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {positions} positions")
         self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
         vocab = tokenizer.get_vocab()
         self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
@@ -208,9 +209,11 @@ class Reader(nn.Module):
 
     # -- featurisation ---------------------------------------------------------------------
     @property
-    def max_positions(self) -> int:
-        """The longest input the encoder takes (its position embeddings); `max_len` where unknown."""
-        return getattr(self.bert.config, "max_position_embeddings", None) or self.cfg.max_len
+    def max_read_len(self) -> int:
+        """The longest input the encoder reads: its position embeddings, or fewer where its tokenizer
+        says so (RoBERTa-style encoders reserve two); never below the training length cfg.max_len."""
+        limits = [getattr(self.bert.config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
+        return max(self.cfg.max_len, min([int(x) for x in limits if x] or [self.cfg.max_len]))
 
     def featurize(self, questions: Sequence[str], texts: Sequence[str], max_len: int | None = None) -> ReaderBatch:
         """One reader input per (question, evidence text) pair (both lists of length N); the
@@ -226,8 +229,8 @@ class Reader(nn.Module):
         if len(questions) != len(texts):
             raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
         max_len = max_len or self.cfg.max_len
-        if max_len > self.max_positions:
-            raise RalmError(f"reader input length {max_len} exceeds the encoder's {self.max_positions} positions")
+        if max_len > self.max_read_len:
+            raise RalmError(f"reader input length {max_len} exceeds the {self.max_read_len} wordpieces the encoder reads")
         q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
         z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
         rows, types, starts, ends, offsets, window_texts, owner = [], [], [], [], [], [], []
