@@ -74,6 +74,18 @@ def test_demo_runs_offline_and_prints_evidence(ralm, tmp_path, monkeypatch):
     assert rc == 0 and "reusing cached demo index" in err
 
 
+def test_an_answer_prints_the_top_blocks_and_its_own_not_all_ten():
+    from ralm.console import SHOWN, out, print_answer
+    from ralm.pipeline import Answer, Evidence
+
+    evidence = [Evidence(j, f"doc{j}", f"Title {j}", f"text of block {j}", 1.0, 0.1, "", 0.0, None) for j in range(10)]
+    answer = Answer("q?", "text", 0.5, 0.9, evidence, 6, list(range(10)), [e.text for e in evidence])
+    with out.capture() as cap:
+        print_answer(answer)
+    printed = [j for j in range(10) if f"(doc{j})" in cap.get()]
+    assert printed == [*range(SHOWN), 6] and f"{10 - SHOWN - 1} more blocks read" in cap.get()
+
+
 def test_a_real_process_exits_2_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ralm", "search", str(tmp_path), "anything"], capture_output=True, text=True,
                           env={**os.environ, "RALM_NO_PROGRESS": "1"})

@@ -68,6 +68,9 @@ def notify(message: str) -> None:
     err.print(message, highlight=False)
 
 
+SHOWN = 3  # evidence blocks printed per answer, besides the answer's own; --json lists every block read
+
+
 def print_answer(answer) -> None:
     from rich.text import Text
 
@@ -81,7 +84,8 @@ def print_answer(answer) -> None:
     table = Table(show_lines=True, expand=True)
     for col, width in (("#", 3), ("p(z|x)", 7), ("p(span)", 7), ("evidence", None)):
         table.add_column(col, width=width)
-    for rank, e in enumerate(answer.evidence, 1):
+    shown = [j for j in range(len(answer.evidence)) if j < SHOWN or j == answer.best]
+    for rank, e in ((j + 1, answer.evidence[j]) for j in shown):
         body = Text.assemble((e.title, "bold"), (f" ({e.id})\n", "dim"))
         text = Text(e.text)
         if e.span:
@@ -89,6 +93,8 @@ def print_answer(answer) -> None:
         body.append_text(text)
         table.add_row(str(rank), f"{e.retrieval_prob:.3f}", f"{e.span_prob:.3f}", body)
     out.print(table)
+    if len(answer.evidence) > len(shown):
+        out.print(f"[dim]{len(answer.evidence) - len(shown)} more blocks read (--json lists them all)[/dim]")
 
 
 def print_reliability(rel: dict) -> None:
