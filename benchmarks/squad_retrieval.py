@@ -1,7 +1,9 @@
 """Recall@k of the default dense index (built in each --dtype) next to the same encoder used
 as sentence-transformers users use it (mean pooling, L2-normalised, cosine, 256 wordpieces,
-fp32), on the same blocks and questions, in one run. --model swaps the encoder (default: the
-bundled MiniLM), e.g. for a local all-mpnet-base-v2.
+fp32), on the same blocks and questions, in one run, with a paired count at each k <= 20: the
+questions only the default finds an answer for against those only plain does, and the two-sided
+sign test of that split. --model swaps the encoder (default: the bundled MiniLM), e.g. for a local
+all-mpnet-base-v2.
 
   python benchmarks/squad_retrieval.py --work runs/sqret \\
       --corpus ../shared/data/squad_corpus.jsonl ../shared/data/squad_dev_official_corpus.jsonl \\
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -69,9 +72,9 @@ def plain_embeddings(searcher, work: Path, encode, batch_size: int = 64) -> np.n
     return emb
 
 
-def plain_recall(emb: np.ndarray, searcher, questions, ks, encode) -> dict:
+def plain_hits(emb: np.ndarray, searcher, questions, ks, encode) -> list[list[bool]]:
+    """Per question: does each of the plain model's top max(ks) blocks hold an answer."""
     from ralm.data.qa import has_answer
-    from ralm.eval.metrics import recall_at_k
 
     matrix = torch.from_numpy(emb)
     blocks = searcher.current.blocks
@@ -80,7 +83,16 @@ def plain_recall(emb: np.ndarray, searcher, questions, ks, encode) -> dict:
         batch = questions[i : i + 256]
         top = torch.topk(encode([q.question for q in batch]) @ matrix.T, max(ks), dim=1).indices.numpy()
         hits.extend([has_answer(blocks.record(int(r))["text"], qq.answers) for r in row] for qq, row in zip(batch, top))
-    return recall_at_k(hits, ks)
+    return hits
+
+
+def paired(default: list[list[bool]], plain: list[list[bool]], k: int) -> dict:
+    """Questions answered within the top k by one system only, and the two-sided sign test."""
+    a = sum(any(d[:k]) and not any(p[:k]) for d, p in zip(default, plain))
+    b = sum(any(p[:k]) and not any(d[:k]) for d, p in zip(default, plain))
+    n, tail = a + b, min(a, b)
+    p_value = min(1.0, 2 * sum(math.comb(n, i) for i in range(tail + 1)) / 2**n) if n else 1.0
+    return {"default_only": a, "plain_only": b, "sign_test_p": round(p_value, 4)}
 
 
 def main() -> None:
@@ -95,6 +107,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from ralm.data.qa import read_questions
+    from ralm.eval.metrics import recall_at_k
     from ralm.eval.retrieval import evaluate_retrieval
     from ralm.retrieval.build import build_index
     from ralm.retrieval.loading import default_model_path
@@ -117,7 +130,7 @@ def main() -> None:
         searcher = Searcher.open(index, dtype=dtype)
         result["blocks"] = len(searcher)
         for name, qs in question_sets.items():
-            r = evaluate_retrieval(searcher, qs, ks, show_progress=True)
+            r = evaluate_retrieval(searcher, qs, ks, show_progress=True, predictions=work / f"default_{dtype}-{name}")
             result[f"default_{dtype}/{name}"] = {k: v for k, v in r.items() if k.startswith("recall") or k in ("questions", "seconds")}
             print(json.dumps({f"default_{dtype}/{name}": result[f"default_{dtype}/{name}"]}), flush=True)
     if not args.no_plain and searcher is not None:
@@ -126,8 +139,13 @@ def main() -> None:
         emb = plain_embeddings(searcher, work, encode)
         result["plain_embed_seconds"] = round(time.perf_counter() - t, 1)
         for name, qs in question_sets.items():
-            result[f"plain/{name}"] = plain_recall(emb, searcher, qs, ks, encode)
-            print(json.dumps({f"plain/{name}": result[f"plain/{name}"]}), flush=True)
+            hits = plain_hits(emb, searcher, qs, ks, encode)
+            result[f"plain/{name}"] = recall_at_k(hits, ks)
+            for dtype in args.dtypes.split(","):  # the default's top 20 per question, from its predictions
+                rows = [json.loads(line) for line in (work / f"default_{dtype}-{name}").read_text(encoding="utf-8").splitlines()]
+                default = [[r["has_answer"] for r in row["retrieved"]] for row in rows]
+                result[f"paired_{dtype}/{name}"] = {f"@{k}": paired(default, hits, k) for k in ks if k <= 20}
+            print(json.dumps({key: v for key, v in result.items() if key.endswith(f"/{name}") and not key.startswith("default")}), flush=True)
     (work / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
