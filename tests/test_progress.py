@@ -3,7 +3,7 @@
 import pytest
 
 from ralm.errors import RalmError
-from ralm.progress import progress_bar, track
+from ralm.progress import library_bars_enabled, progress_bar, track
 
 
 def test_a_log_file_gets_progress_lines_while_the_job_runs(capsys, monkeypatch):
@@ -21,6 +21,18 @@ def test_progress_is_silenced_by_the_environment(capsys, monkeypatch):
     monkeypatch.setenv("RALM_NO_PROGRESS", "1")
     assert list(track(range(3), 3, "embedding")) == [0, 1, 2]
     assert capsys.readouterr().err == ""
+
+
+def test_library_bars_stay_out_of_log_files(capsys, monkeypatch):
+    import sys
+
+    from ralm.retrieval.bm25 import BM25Index
+
+    monkeypatch.setenv("RALM_NO_PROGRESS", "0")
+    BM25Index.build(["the cat sat", "a dog ran"])  # bm25s draws tqdm bars where allowed
+    assert capsys.readouterr().err == ""  # stderr is captured here, as in a log file
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert library_bars_enabled() and not library_bars_enabled(False)
 
 
 def test_lines_are_rate_limited(capsys, monkeypatch):

@@ -29,6 +29,12 @@ def progress_enabled(enabled: bool = True) -> bool:
     return enabled and os.environ.get("RALM_NO_PROGRESS", "") in ("", "0")
 
 
+def library_bars_enabled(enabled: bool = True) -> bool:
+    """Whether a library's own (tqdm) bars may draw: only on a terminal, since in a log file
+    they are carriage-return frames, one line of hundreds of updates."""
+    return progress_enabled(enabled) and sys.stderr.isatty()
+
+
 class LogProgress(Progress):
     """A Progress for a non-terminal console: every `interval` seconds of advances or updates,
     the tasks' lines (the same columns as the bar) are printed once."""

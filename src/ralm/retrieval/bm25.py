@@ -15,7 +15,7 @@ import numpy as np
 
 from ralm.atomic import read_json, write_json
 from ralm.errors import RalmError
-from ralm.progress import progress_enabled
+from ralm.progress import library_bars_enabled
 from ralm.retrieval.exact import check_k
 
 STATS = "ralm.json"  # beside bm25s's files: what bm25s does not save (the average length)
@@ -38,7 +38,7 @@ class BM25Index:
         """Pyserini's defaults (k1=0.9, b=0.4), which are strong for passage retrieval."""
         import bm25s
 
-        show_progress = progress_enabled(show_progress)  # bm25s draws its own (tqdm) bars
+        show_progress = library_bars_enabled(show_progress)  # bm25s draws its own (tqdm) bars
         tokens = _tokens(texts, show_progress)
         model = bm25s.BM25(k1=k1, b=b)
         model.index(tokens, show_progress=show_progress)
