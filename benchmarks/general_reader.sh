@@ -91,10 +91,9 @@ for leg in 1 2 3; do
   init=(--init "$W/leg$leg-packed")
 done
 
-[ -f "$W/dev-corpus.jsonl" ] || cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
-[ -f "$W/dev-dense/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-dense" "${OPT[@]}" --json
-if [ "$OPEN_STEPS" -gt 0 ]; then
-  ralm finetune --questions "$DATA/squad_train.jsonl" --index "$W/dev-dense" "${init[@]}" --out "$W/open" \
+if [ "$OPEN_STEPS" -gt 0 ]; then  # over the training articles' corpus only
+  [ -f "$W/squad-dense/LATEST" ] || ralm index build "$DATA/squad_corpus.jsonl" --out "$W/squad-dense" "${OPT[@]}" --json
+  ralm finetune --questions "$DATA/squad_train.jsonl" --index "$W/squad-dense" "${init[@]}" --out "$W/open" \
     --freeze-retriever -k 5 --steps "$OPEN_STEPS" --batch-size "$BATCH" --lr 3e-5 --warmup 30 --max-len 384 \
     --save-every 50 "${OPT[@]}" --json
   [ -d "$W/open-packed" ] || pack "$W/open/final/reader" "$W/open-packed"
@@ -103,6 +102,8 @@ fi
 rm -rf "$W/reader" && cp -r "${init[1]}" "$W/reader"
 
 # calibrate on one half of the official-dev questions, measure on the other (reading defaults)
+[ -f "$W/dev-corpus.jsonl" ] || cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
+[ -f "$W/dev-dense/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-dense" "${OPT[@]}" --json
 [ -f "$W/dev-bm25/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-bm25" --retriever bm25 --json
 awk 'NR % 2 == 1' "$DATA/squad_dev_official.jsonl" > "$W/calibration.jsonl"
 awk 'NR % 2 == 0' "$DATA/squad_dev_official.jsonl" > "$W/heldout.jsonl"
