@@ -66,7 +66,7 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     question_sets = {Path(q).name: read_questions(q) for q in args.questions}
-    gold = {json.loads(line).get("doc_id") for q in args.questions for line in Path(q).read_text(encoding="utf-8").splitlines()}
+    gold = {q.extra.get("doc_id") for qs in question_sets.values() for q in qs}
     corpus = work / "corpus.jsonl"
     if not corpus.is_file():
         subset(args.corpus, gold, args.distractors, corpus)

@@ -199,8 +199,8 @@ class Retriever(nn.Module):
         `None` or "default" gives the offline default MiniLM. For a plain HF model, pooling
         follows its sentence-transformers config when present (mean for MiniLM), else [CLS].
         `dim` None keeps the encoder's own vectors (an untrained retriever then searches as its
-        encoder does, over `[CLS] title [SEP] body [SEP]` blocks); an int adds a fresh projection to that size (REALM's 128),
-        PCA-initialised by `ralm index build` or a trainer.
+        encoder does, over `[CLS] title [SEP] body [SEP]` blocks); an int adds a fresh projection
+        to that size (REALM's 128), PCA-initialised by `ralm index build` or a trainer.
         """
         path = default_model_path() if name_or_path in (None, "", "default") else str(name_or_path)
         if is_retriever_dir(path):
