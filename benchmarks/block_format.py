@@ -60,8 +60,8 @@ def main() -> None:
     from ralm.data.blocks import ensure_block_store
     from ralm.data.qa import has_answer, read_questions
     from ralm.eval.metrics import recall_at_k
-    from ralm.retrieval.encoders import Retriever
-    from ralm.retrieval.encoding import encode_rows
+    from ralm.retrieval.towers.encoders import Retriever
+    from ralm.retrieval.towers.encoding import encode_rows
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -183,7 +183,7 @@ def stage_ralm(work: Path) -> dict:
     from ralm.convert.hf_realm import convert_hf_realm
     from ralm.models.reader import Reader, ReaderBatch, best_spans, valid_spans
     from ralm.models.realm import KnowledgeAugmentedEncoder, marginal_nll, masked_token_log_probs
-    from ralm.retrieval.encoders import Retriever
+    from ralm.retrieval.towers.encoders import Retriever
 
     torch.set_grad_enabled(False)
     x = {k: torch.from_numpy(v) for k, v in np.load(work / "inputs.npz", allow_pickle=False).items()}
@@ -285,7 +285,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.stage == "all":
         if args.vocab is None:
-            from ralm.retrieval.loading import default_model_path
+            from ralm.retrieval.towers.loading import default_model_path
 
             args.vocab = Path(default_model_path()) / "vocab.txt"
         subprocess.run([args.hf_python, __file__, "--stage", "hf", "--work", str(args.work), "--vocab", str(args.vocab),

@@ -25,8 +25,8 @@ from ralm.data.chunks import read_lm_documents, tokenize_text
 from ralm.eval.perplexity import knnlm_eval, retro_perplexity
 from ralm.models.lm import load_lm
 from ralm.models.retro import load_retro
-from ralm.retrieval.chunkdb import ChunkDB, text_neighbours
-from ralm.retrieval.datastore import Datastore
+from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
+from ralm.retrieval.lm.datastore import Datastore
 
 WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2-raw"
 

@@ -8,7 +8,7 @@ Each engine runs in its own process on the same seeded vectors: numpy's OpenBLAS
 torch's thread pools each keep their threads busy-waiting after a call, so on a small CPU the
 engine timed after another one runs up to 1.5x slower (measured here, either order).
 
-On CPU the bf16 index shortlists in bf16 and rescores in fp32 (ralm.retrieval.exact), so its ids
+On CPU the bf16 index shortlists in bf16 and rescores in fp32 (ralm.retrieval.backends.exact), so its ids
 should equal faiss's; on CUDA the matrix is bf16 and ids may differ only within bf16 ties.
 """
 
@@ -42,7 +42,7 @@ def time_engine(args) -> None:
         index.add(emb)
         search, sync = index.search, (lambda: None)
     else:
-        from ralm.retrieval.exact import ExactIndex
+        from ralm.retrieval.backends.exact import ExactIndex
         from ralm.runtime import resolve_device
 
         device = resolve_device(args.device)

@@ -33,7 +33,7 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
     from ralm.models.reader import NEG, top_spans, valid_spans
     from ralm.pipeline import N_BEST
     from ralm.progress import track
-    from ralm.retrieval.hybrid import fuse
+    from ralm.retrieval.search.hybrid import fuse
     from ralm.runtime import autocast
 
     hs, reader = qa.searcher, qa.reader
@@ -65,7 +65,7 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
     """EM, F1 (percent) of `pick_answer` over the dump, reading the top k of `system`."""
     from ralm.eval.metrics import exact_match, f1
     from ralm.pipeline import pick_answer
-    from ralm.retrieval.hybrid import fuse
+    from ralm.retrieval.search.hybrid import fuse
 
     em = f1_sum = 0.0
     for d in data:

@@ -16,9 +16,9 @@ import torch
 
 from ralm.data.masking import MaskingConfig, corpus_sentences, masked_batch
 from ralm.models.realm import RealmConfig, block_holds_span, select_candidates, trivial_margin
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import encode_rows, pad_rows
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import encode_rows, pad_rows
+from ralm.retrieval.index.store import IndexDir
 
 
 def main() -> None:

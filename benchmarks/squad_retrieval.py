@@ -41,7 +41,7 @@ def plain_encoder(path: str):
     """texts -> [N, H] unit vectors from the plain HF model: mean pooling, normalised, 256 wordpieces."""
     from transformers import AutoModel, AutoTokenizer
 
-    from ralm.retrieval.encoders import pool
+    from ralm.retrieval.towers.encoders import pool
 
     tok, model = AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
@@ -109,9 +109,9 @@ def main() -> None:
     from ralm.data.qa import read_questions
     from ralm.eval.metrics import recall_at_k
     from ralm.eval.retrieval import evaluate_retrieval
-    from ralm.retrieval.build import build_index
-    from ralm.retrieval.loading import default_model_path
-    from ralm.retrieval.searcher import Searcher
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.towers.loading import default_model_path
+    from ralm.retrieval.search.searcher import Searcher
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ def make_tiny_bert(path: Path, seed: int = 0, arch: str = "bert") -> Path:
     MiniLM tokenizer as an HF directory."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from ralm.retrieval.loading import default_model_path
+    from ralm.retrieval.towers.loading import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     cfg = AutoConfig.for_model(arch, vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
@@ -63,7 +63,7 @@ def corpus_file(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dense_index(tmp_path_factory, tiny_bert) -> Path:
     """A dense index over DOCS built with the tiny BERT (dim 16, PCA-initialised projection)."""
-    from ralm.retrieval.build import build_index
+    from ralm.retrieval.index.build import build_index
 
     root = tmp_path_factory.mktemp("idx")
     corpus = root / "corpus.jsonl"

@@ -18,7 +18,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 @pytest.fixture
 def server(tmp_path, tiny_bert):
     from ralm.models.reader import Reader
-    from ralm.retrieval.build import build_index
+    from ralm.retrieval.index.build import build_index
     from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 

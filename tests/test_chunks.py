@@ -108,7 +108,7 @@ def _corpus(tmp_path):
 
 
 def test_chunk_db_keys_are_frozen_mean_pooled_bert(tmp_path, tiny_bert):
-    from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db, load_chunk_encoder
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, load_chunk_encoder
 
     db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False,
                                 dtype=torch.float32))  # the maths against an fp32 forward pass
@@ -122,7 +122,7 @@ def test_chunk_db_keys_are_frozen_mean_pooled_bert(tmp_path, tiny_bert):
 
 
 def test_chunk_db_search_excludes_same_document_like_brute_force(tmp_path, tiny_bert):
-    from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db
 
     db = ChunkDB(build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False,
                                 dtype=torch.float32))  # the maths against an fp32 forward pass
@@ -140,7 +140,7 @@ def test_chunk_db_values_never_run_into_the_next_document(tmp_path, tiny_bert):
     """Every DB value continues the document of its chunk's last token (the continuation ends
     with that document's [SEP]); a DB built before doc_starts.npy existed finds the same
     boundaries from the [SEP]s."""
-    from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db
 
     path = build_chunk_db(_corpus(tmp_path), tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False)
     db = ChunkDB(path)
@@ -164,7 +164,7 @@ def test_chunk_db_values_never_run_into_the_next_document(tmp_path, tiny_bert):
 
 
 def test_chunk_db_build_is_atomic_and_resumes(tmp_path, tiny_bert, monkeypatch):
-    import ralm.retrieval.chunkdb as chunkdb
+    import ralm.retrieval.lm.chunkdb as chunkdb
 
     corpus = _corpus(tmp_path)
     clean = chunkdb.ChunkDB(chunkdb.build_chunk_db(corpus, tmp_path / "clean", model=str(tiny_bert), chunk_len=4,
@@ -196,7 +196,7 @@ def test_chunk_db_build_is_atomic_and_resumes(tmp_path, tiny_bert, monkeypatch):
 
 
 def test_text_neighbours_are_computed_once(tmp_path, tiny_bert, monkeypatch):
-    from ralm.retrieval.chunkdb import ChunkDB, build_chunk_db, text_neighbours
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
 
     corpus = _corpus(tmp_path)
     db = ChunkDB(build_chunk_db(corpus, tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False))

@@ -99,7 +99,7 @@ def test_dpr_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, 
 
 
 def test_finetune_on_two_ranks_equals_one_process_with_the_doubled_batch(still_bert, corpus_file, tmp_path):
-    from ralm.retrieval.build import build_index
+    from ralm.retrieval.index.build import build_index
     from ralm.train.finetune import FinetuneConfig
 
     from test_finetune import QUESTIONS

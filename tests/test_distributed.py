@@ -49,8 +49,8 @@ def test_shard_ranges_cover_every_row_once():
 
 
 def _build_and_search(rank, corpus, index_dir, model, out_file):
-    from ralm.retrieval.build import build_index
-    from ralm.retrieval.searcher import Searcher
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.search.searcher import Searcher
 
     build_index(corpus, index_dir, model=model, dim=16, show_progress=False, piece_rows=3, dtype="fp32")
     searcher = Searcher.open(index_dir, dtype="fp32")
@@ -68,9 +68,9 @@ def corpus(tmp_path):
 
 
 def test_sharded_build_equals_one_process_and_sharded_search_equals_exact(tmp_path, corpus, tiny_bert):
-    from ralm.retrieval.build import build_index
-    from ralm.retrieval.searcher import Searcher
-    from ralm.retrieval.store import IndexDir
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.search.searcher import Searcher
+    from ralm.retrieval.index.store import IndexDir
 
     # one process first; its retriever (PCA projection) is then used by both builds
     # fp32: bf16 rounding depends on how rows are batched, which differs between the layouts
@@ -91,9 +91,9 @@ def test_sharded_build_equals_one_process_and_sharded_search_equals_exact(tmp_pa
 
 
 def test_a_restarted_build_encodes_only_missing_pieces(tmp_path, corpus, tiny_bert, monkeypatch):
-    from ralm.retrieval import sharded
-    from ralm.retrieval.build import build_index
-    from ralm.retrieval.encoders import Retriever
+    from ralm.retrieval.backends import sharded
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.towers.encoders import Retriever
 
     r = Retriever.from_pretrained(tiny_bert, dim=16)
     r.cfg.projection_ready = True

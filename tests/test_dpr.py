@@ -12,9 +12,9 @@ import torch
 from ralm.data.qa import has_answer, read_questions
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
-from ralm.retrieval.build import build_index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.search.searcher import Searcher
 from ralm.train.dpr import DPRConfig, mine, train_dpr
 from ralm.train.parallel import in_batch_contrastive
 

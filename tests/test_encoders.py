@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import SCORE_SCALE, Retriever, is_retriever_dir, pool
-from ralm.retrieval.encoding import encode_rows, length_sorted_batches
-from ralm.retrieval.projection import init_projection_pca
+from ralm.retrieval.towers.encoders import SCORE_SCALE, Retriever, is_retriever_dir, pool
+from ralm.retrieval.towers.encoding import encode_rows, length_sorted_batches
+from ralm.retrieval.towers.projection import init_projection_pca
 
 
 def test_mean_pooling_ignores_padding():
@@ -81,7 +81,7 @@ def test_sentence_transformers_pooling_is_honoured(tiny_bert, tmp_path):
     r = Retriever.from_pretrained(st, dim=None)
     assert (r.cfg.pooling, r.cfg.normalize) == ("mean", True)
     assert Retriever.from_pretrained(tiny_bert, dim=None).cfg.pooling == "cls"
-    from ralm.retrieval.encoders import SCORE_SCALE
+    from ralm.retrieval.towers.encoders import SCORE_SCALE
 
     v = r.encode_queries(["hello world"], dtype="fp32")
     ids = r.tokenize_queries(["hello world"])

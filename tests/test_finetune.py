@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from ralm.errors import RalmError
 from ralm.models.reader import Reader
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.search.searcher import Searcher
 from ralm.train.finetune import FinetuneConfig, finetune, resolve_init
 
 QUESTIONS = [
@@ -72,7 +72,7 @@ def test_resume_reproduces_an_uninterrupted_run(questions_file, tiny_dense_index
 
 
 def test_bm25_index_trains_the_reader_only(questions_file, tiny_bert, corpus_file, tmp_path):
-    from ralm.retrieval.build import build_index
+    from ralm.retrieval.index.build import build_index
 
     build_index(corpus_file, tmp_path / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
     summary = finetune(_cfg(questions_file, tmp_path / "bm25", tiny_bert, steps=2), tmp_path / "run", show_progress=False)

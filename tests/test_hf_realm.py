@@ -16,7 +16,7 @@ from ralm.convert.hf_realm import convert_hf_realm
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, ReaderConfig, valid_spans
 from ralm.models.realm import KnowledgeAugmentedEncoder
-from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.towers.encoders import Retriever
 
 H, D, S, W, V = 16, 8, 6, 3, 30522  # hidden, projection, span hidden, span width, vocabulary
 CONFIG = dict(model_type="realm", vocab_size=V, hidden_size=H, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -120,7 +120,7 @@ def test_blocks_are_encoded_as_realm_tokenizer_pairs(tiny_bert, tmp_path, gen):
     encoding; with segment id 0 throughout they would not."""
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
-    from ralm.retrieval.encoding import pad_rows
+    from ralm.retrieval.towers.encoding import pad_rows
 
     state = embedder("embedder.", gen) | embedder("query_embedder.", gen)
     convert_hf_realm(write_dir(tmp_path / "scorer", "RealmScorer", state, tiny_bert), tmp_path / "run")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ralm.errors import RalmError
-from ralm.retrieval.build import build_index
-from ralm.retrieval.hybrid import HybridSearcher, fuse, minmax
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.search.hybrid import HybridSearcher, fuse, minmax
+from ralm.retrieval.search.searcher import Searcher
 from conftest import DOCS
 
 

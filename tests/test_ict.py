@@ -11,7 +11,7 @@ import torch
 from ralm.distributed import DistEnv
 from ralm.data.masking import corpus_sentences
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.towers.encoders import Retriever
 from ralm.train.ict import IctConfig, ict_pair, train_ict
 from ralm.train.parallel import in_batch_contrastive
 

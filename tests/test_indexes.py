@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from ralm.errors import RalmError
-from ralm.retrieval.bm25 import BM25Index
-from ralm.retrieval.exact import ExactIndex, merge_topk
-from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.backends.bm25 import BM25Index
+from ralm.retrieval.backends.exact import ExactIndex, merge_topk
+from ralm.retrieval.backends.faiss_index import FaissIndex
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_bm25_query_without_known_terms_scores_zero():
 
 @pytest.mark.parametrize("n, k, group", [(5000, 8, 16), (4099, 3, 64), (100, 8, 64), (70_000, 20, 32)])
 def test_grouped_topk_equals_full_topk(n, k, group):
-    from ralm.retrieval.exact import grouped_topk
+    from ralm.retrieval.backends.exact import grouped_topk
 
     scores = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
     ref = torch.topk(scores, min(k, n), dim=1)
@@ -107,7 +107,7 @@ def test_grouped_topk_equals_full_topk(n, k, group):
 
 
 def test_grouped_topk_when_the_top_k_share_one_group():
-    from ralm.retrieval.exact import grouped_topk
+    from ralm.retrieval.backends.exact import grouped_topk
 
     scores = torch.zeros(1, 4096)
     scores[0, 100:108] = torch.arange(8, 0, -1).float()  # all eight winners in one group of 64
@@ -131,7 +131,7 @@ def test_bf16_matrix_search_matches_fp32_except_near_ties(data):
 
 def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     """Parity: scored with the index's statistics, a text gets the score bm25s gives it as a block of the index."""
-    from ralm.retrieval.bm25 import LiveBM25
+    from ralm.retrieval.backends.bm25 import LiveBM25
 
     texts = ["the cat sat on the mat", "dogs chase cars in the street", "a zebra named Quagga lives here with a zebra",
              "stocks fell sharply", "the cat and the dog"]

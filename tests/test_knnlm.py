@@ -13,7 +13,7 @@ from ralm.data.chunks import TokenStream
 from ralm.errors import RalmError
 from ralm.models.knnlm import build_datastore, interpolate, knn_distribution, knn_target_prob
 from ralm.models.lm import LMConfig, TransformerLM
-from ralm.retrieval.datastore import Datastore, auto_faiss_spec
+from ralm.retrieval.lm.datastore import Datastore, auto_faiss_spec
 
 
 def test_knn_interpolation_matches_hand_computation():
@@ -89,7 +89,7 @@ def test_datastore_keys_are_hidden_states_and_values_next_tokens(tmp_path, tiny_
 
 def test_datastore_build_is_atomic_and_resumes(tmp_path, tiny_lm, monkeypatch):
     import ralm.models.knnlm as knnlm
-    import ralm.retrieval.datastore as datastore
+    import ralm.retrieval.lm.datastore as datastore
 
     model, path = tiny_lm
     stream = _stream(90)

@@ -19,10 +19,10 @@ from ralm.eval.openqa import evaluate_qa
 from ralm.data.qa import normalize_answer
 from ralm.models.reader import Reader, default_reader_path, is_reader_dir, valid_spans, write_calibration
 from ralm.pipeline import OpenQA, open_searcher, pick_answer, resolve_reader
-from ralm.retrieval.build import build_index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.searcher import Searcher
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.store import IndexDir
 
 QUESTIONS = [
     Question("q1", "What is the capital of France?", ("Paris",)),

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ralm.cli import app
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder
-from ralm.retrieval.encoders import Retriever
+from ralm.retrieval.towers.encoders import Retriever
 from ralm.train.pretrain import PretrainConfig, pretrain
 
 
@@ -100,7 +100,7 @@ def test_cli_pretrain_resume_message_and_errors(tiny_bert, corpus_file, tmp_path
 
 
 def test_starting_from_an_existing_index(tiny_bert, tiny_dense_index, corpus_file, tmp_path):
-    from ralm.retrieval.store import IndexDir
+    from ralm.retrieval.index.store import IndexDir
 
     run = tmp_path / "run"
     pretrain(_cfg(corpus_file, tiny_bert, steps=1, refresh="none", index=str(tiny_dense_index)), run, torch.device("cpu"),
@@ -117,7 +117,7 @@ def test_starting_from_an_existing_index(tiny_bert, tiny_dense_index, corpus_fil
 
 
 def test_retriever_warmup_trains_the_encoder_alone_first(tiny_bert, corpus_file, tmp_path):
-    from ralm.retrieval.store import IndexDir
+    from ralm.retrieval.index.store import IndexDir
 
     def weights(path) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in Retriever.from_pretrained(path).state_dict().items()}

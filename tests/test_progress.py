@@ -26,7 +26,7 @@ def test_progress_is_silenced_by_the_environment(capsys, monkeypatch):
 def test_library_bars_stay_out_of_log_files(capsys, monkeypatch):
     import sys
 
-    from ralm.retrieval.bm25 import BM25Index
+    from ralm.retrieval.backends.bm25 import BM25Index
 
     monkeypatch.setenv("RALM_NO_PROGRESS", "0")
     BM25Index.build(["the cat sat", "a dog ran"])  # bm25s draws tqdm bars where allowed

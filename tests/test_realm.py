@@ -22,9 +22,9 @@ from ralm.models.realm import (
     select_candidates,
     span_in_top_block,
 )
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.searcher import load_version
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.search.searcher import load_version
+from ralm.retrieval.index.store import IndexDir
 
 
 @pytest.fixture
@@ -240,7 +240,7 @@ def test_length_buckets_change_no_number(realm, monkeypatch):
     import functools
 
     import ralm.models.realm as realm_module
-    from ralm.retrieval.encoding import by_length
+    from ralm.retrieval.towers.encoding import by_length
 
     model, version = realm
     examples = _examples(model, version)
@@ -261,7 +261,7 @@ def test_length_buckets_change_no_number(realm, monkeypatch):
 
 
 def test_by_length_returns_results_in_input_order():
-    from ralm.retrieval.encoding import by_length
+    from ralm.retrieval.towers.encoding import by_length
 
     lengths = [5, 1, 4, 1, 3]
     calls = []

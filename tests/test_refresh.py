@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from ralm.retrieval.build import embed_blocks
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.refresh import Snapshots, publish_embeddings
-from ralm.retrieval.searcher import Searcher
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.build import embed_blocks
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.index.refresh import Snapshots, publish_embeddings
+from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.store import IndexDir
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
     assert snaps.latest()[0] == 7 and len(list(snaps.root.glob("step-*"))) == 2
     searcher = Searcher(index, None, check_model=False)
     before = searcher.current.name
-    proc = subprocess.run([sys.executable, "-m", "ralm.retrieval.refresh", "--index", str(index.root), "--snapshots",
+    proc = subprocess.run([sys.executable, "-m", "ralm.retrieval.index.refresh", "--index", str(index.root), "--snapshots",
                            str(snaps.root), "--max-versions", "1", "--poll", "0.1"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert searcher.refresh() and searcher.current.name != before
@@ -73,10 +73,10 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
-    import ralm.retrieval.build as build
-    from ralm.retrieval.encoders import Retriever
-    from ralm.retrieval.refresh import publish_embeddings
-    from ralm.retrieval.store import IndexDir
+    import ralm.retrieval.index.build as build
+    from ralm.retrieval.towers.encoders import Retriever
+    from ralm.retrieval.index.refresh import publish_embeddings
+    from ralm.retrieval.index.store import IndexDir
 
     real = build.encode_rows
     def slow(encode, rows, lengths, out, batch_size, *args, **kwargs):  # one block at a time with a pause

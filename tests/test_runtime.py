@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import encode_rows
-from ralm.retrieval.exact import ExactIndex
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import encode_rows
+from ralm.retrieval.backends.exact import ExactIndex
 from ralm.runtime import autocast, cpu_has_bf16, resolve_dtype
 
 CPU = torch.device("cpu")

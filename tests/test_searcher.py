@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from ralm.errors import RalmError
-from ralm.retrieval.build import build_index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.searcher import Searcher
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.store import IndexDir
 
 from conftest import DOCS
 
@@ -108,8 +108,8 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     import torch
 
     from ralm.data.blocks import BlockConfig, ensure_block_store
-    from ralm.retrieval.build import embed_blocks
-    from ralm.retrieval.projection import init_projection
+    from ralm.retrieval.index.build import embed_blocks
+    from ralm.retrieval.towers.projection import init_projection
 
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
     corpus = tmp_path / "c.jsonl"

@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.build import build_index
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.index.store import IndexDir
 from ralm.serve.app import create_app
 from ralm.serve.service import ServeConfig, Service
 
@@ -266,8 +266,8 @@ def test_hybrid_matches_live_documents_by_id_not_by_row(dirs):
 def test_hybrid_is_one_implementation_for_the_server_and_the_cli(dirs):
     """The server's hybrid is HybridSearcher over its live searchers: with no live documents it
     ranks and scores exactly as `ralm search/ask --hybrid` (dense scores computed exactly)."""
-    from ralm.retrieval.hybrid import HybridSearcher
-    from ralm.retrieval.searcher import Searcher
+    from ralm.retrieval.search.hybrid import HybridSearcher
+    from ralm.retrieval.search.searcher import Searcher
 
     root, _ = dirs
     svc = service(dirs, hybrid_depth=2)
@@ -373,7 +373,7 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
 
 def test_a_bm25_index_without_its_average_length_measures_it(dirs, caplog):
     """BM25 indexes built by ralm 0.2.0 lack ralm.json; on a small corpus the measure is exact."""
-    from ralm.retrieval.bm25 import STATS
+    from ralm.retrieval.backends.bm25 import STATS
 
     root, _ = dirs
     doc = Document(NEW["id"], NEW["title"], NEW["text"])

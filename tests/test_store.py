@@ -12,7 +12,7 @@ import pytest
 
 from ralm.atomic import atomic_path, remove_stale_temps, temp_dir, write_json
 from ralm.errors import RalmError
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.store import IndexDir
 
 
 def _write_version(value: float, n: int = 1000):

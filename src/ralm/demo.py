@@ -18,8 +18,8 @@ from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import Answer, OpenQA
-from ralm.retrieval.build import build_index
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.index.store import IndexDir
 
 
 def demo_file(name: str) -> Path:

@@ -28,10 +28,10 @@ from ralm.defaults import HYBRID_ALPHA, READ_K
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE, Calibration
 from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans, valid_spans
-from ralm.retrieval.encoders import Retriever, is_retriever_dir
-from ralm.retrieval.hybrid import HybridSearcher
-from ralm.retrieval.searcher import Searcher
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.search.hybrid import HybridSearcher
+from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model
 from ralm.runtime import autocast, resolve_dtype
 

@@ -33,7 +33,7 @@ def index_build(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Split a corpus into REALM blocks and index them (dense embeddings or BM25)."""
-    from ralm.retrieval.build import build_index
+    from ralm.retrieval.index.build import build_index
 
     quiet_libraries()
     start = time.perf_counter()
@@ -58,7 +58,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text}]"),
 ):
     """Search an index with a free-text query."""
-    from ralm.retrieval.searcher import Searcher
+    from ralm.retrieval.search.searcher import Searcher
 
     quiet_libraries()
     positive("-k", k)
@@ -88,7 +88,7 @@ def eval_retrieval(
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions
     from ralm.eval.retrieval import evaluate_retrieval
-    from ralm.retrieval.searcher import Searcher
+    from ralm.retrieval.search.searcher import Searcher
 
     quiet_libraries()
     try:

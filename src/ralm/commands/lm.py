@@ -59,7 +59,7 @@ def retro_build_db(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
-    from ralm.retrieval.chunkdb import build_chunk_db, chunk_db_summary
+    from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
 
     quiet_libraries()
     dev, dt = runtime(device, dtype)
@@ -88,7 +88,7 @@ def retro_eval(
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import retro_perplexity
     from ralm.models.retro import load_retro
-    from ralm.retrieval.chunkdb import ChunkDB
+    from ralm.retrieval.lm.chunkdb import ChunkDB
 
     quiet_libraries()
     dev, dt = runtime(device, dtype)
@@ -116,7 +116,7 @@ def retro_generate(
     import torch
 
     from ralm.models.retro import generate, load_retro
-    from ralm.retrieval.chunkdb import ChunkDB
+    from ralm.retrieval.lm.chunkdb import ChunkDB
 
     quiet_libraries()
     dev = torch_device(device)
@@ -151,7 +151,7 @@ def knnlm_build(
     from ralm.data.chunks import tokenize_text
     from ralm.models.knnlm import build_datastore
     from ralm.models.lm import load_lm
-    from ralm.retrieval.datastore import datastore_summary
+    from ralm.retrieval.lm.datastore import datastore_summary
 
     quiet_libraries()
     start = time.perf_counter()
@@ -186,7 +186,7 @@ def knnlm_eval_cmd(
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import knnlm_eval
     from ralm.models.lm import load_lm
-    from ralm.retrieval.datastore import Datastore
+    from ralm.retrieval.lm.datastore import Datastore
 
     quiet_libraries()
     try:

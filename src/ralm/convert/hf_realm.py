@@ -245,7 +245,7 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: st
 # -- building our modules ----------------------------------------------------------------------
 
 def _bert(config: dict):
-    from ralm.retrieval.loading import bert_from_config
+    from ralm.retrieval.towers.loading import bert_from_config
 
     return bert_from_config(bert_config(config))
 
@@ -254,7 +254,7 @@ def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, query_prefix: str, doc_p
                     doc: HfRealmCheckpoint | None = None):
     """Retriever from one or two RealmEmbedders in `ckpt` (`doc_prefix` None: the document tower
     comes from `doc`, another embedder checkpoint, or else is a copy of the query tower)."""
-    from ralm.retrieval.encoders import Retriever, RetrieverConfig, Tower
+    from ralm.retrieval.towers.encoders import Retriever, RetrieverConfig, Tower
 
     positions = ckpt.config.get("max_position_embeddings", 512)
     cfg = RetrieverConfig(dim=ckpt.config.get("retriever_proj_size", 128), pooling="pooler", proj_layernorm=True,

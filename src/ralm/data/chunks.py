@@ -9,7 +9,7 @@ chunk plus its continuation in its document, tokens[c*m : (c+2)*m] cut at the en
 document of the chunk's last token (with its [SEP]). A chunk belongs to the documents of its
 first and last token, recorded as 64-bit hashes of the document key (article title, else id),
 so that training can exclude neighbours from the query's own document (`exclude_same_document`).
-The database itself (keys, search) is retrieval/chunkdb.py.
+The database itself (keys, search) is retrieval/lm/chunkdb.py.
 
 Dimensions: T tokens, N chunks, m chunk length, Q queries, C candidates, k neighbours.
 """

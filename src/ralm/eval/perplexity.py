@@ -19,8 +19,8 @@ from ralm.errors import RalmError
 from ralm.models.knnlm import interpolate, knn_target_prob, lm_states
 from ralm.models.lm import context
 from ralm.progress import progress_bar
-from ralm.retrieval.chunkdb import text_neighbours
-from ralm.retrieval.datastore import Datastore
+from ralm.retrieval.lm.chunkdb import text_neighbours
+from ralm.retrieval.lm.datastore import Datastore
 from ralm.runtime import autocast, resolve_dtype
 
 

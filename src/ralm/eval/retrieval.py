@@ -13,7 +13,7 @@ from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmWarning
 from ralm.eval.metrics import recall_at_k
 from ralm.progress import progress_bar
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.search.searcher import Searcher
 
 
 def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20, 100),

@@ -2,7 +2,7 @@
 p_kNN is a softmax over the negative squared L2 distances of the k nearest datastore keys to
 the LM's final hidden state for x, summed per value token.
 
-The datastore itself (layout, search) is retrieval/datastore.py.
+The datastore itself (layout, search) is retrieval/lm/datastore.py.
 
 Dimensions: N datastore entries, D LM hidden size, Q queries, K neighbours, V vocabulary.
 """
@@ -19,7 +19,7 @@ import torch
 from ralm.data.chunks import TokenStream, context_windows, window_batches
 from ralm.errors import RalmError
 from ralm.models.lm import context
-from ralm.retrieval.datastore import model_fingerprint, write_datastore
+from ralm.retrieval.lm.datastore import model_fingerprint, write_datastore
 from ralm.runtime import autocast, resolve_dtype
 
 

@@ -30,8 +30,8 @@ from torch import nn
 from ralm.atomic import read_weights, write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
-from ralm.retrieval.encoding import by_length, pad_rows
-from ralm.retrieval.loading import bert_from_config, default_model_path, load_hf_encoder
+from ralm.retrieval.towers.encoding import by_length, pad_rows
+from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder
 
 FORMAT = "ralm.reader/1"
 # Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.

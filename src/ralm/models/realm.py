@@ -28,9 +28,9 @@ from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.masking import MaskedSentence
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import by_length, pad_rows
-from ralm.retrieval.loading import ENCODER_OVERRIDES, default_model_path
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import by_length, pad_rows
+from ralm.retrieval.towers.loading import ENCODER_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
 

@@ -38,7 +38,7 @@ from ralm.atomic import read_json, write_model_dir
 from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
-from ralm.retrieval.chunkdb import read_chunk_db_manifest
+from ralm.retrieval.lm.chunkdb import read_chunk_db_manifest
 from ralm.runtime import full_precision
 
 FORMAT = "ralm.retro/2"

@@ -18,10 +18,10 @@ from ralm.defaults import HYBRID_ALPHA
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
-from ralm.retrieval.hybrid import HybridSearcher
-from ralm.retrieval.live import LiveSearcher
-from ralm.retrieval.searcher import Hit, Searcher
-from ralm.retrieval.update_log import LOG
+from ralm.retrieval.search.hybrid import HybridSearcher
+from ralm.retrieval.search.live import LiveSearcher
+from ralm.retrieval.search.searcher import Hit, Searcher
+from ralm.retrieval.search.update_log import LOG
 from ralm.runtime import resolve_dtype
 
 log = logging.getLogger("ralm.serve")

@@ -26,11 +26,11 @@ from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.build import build_index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import pad_rows
-from ralm.retrieval.projection import init_projection
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.index.build import build_index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import pad_rows
+from ralm.retrieval.towers.projection import init_projection
+from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, start_run

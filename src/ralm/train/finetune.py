@@ -25,8 +25,8 @@ from ralm.data.qa import Question, read_questions
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
-from ralm.retrieval.encoders import is_retriever_dir
-from ralm.retrieval.searcher import Searcher
+from ralm.retrieval.towers.encoders import is_retriever_dir
+from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay

@@ -20,10 +20,10 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import pad_rows
-from ralm.retrieval.projection import init_projection
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import pad_rows
+from ralm.retrieval.towers.projection import init_projection
+from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_constant
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, rank_slice, start_run

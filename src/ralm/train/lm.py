@@ -25,7 +25,7 @@ from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
-from ralm.retrieval.loading import default_model_path
+from ralm.retrieval.towers.loading import default_model_path
 from ralm.runtime import seed_everything
 from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_cosine
 from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
@@ -146,7 +146,7 @@ def train_lm(config: LMTrainConfig, run: str | os.PathLike, device: torch.device
 def train_retro(config: RetroTrainConfig, run: str | os.PathLike, device: torch.device | None = None,
                 show_progress: bool = True, notify: Callable[[str], None] | None = None,
                 on_metrics: Callable[[dict], None] | None = None) -> RetroTrainResult:
-    from ralm.retrieval.chunkdb import ChunkDB, text_neighbours
+    from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
 
     ctx = start_run(run, config, device, show_progress, notify)
     db = ChunkDB(config.db, ctx.device)

@@ -38,7 +38,7 @@ from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
 from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.parallel import global_mean, main_first, rank_batch, start_run

@@ -6,7 +6,7 @@ the document tower and the knowledge-augmented encoder together. Between steps t
 swaps in the newest complete index version:
 
   refresh="async"  every `refresh_every` steps the retriever is handed to a separate builder
-                   process (retrieval.refresh) that re-embeds the corpus; training never waits
+                   process (retrieval.index.refresh) that re-embeds the corpus; training never waits
   refresh="sync"   the trainer itself re-embeds the corpus when its index is `refresh_every`
                    steps stale (tests, tiny corpora); deterministic, so resumes reproduce
   refresh="none"   the starting index is never refreshed (an ablation)
@@ -33,11 +33,11 @@ from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
-from ralm.retrieval.encoders import Retriever, is_retriever_dir
-from ralm.retrieval.projection import init_projection
-from ralm.retrieval.refresh import Snapshots, publish_embeddings, start_refresher
-from ralm.retrieval.searcher import load_version
-from ralm.retrieval.store import IndexDir, embeddings_file
+from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.towers.projection import init_projection
+from ralm.retrieval.index.refresh import Snapshots, publish_embeddings, start_refresher
+from ralm.retrieval.search.searcher import load_version
+from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.rundir import final_dir, find_model
 from ralm.runtime import dtype_name
 from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant

@@ -3,8 +3,8 @@ projection to `dim`. Relevance is the inner product of the two.
 
 Shapes: B batch, L sequence length, H BERT hidden size, D retrieval dim.
 
-Loading Hugging Face encoders is retrieval/loading.py; the PCA start of the projection
-retrieval/projection.py; encoding a corpus retrieval/encoding.py.
+Loading Hugging Face encoders is retrieval/towers/loading.py; the PCA start of the projection
+retrieval/towers/projection.py; encoding a corpus retrieval/towers/encoding.py.
 
 Checkpoint directory (HF-style): config.json (our RetrieverConfig + the BERT config),
 model.safetensors (`query.*`, `doc.*`), and the tokenizer files. While the two towers are
@@ -30,7 +30,7 @@ from torch import nn
 from ralm.atomic import read_json, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
+from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"

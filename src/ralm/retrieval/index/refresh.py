@@ -5,7 +5,7 @@ The trainer hands over its retriever through a snapshot folder:
   SNAPSHOTS/step-000040/   a Retriever checkpoint (Retriever.save_pretrained)
   SNAPSHOTS/LATEST         name of the newest complete snapshot (replaced atomically)
 
-The builder (`python -m ralm.retrieval.refresh --index DIR --snapshots DIR`, a separate OS
+The builder (`python -m ralm.retrieval.index.refresh --index DIR --snapshots DIR`, a separate OS
 process started by the trainer) loops: load the newest snapshot, embed every block, publish a
 version whose manifest records the snapshot's `step` and the build `seconds`. Versions are
 published with IndexDir.publish (a complete folder renamed into place, then LATEST moved), so
@@ -30,9 +30,9 @@ import torch
 from ralm.atomic import write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
-from ralm.retrieval.build import dense_manifest, embed_blocks
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.store import IndexDir, embeddings_file
+from ralm.retrieval.index.build import dense_manifest, embed_blocks
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.runtime import DTYPES, resolve_dtype
 
 
@@ -149,14 +149,14 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, d
 def start_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, log_file: str | os.PathLike,
                     device: str = "cpu", batch_size: int = 64, threads: int = 1, dtype: str = "auto") -> subprocess.Popen:
     """Start the builder as a separate OS process that exits when this one does."""
-    cmd = [sys.executable, "-m", "ralm.retrieval.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
+    cmd = [sys.executable, "-m", "ralm.retrieval.index.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
            "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--dtype", dtype, "--parent-pid", str(os.getpid())]
     with open(log_file, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "RALM_NO_PROGRESS": "1"})
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ralm.retrieval.refresh", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ralm.retrieval.index.refresh", description=__doc__.splitlines()[0])
     p.add_argument("--index", required=True)
     p.add_argument("--snapshots", required=True)
     p.add_argument("--device", default="cpu")

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
-from ralm.retrieval.encoders import Retriever, SCORE_SCALE
-from ralm.retrieval.encoding import encode_rows
+from ralm.retrieval.towers.encoders import Retriever, SCORE_SCALE
+from ralm.retrieval.towers.encoding import encode_rows
 
 
 def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None:

@@ -33,11 +33,11 @@ from ralm.data.corpus import corpus_fingerprint
 from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
-from ralm.retrieval.encoders import Retriever, Tower
-from ralm.retrieval.encoding import encode_rows
-from ralm.retrieval.exact import ExactIndex
-from ralm.retrieval.faiss_index import FaissIndex
-from ralm.retrieval.loading import load_tokenizer
+from ralm.retrieval.towers.encoders import Retriever, Tower
+from ralm.retrieval.towers.encoding import encode_rows
+from ralm.retrieval.backends.exact import ExactIndex
+from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.towers.loading import load_tokenizer
 
 FORMAT = "ralm.chunkdb/1"
 

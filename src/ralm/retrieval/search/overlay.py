@@ -15,8 +15,8 @@ import torch
 
 from ralm.data.blocks import BlockConfig, BlockStore, iter_blocks
 from ralm.data.corpus import Document
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import encode_rows
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import encode_rows
 
 
 @dataclass(frozen=True)

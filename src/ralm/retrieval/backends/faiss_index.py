@@ -9,7 +9,7 @@ import numpy as np
 
 from ralm.atomic import atomic_path
 from ralm.errors import RalmError
-from ralm.retrieval.exact import check_k
+from ralm.retrieval.backends.exact import check_k
 
 
 def _faiss():

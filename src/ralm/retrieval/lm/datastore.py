@@ -24,8 +24,8 @@ import numpy as np
 from ralm.atomic import read_manifest, read_npy
 from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
-from ralm.retrieval.exact import check_k
-from ralm.retrieval.faiss_index import FaissIndex
+from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.backends.faiss_index import FaissIndex
 
 FORMAT = "ralm.knnlm-store/1"
 FLAT_MAX = 1_000_000  # above this many keys the automatic index is IVF-PQ

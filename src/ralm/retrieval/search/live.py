@@ -1,10 +1,10 @@
 """Live knowledge updates: documents added, replaced or deleted while an index is served.
 
-An overlay (retrieval/overlay.py) sits on top of the searcher's current index version:
+An overlay (retrieval/search/overlay.py) sits on top of the searcher's current index version:
   - added documents are split into blocks and embedded with the document tower (dense) or
     scored with the BM25 index's statistics (bm25), and searched beside the main index;
   - replaced and deleted documents hide their main-index blocks (tombstones).
-Every change goes to the update log (retrieval/update_log.py) before it is applied, and the
+Every change goes to the update log (retrieval/search/update_log.py) before it is applied, and the
 log is replayed when the overlay opens, so an acknowledged update survives a crash or restart.
 Rows >= len(main) name overlay blocks; a snapshot (`current`) keeps a search consistent
 across a concurrent update or index swap.
@@ -23,11 +23,11 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.bm25 import LiveBM25, _tokens
-from ralm.retrieval.exact import check_k
-from ralm.retrieval.overlay import Delta, OverlayBlocks, with_adds, without
-from ralm.retrieval.searcher import Hit, LoadedVersion, Searcher, hits
-from ralm.retrieval.update_log import UpdateLog
+from ralm.retrieval.backends.bm25 import LiveBM25, _tokens
+from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
+from ralm.retrieval.search.searcher import Hit, LoadedVersion, Searcher, hits
+from ralm.retrieval.search.update_log import UpdateLog
 
 log = logging.getLogger("ralm.live")
 
@@ -149,7 +149,7 @@ class LiveSearcher:
         if self.searcher.retriever is not None:
             return self.searcher.retriever.tokenizer
         if self._bm25_tokenizer is None:
-            from ralm.retrieval.loading import load_tokenizer
+            from ralm.retrieval.towers.loading import load_tokenizer
 
             self._bm25_tokenizer = load_tokenizer(None)
         return self._bm25_tokenizer

@@ -1,7 +1,7 @@
 """Hybrid retrieval: BM25 and dense scores fused, behind the Searcher's search interface.
 
 Both indexes must cover the same block store (same corpus, tokenizer and block config), so a
-row means the same block in each; live documents (ralm.retrieval.live), which each side
+row means the same block in each; live documents (ralm.retrieval.search.live), which each side
 numbers in its own overlay, are matched by block id. For a query, the union of each side's
 top `depth` rows is scored by both: the dense score exactly (query · the stored embedding),
 the BM25 score from its list, or for a row outside BM25's top `depth`, that list's lowest
@@ -19,8 +19,8 @@ import numpy as np
 
 from ralm.defaults import HYBRID_ALPHA
 from ralm.errors import RalmError
-from ralm.retrieval.exact import check_k
-from ralm.retrieval.searcher import Hit, hits
+from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.search.searcher import Hit, hits
 
 
 def minmax(x: np.ndarray) -> np.ndarray:

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from ralm.atomic import atomic_path
 from ralm.distributed import DistEnv, shard_range
 from ralm.errors import RalmError
-from ralm.retrieval.encoding import encode_rows
-from ralm.retrieval.exact import ExactIndex, check_k, merge_topk
+from ralm.retrieval.towers.encoding import encode_rows
+from ralm.retrieval.backends.exact import ExactIndex, check_k, merge_topk
 
 
 class RowView:

@@ -16,12 +16,12 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
-from ralm.retrieval.bm25 import BM25Index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.exact import ExactIndex, check_k
-from ralm.retrieval.faiss_index import FaissIndex
-from ralm.retrieval.sharded import ShardedExactIndex
-from ralm.retrieval.store import IndexDir
+from ralm.retrieval.backends.bm25 import BM25Index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.backends.exact import ExactIndex, check_k
+from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.backends.sharded import ShardedExactIndex
+from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import resolve_dtype
 
 

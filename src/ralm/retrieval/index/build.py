@@ -19,14 +19,14 @@ from ralm.data.corpus import Document, as_documents
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.progress import track
-from ralm.retrieval.bm25 import BM25Index
-from ralm.retrieval.encoders import Retriever
-from ralm.retrieval.encoding import encode_rows
-from ralm.retrieval.faiss_index import FaissIndex
-from ralm.retrieval.loading import load_tokenizer
-from ralm.retrieval.projection import init_projection
-from ralm.retrieval.sharded import assemble_pieces, encode_pieces
-from ralm.retrieval.store import IndexDir, embeddings_file
+from ralm.retrieval.backends.bm25 import BM25Index
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import encode_rows
+from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.towers.loading import load_tokenizer
+from ralm.retrieval.towers.projection import init_projection
+from ralm.retrieval.backends.sharded import assemble_pieces, encode_pieces
+from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.runtime import dtype_name, resolve_dtype
 
 
@@ -98,7 +98,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", mod
     "text"} dicts or strings), which are saved in the index directory.
     `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
 
-    Under torchrun every rank embeds its share of the blocks (see retrieval/sharded.py). One
+    Under torchrun every rank embeds its share of the blocks (see retrieval/backends/sharded.py). One
     function on purpose: rank 0 creates, every rank embeds, rank 0 publishes, and the barriers
     between those steps read in order only when the steps sit side by side."""
     if kind not in ("dense", "bm25"):

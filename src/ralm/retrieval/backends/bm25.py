@@ -16,7 +16,7 @@ import numpy as np
 from ralm.atomic import read_json, write_json
 from ralm.errors import RalmError
 from ralm.progress import library_bars_enabled
-from ralm.retrieval.exact import check_k
+from ralm.retrieval.backends.exact import check_k
 
 STATS = "ralm.json"  # beside bm25s's files: what bm25s does not save (the average length)
 
