@@ -68,8 +68,20 @@ def tiny_dense_index(tmp_path_factory, tiny_bert) -> Path:
     root = tmp_path_factory.mktemp("idx")
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    build_index(corpus, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(corpus, root / "dense", kind="dense", model=str(tiny_bert), dim=16, show_progress=False)
     return root / "dense"
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_index(tmp_path_factory, tiny_bert) -> Path:
+    """The default kind of index over DOCS: a dense side (tiny BERT, dim 16) and a BM25 side."""
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path_factory.mktemp("hidx")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    build_index(corpus, root / "hybrid", model=str(tiny_bert), dim=16, show_progress=False)
+    return root / "hybrid"
 
 
 @pytest.fixture

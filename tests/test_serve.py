@@ -21,13 +21,15 @@ NEW = {"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar is an archipelag
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_bert):
-    """A dense index, a BM25 index over the same blocks, and a (random) tiny reader."""
+    """The default (hybrid) index, a dense-only and a BM25-only index over the same blocks, and
+    a (random) tiny reader."""
     from ralm.models.reader import Reader
 
     root = tmp_path_factory.mktemp("serve")
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    build_index(corpus, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(corpus, root / "index", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(corpus, root / "dense", kind="dense", model=str(tiny_bert), dim=16, show_progress=False)
     build_index(corpus, root / "bm25", kind="bm25", show_progress=False)
     Reader.from_encoder(tiny_bert).save_pretrained(root / "reader")
     return root
@@ -36,14 +38,14 @@ def built(tmp_path_factory, tiny_bert):
 @pytest.fixture
 def dirs(built, tmp_path):
     """Fresh copies per test: the update log is written inside the index directory."""
-    for name in ("dense", "bm25"):
+    for name in ("index", "dense", "bm25"):
         shutil.copytree(built / name, tmp_path / name)
     return tmp_path, built / "reader"
 
 
 def service(dirs, **kw):
     root, reader = dirs
-    cfg = ServeConfig(index=str(root / "dense"), model=str(reader), bm25=str(root / "bm25"), poll_seconds=0.05, **kw)
+    cfg = ServeConfig(index=str(root / "index"), model=str(reader), poll_seconds=0.05, **kw)
     return Service(cfg)
 
 
@@ -59,7 +61,8 @@ def test_every_endpoint(dirs):
         assert set(stats["retrievers"]) == {"dense", "bm25", "hybrid"} and stats["reader_loaded"]
         for retriever in ("dense", "bm25", "hybrid"):
             hits = c.post("/search", json={"query": "capital city river", "k": 3, "retriever": retriever}).json()
-            assert len(hits) == 3 and set(hits[0]) == {"id", "title", "score", "text"}, retriever
+            assert len(hits) == 3 and set(hits[0]) == {"id", "title", "score", "text", "found_by"}, retriever
+            assert all(set(h["found_by"]) <= {"dense", "bm25"} and h["found_by"] for h in hits), retriever
         assert c.post("/search", json={"query": "Guido van Rossum", "k": 1, "retriever": "bm25"}).json()[0]["id"] == "python:0"
         answer = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "bm25"}).json()
         assert set(answer) >= {"answer", "score", "evidence"} and len(answer["evidence"]) == 2
@@ -99,7 +102,7 @@ def test_restart_replays_added_and_deleted_documents(dirs):
     with client(service(dirs)) as c:
         c.post("/documents", json={"documents": [NEW]})
         c.delete("/documents/tokyo")
-    log = dirs[0] / "dense" / "updates.jsonl"
+    log = dirs[0] / "index" / "updates.jsonl"
     with open(log, "a") as f:
         f.write('{"op": "add", "id": "torn"')  # a crash mid-append: never acknowledged
     with client(service(dirs)) as c:  # a new process reads the same directory
@@ -123,11 +126,11 @@ def test_hot_swap_under_concurrent_requests_has_zero_failures(dirs, tiny_bert):
         threads = [threading.Thread(target=hammer) for _ in range(4)]
         for t in threads:
             t.start()
-        index = IndexDir(root / "dense")
+        index = IndexDir(root / "index")
         model = str(index.root / index.version_manifest("v000001")["retriever"])
         corpus = root / "more.jsonl"
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [NEW]))
-        build_index(corpus, root / "dense", model=model, show_progress=False)
+        build_index(corpus, root / "index", model=model, show_progress=False)
         deadline = __import__("time").time() + 30
         while c.get("/health").json()["index_version"] != "v000002":
             assert __import__("time").time() < deadline, "the server never swapped"
@@ -171,7 +174,7 @@ def test_oversized_body_unavailable_retriever_missing_reader_and_api_key(dirs):
     only_dense = Service(ServeConfig(index=str(root / "dense")))
     with client(only_dense) as c:
         r = c.post("/search", json={"query": "x", "retriever": "hybrid"})
-        assert r.status_code == 400 and "--bm25" in r.json()["error"]
+        assert r.status_code == 400 and "ralm index upgrade" in r.json()["error"]
         r = c.post("/ask", json={"question": "x"})
         assert r.status_code == 409 and "--model" in r.json()["error"]
     with client(service(dirs, api_key="s3cret")) as c:
@@ -211,7 +214,7 @@ def _hits(c, query, retriever, k=20):
 
 @pytest.mark.parametrize("torn", ['{"op": "add", "id": "torn", "te'.encode(), '{"op": "add", "id": "café'.encode()[:-1]])
 def test_an_update_acknowledged_after_a_crash_mid_append_survives_a_restart(dirs, caplog, torn):
-    log = dirs[0] / "dense" / "updates.jsonl"
+    log = dirs[0] / "index" / "updates.jsonl"
     log.write_bytes(torn)  # a crash mid-append (the second one even inside a UTF-8 character)
     with client(service(dirs)) as c:
         assert c.post("/documents", json={"documents": [NEW]}).status_code == 200
@@ -224,7 +227,7 @@ def test_an_update_acknowledged_after_a_crash_mid_append_survives_a_restart(dirs
 def test_a_log_damaged_by_an_older_ralm_gives_back_its_acknowledged_updates(dirs):
     """ralm <= 0.2.0 appended onto a torn record; and a text may hold U+2028, a line break to str.splitlines."""
     kili = {"op": "add", "id": "kili", "title": "Kilimanjaro", "text": "Kilimanjaro is a volcano\u2028in Tanzania."}
-    for name in ("dense", "bm25"):
+    for name in ("index",):
         (dirs[0] / name / "updates.jsonl").write_text('{"op": "add", "id": "torn", "te' + json.dumps({"op": "add", **NEW}) + "\n"
                                                       + json.dumps(kili, ensure_ascii=False) + "\n", encoding="utf-8")
     with client(service(dirs)) as c:
@@ -244,40 +247,39 @@ def test_the_same_id_twice_in_one_request_keeps_the_last_and_a_restart_changes_n
         assert {r: _hits(c, q, r) for r, q in queries.items()} == before
 
 
-def test_hybrid_refuses_indexes_whose_live_updates_differ(dirs):
+def test_one_update_log_serves_both_sides_and_a_restart_finds_every_write_in_both(dirs):
     root, _ = dirs
-    alone = Service(ServeConfig(index=str(root / "bm25")))  # the BM25 index served and updated on its own
-    alone.add([Document(NEW["id"], NEW["title"], NEW["text"])])
-    with pytest.raises(RalmError, match="different live updates.*'zanzibar'"):
-        service(dirs)
-
-
-def test_hybrid_matches_live_documents_by_id_not_by_row(dirs):
-    kili = {"op": "add", "id": "kili", "title": "Kilimanjaro", "text": "Kilimanjaro is a dormant volcano in Tanzania."}
-    zanzibar = {"op": "add", **NEW}
-    for name, order in (("dense", [zanzibar, kili]), ("bm25", [kili, zanzibar])):  # same documents, other rows
-        (dirs[0] / name / "updates.jsonl").write_text("".join(json.dumps(e) + "\n" for e in order))
     with client(service(dirs)) as c:
-        for query, doc in (("Kilimanjaro dormant volcano", kili), ("Zanzibar archipelago cloves", zanzibar)):
-            top = c.post("/search", json={"query": query, "k": 1, "retriever": "hybrid"}).json()[0]
-            assert (top["id"], top["text"]) == (doc["id"] + ":0", doc["text"])
+        assert c.get("/stats").json()["retrievers"] == ["hybrid", "dense", "bm25"]
+        c.post("/documents", json={"documents": [NEW]})
+        c.delete("/documents/paris")
+    assert not (root / "index" / "versions" / "v000001" / "updates.jsonl").exists()
+    assert len((root / "index" / "updates.jsonl").read_text().splitlines()) == 2  # one log, both sides replay it
+    with client(service(dirs)) as c:
+        for retriever in ("dense", "bm25", "hybrid"):
+            ids = [h["id"] for h in c.post("/search", json={"query": "Zanzibar archipelago cloves Tanzania", "k": len(DOCS) + 1,
+                                                              "retriever": retriever}).json()]
+            assert "zanzibar:0" in ids and "paris:0" not in ids, retriever
+        hits = {h["id"]: h for h in c.post("/search", json={"query": "Zanzibar archipelago cloves", "k": 3}).json()}
+        assert "bm25" in hits["zanzibar:0"]["found_by"]  # the live block, scored by the BM25 side of the fusion
 
 
 def test_hybrid_is_one_implementation_for_the_server_and_the_cli(dirs):
-    """The server's hybrid is HybridSearcher over its live searchers: with no live documents it
-    ranks and scores exactly as `ralm search/ask --hybrid` (dense scores computed exactly)."""
-    from ralm.retrieval.search.hybrid import HybridSearcher
-    from ralm.retrieval.search.searcher import Searcher
+    """The server searches the same LiveSearcher as `ralm search` / `ralm ask`: with no live
+    documents it ranks and scores exactly as they do."""
+    from ralm.retrieval.search.live import LiveSearcher
 
     root, _ = dirs
-    svc = service(dirs, hybrid_depth=2)
-    cli = HybridSearcher(Searcher.open(root / "dense"), Searcher.open(root / "bm25"), depth=2)
+    svc = service(dirs)
+    cli = LiveSearcher.open(root / "index")
     queries = ["capital city on a river", "Who created Python?", "highest mountain", "Apollo mission to the Moon"]
-    for server_hits, cli_hits in zip(svc.search(queries, 4, "hybrid"), cli.search(queries, 4)):
-        assert [(h.id, round(h.score, 5)) for h in server_hits] == [(h.id, round(h.score, 5)) for h in cli_hits]
+    for retriever in (None, "hybrid", "dense", "bm25"):
+        for server_hits, cli_hits in zip(svc.search(queries, 4, retriever), cli.search(queries, 4, retriever)):
+            assert [(h.id, round(h.score, 5)) for h in server_hits] == [(h.id, round(h.score, 5)) for h in cli_hits]
     with client(svc) as c:  # /ask offers hybrid too
         answer = c.post("/ask", json={"question": "Who created Python?", "k": 2, "retriever": "hybrid"})
         assert answer.status_code == 200 and len(answer.json()["evidence"]) == 2
+        assert answer.json()["retriever"] == "hybrid" and answer.json()["index_version"] == "v000001"
 
 
 def test_live_bm25_documents_score_on_the_index_scale_and_bm25_lists_only_matches(dirs):
@@ -351,7 +353,7 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
 
     def record(self, i):
         reads.append(i)
-        locked.append(any(live._lock.locked() for live in svc.live.values()))
+        locked.append(svc.live._lock.locked())
         return real_record(self, i)
 
     BlockStore.record = record
@@ -359,10 +361,10 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
         svc.delete("paris")  # builds the document -> rows map of the main index
     finally:
         BlockStore.record = real_record
-    assert 0 < len(reads) <= 2 * len(DOCS)  # one record per document (and per side), not one per block
+    assert 0 < len(reads) <= len(DOCS)  # one record per document, not one per block
     assert not any(locked)  # read before the writer lock is taken: updates never wait on it
     svc.add([Document(NEW["id"], NEW["title"], NEW["text"])])
-    retriever = svc.searchers["dense"].searcher.retriever
+    retriever = svc.live.searcher.retriever
     calls = []
     real = retriever.encode_queries
     retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
@@ -390,18 +392,16 @@ def test_a_bm25_index_without_its_average_length_measures_it(dirs, caplog):
     assert live_score() == pytest.approx(recorded) and "measured it on 6 blocks" in caplog.text
 
 
-def test_a_log_line_that_is_no_update_record_is_a_clear_error_and_bm25_goes_with_a_dense_index(dirs):
+def test_a_log_line_that_is_no_update_record_is_a_clear_error(dirs):
     root, _ = dirs
-    (root / "dense" / "updates.jsonl").write_text(json.dumps({"op": "add", **NEW}) + "\nnot json\n")
+    (root / "index" / "updates.jsonl").write_text(json.dumps({"op": "add", **NEW}) + "\nnot json\n")
     with pytest.raises(RalmError, match=r"updates.jsonl:2: not an update record"):
         service(dirs)
-    with pytest.raises(RalmError, match="--bm25 goes with a dense --index"):
-        Service(ServeConfig(index=str(root / "bm25"), bm25=str(root / "bm25")))
 
 
 def test_a_failing_swap_is_logged_once_not_at_every_poll(dirs, caplog):
     svc = service(dirs)
-    latest = dirs[0] / "dense" / "LATEST"
+    latest = dirs[0] / "index" / "LATEST"
     latest.write_text("v000042\n")  # damaged: names a version that does not exist
     with caplog.at_level("WARNING", logger="ralm.serve"):
         for _ in range(3):

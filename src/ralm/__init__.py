@@ -7,7 +7,7 @@ shows them in use.
 
 from importlib import import_module
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _EXPORTS = {
     "RalmError": "ralm.errors",
@@ -20,9 +20,10 @@ _EXPORTS = {
     # retrieval: encode, index, search
     "Retriever": "ralm.retrieval.towers.encoders",
     "build_index": "ralm.retrieval.index.build",
+    "upgrade_index": "ralm.retrieval.index.build",
     "Searcher": "ralm.retrieval.search.searcher",
+    "LiveSearcher": "ralm.retrieval.search.live",
     "Hit": "ralm.retrieval.search.searcher",
-    "HybridSearcher": "ralm.retrieval.search.hybrid",
     "IndexDir": "ralm.retrieval.index.store",
     "ExactIndex": "ralm.retrieval.backends.exact",
     "FaissIndex": "ralm.retrieval.backends.faiss_index",

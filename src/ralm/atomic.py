@@ -168,21 +168,31 @@ def read_json(path: str | os.PathLike) -> dict:
     return obj
 
 
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """`dst` as a hard link to `src` (published files are never modified in place, so two
+    versions can share one), or a copy where the filesystem has no hard links."""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
 def manifest_file(folder: str | os.PathLike) -> Path:
     """Where every ralm artifact (index, index version, block store, chunk DB ...) describes
     itself; an artifact is complete once its manifest is there."""
     return Path(folder) / "manifest.json"
 
 
-def read_manifest(folder: str | os.PathLike, fmt: str, what: str, hint: str = "") -> dict:
-    """The manifest of a ralm artifact in format `fmt`; `what` names the artifact ("index
-    directory", "chunk DB") and `hint` says how to make one, in the errors."""
+def read_manifest(folder: str | os.PathLike, fmt: str | tuple[str, ...], what: str, hint: str = "") -> dict:
+    """The manifest of a ralm artifact in format `fmt` (or one of several); `what` names the
+    artifact ("index directory", "chunk DB") and `hint` says how to make one, in the errors."""
     path = manifest_file(folder)
     if not path.is_file():
         article = "an" if what[0] in "aeiou" else "a"
         raise RalmError(f"{folder}: not {article} {what} (no manifest.json){hint}")
     manifest = read_json(path)
-    if manifest.get("format") != fmt:
+    if manifest.get("format") not in ((fmt,) if isinstance(fmt, str) else fmt):
         raise RalmError(f"{folder}: unsupported {what} format {manifest.get('format')!r}")
     return manifest
 

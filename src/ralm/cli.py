@@ -21,11 +21,11 @@ from rich.table import Table
 from ralm.commands.convert import convert_app
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOpt, TextHelp, WarmupHelp, positive,
-                                  quiet_libraries, runtime, token_limit, torch_device)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOpt, RetrieverOpt, TextHelp, WarmupHelp, positive,
+                                  quiet_libraries, refuse_second_index, runtime, token_limit, torch_device)
 from ralm.console import (err, notify, out, print_answer, print_lm_train, print_reliability, print_train_metrics,
                           print_train_summary)
-from ralm.defaults import HYBRID_ALPHA, READ_K
+from ralm.defaults import READ_K
 from ralm.errors import RalmError, RalmWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -255,16 +255,17 @@ def retro_train(
 
 # -- open-domain QA: `ralm finetune`, `ralm dpr`, `ralm eval qa`, `ralm ask` (models/reader.py) --
 
-def _open_qa(model: Optional[str], index_dir: Path, k: int, hybrid: Optional[Path], alpha: float, device: str, dtype: str,
-             min_confidence: float):
+def _open_qa(model: Optional[str], index_dir: Path, k: int, retriever: Optional[str], device: str, dtype: str,
+             min_confidence: float, hybrid: Optional[Path] = None):
     from ralm.pipeline import OpenQA
 
+    refuse_second_index("--hybrid", hybrid, index_dir)
     dev, dt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, positive("-k", k), hybrid, alpha, dev, dt, min_confidence)
+    return OpenQA.open(index_dir, model, positive("-k", k), retriever, dev, dt, min_confidence)
 
 
-HybridOpt = typer.Option(None, "--hybrid", help="a BM25 index over the same corpus to fuse with a dense --index")
-AlphaOpt = typer.Option(HYBRID_ALPHA, "--alpha", help="hybrid weight of the dense score (1 - alpha for BM25)")
+# an index holds its dense and BM25 sides together now; the old second-index options explain that
+HybridOpt = typer.Option(None, "--hybrid", hidden=True)
 ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpoint (default: the package's general reader)")
 
 
@@ -375,15 +376,18 @@ def dpr(
 @eval_app.command("qa")
 def eval_qa(
     model: Optional[str] = ModelOpt,
-    index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
+    index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read per question"),
+    retriever: Optional[str] = RetrieverOpt,
     hybrid: Optional[Path] = HybridOpt,
-    alpha: float = AlphaOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: ./<questions>-<index>.predictions.jsonl)"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="fit the reader's confidence calibration on these (held-back) "
-                                                              "questions and save it in the reader's config.json"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="fit the confidence map for this retriever kind on these held-back "
+                                   "questions (answerable ones and ones the corpus cannot answer); needs --out"),
+    calibrated_out: Optional[Path] = typer.Option(None, "--out", help="with --calibrate: where to write the calibrated copy of the "
+                                                  "reader (the reader given is never modified)"),
+    min_confidence: float = MinConfidenceOpt,
     batch_size: int = typer.Option(8, "--batch-size", help="questions per reader batch"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -392,20 +396,26 @@ def eval_qa(
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
     from ralm.data.qa import read_questions
     from ralm.eval.openqa import default_predictions_path, evaluate_qa
-    from ralm.models.reader import write_calibration
+    from ralm.models.reader import save_calibrated
     from ralm.pipeline import resolve_reader
 
     quiet_libraries()
+    if calibrate and calibrated_out is None:
+        raise RalmError("--calibrate writes a calibrated copy of the reader: give it a new directory with --out")
+    if calibrated_out is not None and not calibrate:
+        raise RalmError("--out is where --calibrate writes the calibrated reader; add --calibrate or drop --out")
+    if calibrated_out is not None and calibrated_out.exists() and (not calibrated_out.is_dir() or any(calibrated_out.iterdir())):
+        raise RalmError(f"--out {calibrated_out} exists and is not an empty directory")
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence=0.0)
-    predictions = predictions or default_predictions_path(questions, index_dir, hybrid)
+    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
     result = evaluate_qa(qa, qs, (1, 5, 20), positive("--batch-size", batch_size), predictions, calibrate=calibrate)
-    result = {**result, "index": str(index_dir), "hybrid": str(hybrid) if hybrid else None, "predictions": str(predictions)}
+    result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
-        write_calibration(resolve_reader(model), qa.calibration.to_json())
-        result["calibration"] = str(resolve_reader(model) / "config.json")
+        save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())
+        result["calibration"] = str(calibrated_out)
     if as_json:
         print(json.dumps(result))
         return
@@ -417,7 +427,7 @@ def eval_qa(
     if "reliability" in result:
         print_reliability(result["reliability"])
     if calibrate:
-        out.print(f"calibration fitted on {len(qs)} questions, saved in {result['calibration']}")
+        out.print(f"{qa.kind} calibration fitted on {len(qs)} questions; calibrated reader written to {result['calibration']}")
     out.print(f"{result['seconds']} s; predictions in {predictions}")
 
 
@@ -425,10 +435,10 @@ def eval_qa(
 def ask(
     question: str = typer.Argument(...),
     model: Optional[str] = ModelOpt,
-    index_dir: Path = typer.Option(..., "--index", help="dense or BM25 index"),
+    index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
+    retriever: Optional[str] = RetrieverOpt,
     hybrid: Optional[Path] = HybridOpt,
-    alpha: float = AlphaOpt,
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -438,7 +448,7 @@ def ask(
     quiet_libraries()
     if not question.strip():
         raise RalmError("the question is empty")
-    answer = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence).answer([question])[0]
+    answer = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid).answer([question])[0]
     if as_json:
         print(json.dumps(answer.to_json(), ensure_ascii=False))
         return
@@ -447,9 +457,9 @@ def ask(
 
 @app.command()
 def serve(
-    index_dir: Path = typer.Option(..., "--index", help="index directory (dense or BM25); new versions are swapped in live"),
+    index_dir: Path = typer.Option(..., "--index", help="index directory; new versions are swapped in live"),
     model: Optional[str] = ModelOpt,
-    bm25: Optional[Path] = typer.Option(None, "--bm25", help="a BM25 index over the same corpus (enables bm25 and hybrid)"),
+    bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
     port: int = typer.Option(8000, "--port"),
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
@@ -467,9 +477,10 @@ def serve(
     from ralm.serve.service import ServeConfig, Service
 
     quiet_libraries()
+    refuse_second_index("--bm25", bm25, index_dir)
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
-    svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)), bm25=str(bm25) if bm25 else None,
+    svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
                   *runtime(device, dtype))
     err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"

@@ -27,7 +27,8 @@ def print_hits(hits, title: str) -> None:
     table.add_column("evidence")
     for rank, h in enumerate(hits, 1):
         text = h.text if len(h.text) <= 400 else h.text[:400] + "…"
-        table.add_row(str(rank), f"{h.score:.3f}", f"[bold]{h.title}[/bold] [dim]({h.id})[/dim]\n{text}")
+        found = f", {' + '.join(h.found_by)}" if h.found_by else ""
+        table.add_row(str(rank), f"{h.score:.3f}", f"[bold]{h.title}[/bold] [dim]({h.id}{found})[/dim]\n{text}")
     out.print(table)
 
 
@@ -86,7 +87,8 @@ def print_answer(answer) -> None:
         table.add_column(col, width=width)
     shown = [j for j in range(len(answer.evidence)) if j < SHOWN or j == answer.best]
     for rank, e in ((j + 1, answer.evidence[j]) for j in shown):
-        body = Text.assemble((e.title, "bold"), (f" ({e.id})\n", "dim"))
+        found = f", found by {' + '.join(e.found_by)}" if len(e.found_by) else ""
+        body = Text.assemble((e.title, "bold"), (f" ({e.id}{found})\n", "dim"))
         text = Text(e.text)
         if e.span:
             text.stylize("bold black on yellow" if rank - 1 == answer.best else "underline", *e.span)

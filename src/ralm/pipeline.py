@@ -7,7 +7,10 @@ the k blocks (not one per block) lets a block whose best span is weak lose to a 
 and an answer found in several blocks adds up (texts compared after SQuAD normalisation). On
 held-out SQuAD questions this beats the best span of the best single block by 5.5 EM points
 (dense retrieval; benchmarks/RESULTS.md, issue 22). A calibrated reader (models/confidence.py)
-turns p(a|x) into a confidence, P(correct); below `min_confidence` the answer is "no answer found in the corpus" (the evidence is kept).
+turns the answer's signals (p(a|x), the log-partition of that softmax, the retrieval scores of
+each side and their agreement) into a confidence, P(correct), with the map fitted for the
+retriever kind searched; below `min_confidence` the answer is withheld, "no answer found in the
+corpus" (the best guess and the evidence are kept).
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
 through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run.
@@ -16,7 +19,7 @@ through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -24,14 +27,15 @@ import numpy as np
 import torch
 
 from ralm.data.qa import normalize_answer
-from ralm.defaults import HYBRID_ALPHA, READ_K
+from ralm.defaults import READ_K
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE, Calibration
+from ralm.models.confidence import MIN_CONFIDENCE, Calibrations
 from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans, valid_spans
-from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
-from ralm.retrieval.search.hybrid import HybridSearcher
-from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.live import LiveSearcher
+from ralm.retrieval.search.searcher import Searcher, pick_sides
+from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
 from ralm.rundir import final_dir, find_model
 from ralm.runtime import autocast, resolve_dtype
 
@@ -49,11 +53,12 @@ class Evidence:
     span_text: str  # this block's best span; in the answer's block, the answer's span there
     span_prob: float  # p(that span | z, x)
     span: tuple[int, int] | None  # character offsets of that span in `text`
+    found_by: tuple[str, ...] = ()  # the index's sides whose own top list held this block
 
     def to_json(self) -> dict:
         return {"id": self.id, "title": self.title, "text": self.text, "retrieval_score": round(self.retrieval_score, 6),
                 "retrieval_prob": round(self.retrieval_prob, 6), "span_prob": round(self.span_prob, 6),
-                "answer": self.span_text, "span": list(self.span) if self.span else None}
+                "answer": self.span_text, "span": list(self.span) if self.span else None, "found_by": list(self.found_by)}
 
 
 @dataclass(frozen=True)
@@ -66,23 +71,28 @@ class Answer:
     best: int
     retrieved_rows: list[int]  # all retrieved rows (may be more than the k read)
     retrieved_texts: list[str]
+    guess: str = ""  # the most probable answer, also when withheld ("" when no block had a span)
+    retriever: str = ""  # the kind searched: hybrid, dense or bm25
+    index_version: str = ""
+    signals: dict = field(default_factory=dict)  # what the confidence is computed from (models/confidence.py)
 
     @property
     def no_answer(self) -> bool:
         return not self.answer
 
     def to_json(self) -> dict:
-        return {"answer": self.answer, "no_answer": self.no_answer, "score": round(self.score, 6),
+        return {"answer": self.answer, "no_answer": self.no_answer, "guess": self.guess, "score": round(self.score, 6),
                 "confidence": None if self.confidence is None else round(self.confidence, 4),
+                "retriever": self.retriever, "index_version": self.index_version,
                 "evidence": [e.to_json() for e in self.evidence], "best": self.best}
 
 
 class OpenQA:
-    """A reader over a searcher (dense, BM25 or hybrid): questions in, answers with evidence out."""
+    """A reader over a searcher: questions in, answers with evidence out. The searcher's every
+    side is searched (fused) unless `retriever` picks one ("dense", "bm25")."""
 
-    def __init__(self, reader: Reader, searcher: Searcher | HybridSearcher, k: int = READ_K,
-                 device: torch.device | None = None, dtype: str | torch.dtype | None = None,
-                 min_confidence: float = MIN_CONFIDENCE):
+    def __init__(self, reader: Reader, searcher: Searcher, k: int = READ_K, device: torch.device | None = None,
+                 dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, retriever: str | None = None):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
         if not 0 <= min_confidence <= 1:
@@ -93,19 +103,29 @@ class OpenQA:
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)
         self.min_confidence = min_confidence
-        cal = reader.cfg.calibration
-        self.calibration = Calibration.from_json(cal, "reader config.json") if cal else None
+        self.retriever = retriever
+        self.kind = kind_of(pick_sides(searcher.sides, retriever, searcher.index.root))  # checks `retriever` now
+        self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
+
+    @property
+    def calibration(self):
+        """The confidence map for the retriever kind searched (None: uncalibrated)."""
+        return self.calibrations.for_kind(self.kind)
+
+    def __repr__(self) -> str:
+        return (f"OpenQA(index={str(self.searcher.index.root)!r}, retriever={self.kind}, k={self.k}, "
+                f"min_confidence={self.min_confidence}, calibrated={self.calibration is not None})")
 
     @classmethod
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, k: int = READ_K,
-             hybrid: str | os.PathLike | None = None, alpha: float = HYBRID_ALPHA, device: torch.device | None = None,
-             dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
+             retriever: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
+             min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
         and its query tower where `open_searcher` says), a reader checkpoint, or None (the
-        package's general-purpose reader); `hybrid`: a BM25 index to fuse with (`alpha`: dense weight)."""
+        package's general-purpose reader); `retriever`: one side instead of all, fused."""
         device = device or torch.device("cpu")
         reader = Reader.from_pretrained(resolve_reader(model)).to(device)
-        return cls(reader, open_searcher(index, model, hybrid, alpha, device, dtype), k, device, dtype, min_confidence)
+        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k, device, dtype, min_confidence, retriever)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -115,8 +135,10 @@ class OpenQA:
         if not questions:
             return []
         retrieve = max(retrieve or self.k, self.k)
-        scores, rows = self.searcher.search_rows(list(questions), retrieve)  # [Q, R]
-        blocks = self.searcher.current.blocks
+        snap = self.searcher.current  # one version (and overlay) for retrieval and reading
+        ranked = self.searcher.rank(list(questions), retrieve, snap, self.retriever)
+        scores, rows = ranked.scores, ranked.rows  # [Q, R]
+        blocks = snap.blocks
         k = min(self.k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         # Whole blocks (up to the encoder's positions), not the training window, which would hide
@@ -135,18 +157,25 @@ class OpenQA:
             texts = [[self.reader.span_text(batch, n, int(start[n, r]), int(width[n, r]))
                       if batch.evidence_end[n] > batch.evidence_start[n] and f[n, r] > NEG / 2 else None
                       for r in range(f.shape[1])] for n in pairs]
-            score, best, shown = pick_answer(torch.log(p_z[qi]), f[pairs.start : pairs.stop], log_norm[pairs.start : pairs.stop], texts)
+            log_pz = torch.log(p_z[qi])
+            score, best, shown = pick_answer(log_pz, f[pairs.start : pairs.stop], log_norm[pairs.start : pairs.stop], texts)
             evidence = []
             for j, n in enumerate(pairs):
                 rec, r = records[qi][j], shown[j]
                 text, span = texts[j][r] if r is not None else ("", None)
                 span_prob = float((f[n, r] - log_norm[n]).exp()) if r is not None else 0.0
                 evidence.append(Evidence(int(rows[qi, j]), rec["id"], rec["title"], rec["text"], float(scores[qi, j]),
-                                         float(p_z[qi, j]), text, span_prob, span))
-            confidence = None if self.calibration is None else float(self.calibration(score))
+                                         float(p_z[qi, j]), text, span_prob, span, ranked.found_by[qi][j]))
+            signals = {"score": score,
+                       "log_partition": float(torch.logsumexp(log_pz + log_norm[pairs.start : pairs.stop], 0)),
+                       "retrieval_entropy": float(-(p_z[qi] * log_pz).sum()),
+                       "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
+                       **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}}
+            confidence = None if self.calibration is None else float(self.calibration([signals])[0])
+            guess = evidence[best].span_text if best is not None else ""
             withheld = best is None or (confidence is not None and confidence < self.min_confidence)
-            out.append(Answer(question, "" if withheld else evidence[best].span_text, score, confidence, evidence,
-                              best or 0, [int(r) for r in rows[qi]], [r["text"] for r in records[qi]]))
+            out.append(Answer(question, "" if withheld else guess, score, confidence, evidence, best or 0,
+                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], guess, self.kind, snap.name, signals))
         return out
 
 
@@ -188,21 +217,17 @@ def resolve_reader(model: str | os.PathLike | None) -> Path:
                     "train one with `ralm finetune`")
 
 
-def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, hybrid: str | os.PathLike | None = None,
-                  alpha: float = HYBRID_ALPHA, device: torch.device | None = None,
-                  dtype: str | torch.dtype | None = None) -> Searcher | HybridSearcher:
-    """The searcher for `index`. A dense index uses the run's fine-tuned query tower
-    (RUN/final/retriever) when it was built with that run's document tower, else its own
-    retriever. `hybrid` names a BM25 index over the same blocks to fuse with."""
+def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, *, device: torch.device | None = None,
+                  dtype: str | torch.dtype | None = None) -> LiveSearcher:
+    """The searcher for `index`, over every side it holds and its live updates (`ralm index
+    add/delete`, the server's /documents). Its dense side uses the run's fine-tuned query tower
+    (RUN/final/retriever) when it was built with that run's document tower, else its own."""
     device = device or torch.device("cpu")
     idx = IndexDir(index)
-    searcher = None
     candidate = final_dir(model, "retriever") if model is not None else None
-    if idx.kind == "dense" and candidate is not None and is_retriever_dir(candidate):
+    tuned = None
+    if "dense" in idx.sides and candidate is not None and is_retriever_dir(candidate):
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
-        if tuned.doc_fingerprint() == idx.version_manifest(idx.latest())["doc_fingerprint"]:
-            searcher = Searcher(idx, tuned.to(device).eval(), device, dtype=dtype)
-    searcher = searcher or Searcher.open(index, device=device, dtype=dtype)
-    if hybrid is None:
-        return searcher
-    return HybridSearcher(searcher, Searcher.open(hybrid, device=device, dtype=dtype), alpha=alpha)
+        if tuned.doc_fingerprint() != idx.version_manifest(idx.latest())["doc_fingerprint"]:
+            tuned = None
+    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device, dtype=dtype))

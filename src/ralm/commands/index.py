@@ -1,5 +1,5 @@
-"""`ralm index build`, `ralm search` and `ralm eval retrieval`: indexes over a corpus and what
-they retrieve."""
+"""`ralm index build|upgrade|add|delete`, `ralm search` and `ralm eval retrieval`: indexes over a
+corpus, their documents, and what they retrieve."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ralm.commands.shared import DeviceOpt, DtypeOpt, main_rank, positive, quiet_libraries, runtime
+from ralm.commands.shared import DeviceOpt, DtypeOpt, RetrieverOpt, main_rank, positive, quiet_libraries, runtime
 from ralm.console import out, print_hits, print_summary
 from ralm.errors import RalmError
 
-index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus.")
+index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents.")
 
 
 @index_app.command("build")
@@ -23,7 +23,8 @@ def index_build(
     corpus: Path = typer.Argument(..., help="JSONL {id,title,text}, TSV with a header, or a folder of .txt files"),
     out_dir: Path = typer.Option(..., "--out", help="index directory (created, or given a new version)"),
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
-    retriever: str = typer.Option("dense", "--retriever", help="dense or bm25"),
+    retriever: str = typer.Option("hybrid", "--retriever", help="what each version holds: hybrid (a dense and a BM25 side, "
+                                  "searched fused), dense or bm25"),
     faiss: Optional[str] = typer.Option(None, "--faiss", help="also build a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
     dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
                             "N: a fresh PCA-initialised projection to N (REALM's 128)"),
@@ -32,7 +33,7 @@ def index_build(
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ):
-    """Split a corpus into REALM blocks and index them (dense embeddings or BM25)."""
+    """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     from ralm.retrieval.index.build import build_index
 
     quiet_libraries()
@@ -52,20 +53,21 @@ def search(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
     query: str = typer.Argument(...),
     k: int = typer.Option(5, "-k", "--k", help="number of passages"),
+    retriever: Optional[str] = RetrieverOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text}]"),
+    as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text, found_by}]"),
 ):
-    """Search an index with a free-text query."""
-    from ralm.retrieval.search.searcher import Searcher
+    """Search an index with a free-text query (every side it holds, fused, with its live documents)."""
+    from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
     positive("-k", k)
     if not query.strip():
         raise RalmError("the query is empty")
     dev, dt = runtime(device, dtype)
-    hits = Searcher.open(index_dir, model=model, device=dev, dtype=dt).search([query], k)[0]
+    hits = LiveSearcher.open(index_dir, model=model, device=dev, dtype=dt).search([query], k, retriever)[0]
     if not main_rank():
         return
     if as_json:
@@ -80,7 +82,9 @@ def eval_retrieval(
     ks: str = typer.Option("1,5,20,100", "--ks", help="comma-separated cut-offs"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
-    model: Optional[str] = typer.Option(None, "--model"),
+    retriever: Optional[str] = RetrieverOpt,
+    model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint for the dense side (default: the one the "
+                                        "index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
@@ -88,7 +92,7 @@ def eval_retrieval(
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions
     from ralm.eval.retrieval import evaluate_retrieval
-    from ralm.retrieval.search.searcher import Searcher
+    from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
     try:
@@ -101,9 +105,10 @@ def eval_retrieval(
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
     dev, dt = runtime(device, dtype)
-    searcher = Searcher.open(index_dir, model=model, device=dev, dtype=dt)
+    searcher = LiveSearcher.open(index_dir, model=model, device=dev, dtype=dt)
     reports = main_rank()
-    result = evaluate_retrieval(searcher, qs, cutoffs, predictions=predictions if reports else None, show_progress=reports)
+    result = evaluate_retrieval(searcher, qs, cutoffs, predictions=predictions if reports else None, show_progress=reports,
+                                retriever=retriever)
     if not reports:
         return
     if as_json:
@@ -115,3 +120,66 @@ def eval_retrieval(
     table.add_row(*(f"{result[f'recall@{c}']:.1f}" for c in cutoffs))
     out.print(table)
     out.print(f"{result['seconds']} s")
+
+
+@index_app.command("upgrade")
+def index_upgrade(
+    index_dir: Path = typer.Argument(..., help="an index directory (e.g. a dense index built before indexes were hybrid)"),
+    retriever: str = typer.Option("hybrid", "--retriever", help="the kind to upgrade to (hybrid: add the missing side)"),
+    model: Optional[str] = typer.Option(None, "--model", help="encoder for a dense side added to a BM25 index (default: bundled MiniLM)"),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
+    from ralm.retrieval.index.build import upgrade_index
+
+    quiet_libraries()
+    start = time.perf_counter()
+    dev, dt = runtime(device, dtype)
+    index, version = upgrade_index(index_dir, retriever, model=model, batch_size=positive("--batch-size", batch_size),
+                                   device=dev, dtype=dt)
+    summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
+    print_summary(summary, as_json, f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s")
+
+
+@index_app.command("add")
+def index_add(
+    index_dir: Path = typer.Argument(..., help="index directory"),
+    corpus: Path = typer.Argument(..., help="documents to add or replace: JSONL {id,title,text}, TSV with a header, or a folder of .txt"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Add or replace documents (every side of the index), durably, through the index's update log; no server needed."""
+    from ralm.data.corpus import read_corpus
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
+    docs = list(read_corpus(corpus))
+    dev, dt = runtime(device, dtype)
+    live = LiveSearcher.open(index_dir, device=dev, dtype=dt)
+    ids = live.add(docs)
+    summary = {"index": str(index_dir), "added": len(ids), "blocks": len(live), "index_version": live.current.name}
+    print_summary(summary, as_json, f"[green]added[/green] {len(ids)} documents to {index_dir}: {len(live)} blocks searchable")
+
+
+@index_app.command("delete")
+def index_delete(
+    index_dir: Path = typer.Argument(..., help="index directory"),
+    ids: list[str] = typer.Argument(..., help="document ids"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Delete documents by id (every side of the index), durably, through the index's update log."""
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
+    live = LiveSearcher.open(index_dir)
+    missing = [i for i in dict.fromkeys(ids) if not live.exists(i)]
+    if missing:
+        raise RalmError(f"{index_dir} holds no document {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for doc_id in dict.fromkeys(ids):
+        live.delete(doc_id)
+    summary = {"index": str(index_dir), "deleted": len(dict.fromkeys(ids)), "blocks": len(live), "index_version": live.current.name}
+    print_summary(summary, as_json, f"[green]deleted[/green] {summary['deleted']} documents from {index_dir}: {len(live)} blocks searchable")

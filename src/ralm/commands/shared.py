@@ -16,9 +16,18 @@ DtypeOpt = typer.Option("auto", "--dtype", help="compute dtype: auto (bf16 on CU
 TextHelp = "a corpus (.jsonl/.tsv/folder; same-title records form one article) or a raw .txt/.raw file (WikiText)"
 LimitOpt = typer.Option(None, "--limit-tokens", help="use only this many leading wordpieces of the text")
 WarmupHelp = "steps of linear learning-rate warm-up"
+RetrieverOpt = typer.Option(None, "--retriever", help="search one side of the index: dense or bm25 (default: every side it "
+                            "holds, fused: hybrid)")
 MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      "(0 always answers; an uncalibrated reader always answers)")
+
+
+def refuse_second_index(option: str, given, index) -> None:
+    """--hybrid / --bm25 named a second (BM25) index; an index now holds both sides itself."""
+    if given is not None:
+        raise RalmError(f"{option} is no longer needed: an index holds its dense and BM25 sides together and every command "
+                        f"uses both; run `ralm index upgrade {index}` once to add the BM25 side to an older dense index")
 
 
 def torch_device(name: str):

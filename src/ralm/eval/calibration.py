@@ -1,8 +1,11 @@
 """Fitting the answer confidence (models/confidence.py) on held-back questions, and measuring it.
 
-The map is isotonic regression (pool adjacent violators) of exact-match correctness on the raw
-score, as breakpoints at each step's mean score; `reliability` compares confidence with
-correctness in bins.
+`fit_selective`: logistic regression of exact-match correctness on the answer's signals
+(Newton's method, L2-regularised), the default; `fit_isotonic`: isotonic regression (pool
+adjacent violators) on the raw score alone. `cross_fitted` predicts each question with a map
+fitted on the other half, so the error reported is on questions the map did not see.
+`reliability` compares confidence with correctness in bins; `risk_coverage` gives selective
+answering's curve.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from typing import Sequence
 import numpy as np
 
 from ralm.errors import RalmError
-from ralm.models.confidence import Calibration
+from ralm.models.confidence import FEATURES, Calibration, SelectiveCalibration, feature_vector
+
+MIN_QUESTIONS = 50  # fewer than this cannot tell a map from noise: refused
 
 
 def fit_isotonic(scores: Sequence[float], correct: Sequence[float]) -> Calibration:
@@ -48,3 +53,69 @@ def reliability(confidence: Sequence[float], correct: Sequence[float], bins: int
     at = [{"min_confidence": t, "answered": round(float((c >= t).mean()), 4),
            "accuracy": round(float(y[c >= t].mean()), 4) if (c >= t).any() else None} for t in thresholds]
     return {"bins": rows, "ece": round(float(ece), 4), "at": at}
+
+
+def check_fittable(correct: Sequence[float]) -> None:
+    y = np.asarray(correct, dtype=np.float64)
+    if len(y) < MIN_QUESTIONS:
+        raise RalmError(f"calibration needs at least {MIN_QUESTIONS} held-back questions, got {len(y)}")
+    if y.min() == y.max():
+        raise RalmError(f"calibration needs both right and wrong answers among its {len(y)} questions (all were "
+                        f"{'right' if y[0] else 'wrong'}): is the index the questions' corpus?")
+
+
+def fit_selective(signals: Sequence[dict], correct: Sequence[float], features: Sequence[str] = FEATURES,
+                  l2: float = 1.0, steps: int = 100) -> SelectiveCalibration:
+    """Logistic regression of `correct` (0/1) on the named features of each answer's signals,
+    standardised; features constant over these questions (a side the index lacks) are left out."""
+    y = np.asarray(correct, dtype=np.float64)
+    x_all = np.stack([feature_vector(s, features) for s in signals])  # [N, F]
+    keep = [j for j in range(x_all.shape[1]) if np.ptp(x_all[:, j]) > 0]
+    x = x_all[:, keep]
+    mean, scale = x.mean(0), x.std(0)
+    z = np.hstack([(x - mean) / scale, np.ones((len(y), 1))])  # [N, F' + 1], the last column the bias
+    reg = np.diag([l2] * len(keep) + [0.0])
+    w = np.zeros(z.shape[1])
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
+        grad = z.T @ (p - y) + reg @ w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + reg + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return SelectiveCalibration(tuple(features[j] for j in keep), tuple(mean.tolist()), tuple(scale.tolist()),
+                                tuple(w[:-1].tolist()), float(w[-1]), len(y))
+
+
+def cross_fitted(signals: Sequence[dict], correct: Sequence[float], fit=fit_selective) -> np.ndarray:
+    """[N] each question's confidence from a map fitted on the other half (alternate questions)."""
+    y = np.asarray(correct, dtype=np.float64)
+    out = np.zeros(len(y))
+    for part in (0, 1):
+        test = np.arange(len(y)) % 2 == part
+        cal = fit([s for s, t in zip(signals, test) if not t], y[~test])
+        out[test] = cal([s for s, t in zip(signals, test) if t])
+    return out
+
+
+def risk_coverage(confidence: Sequence[float], correct: Sequence[float]) -> dict:
+    """Selective answering's curve: answering the questions of highest confidence first, the
+    share answered (coverage) against the error among those answered (risk); and the area
+    under it (lower is better)."""
+    c, y = np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=np.float64)
+    order = np.argsort(-c, kind="stable")
+    n = np.arange(1, len(c) + 1)
+    risk = 1 - np.cumsum(y[order]) / n
+    return {"coverage": (n / len(c)).tolist(), "risk": risk.tolist(), "threshold": c[order].tolist(),
+            "aurc": round(float(risk.mean()), 4) if len(c) else None}
+
+
+def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """Area under the ROC curve: P(a random positive scores above a random negative), ties half."""
+    s, pos = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
+    if pos.all() or not pos.any():
+        return float("nan")
+    values, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, ties at their mean rank
+    return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum()))

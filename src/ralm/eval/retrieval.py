@@ -13,12 +13,15 @@ from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmWarning
 from ralm.eval.metrics import recall_at_k
 from ralm.progress import progress_bar
-from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.kinds import kind_of
+from ralm.retrieval.search.searcher import Searcher, pick_sides
 
 
 def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20, 100),
-                       batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True) -> dict:
-    """recall@k for each k; per-question top passages go to `predictions` (JSONL) if given."""
+                       batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True,
+                       retriever: str | None = None) -> dict:
+    """recall@k for each k over every side of the index, fused (or the one `retriever` names);
+    per-question top passages go to `predictions` (JSONL) if given."""
     k_max = max(ks)
     hits, rows = [], []
     start = time.perf_counter()
@@ -26,7 +29,7 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Se
         task = bar.add_task("retrieving", total=len(questions))
         for i in range(0, len(questions), batch_size):
             batch = questions[i : i + batch_size]
-            for q, ranked in zip(batch, searcher.search([q.question for q in batch], k_max)):
+            for q, ranked in zip(batch, searcher.search([q.question for q in batch], k_max, retriever)):
                 flags = [has_answer(h.text, q.answers) for h in ranked]
                 hits.append(flags)
                 rows.append({"id": q.id, "question": q.question, "answers": list(q.answers),
@@ -38,7 +41,8 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Se
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return {**recall_at_k(hits, ks), "questions": len(questions), "seconds": round(elapsed, 2),
-            "index": str(searcher.index.root), "version": searcher.current.name, "retriever": searcher.index.kind}
+            "index": str(searcher.index.root), "version": searcher.current.name,
+            "retriever": kind_of(pick_sides(searcher.sides, retriever, searcher.index.root))}
 
 
 def warn_if_no_answer_retrieved(hits: Sequence[Sequence[bool]], searcher, k: int) -> None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import read_weights, write_model_dir, write_text
+from ralm.atomic import atomic_path, link_or_copy, read_weights, write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import by_length, pad_rows
@@ -343,3 +343,19 @@ def write_calibration(path: str | os.PathLike, calibration: dict) -> None:
         raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
     config = json.loads((path / "config.json").read_text())
     write_text(path / "config.json", json.dumps({**config, "calibration": calibration}, indent=2) + "\n")
+
+
+def save_calibrated(source: str | os.PathLike, out: str | os.PathLike, calibration: dict) -> Path:
+    """A copy of the reader at `source` with `calibration` in its config.json, written to the
+    new directory `out` atomically; the source (perhaps the installed package's) is untouched."""
+    source, out = Path(source), Path(out)
+    if not is_reader_dir(source):
+        raise RalmError(f"{source}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        for f in source.iterdir():
+            if f.is_file() and f.name != "config.json":
+                link_or_copy(f, tmp / f.name)
+        config = json.loads((source / "config.json").read_text())
+        (tmp / "config.json").write_text(json.dumps({**config, "calibration": calibration}, indent=2) + "\n")
+    return out

@@ -51,13 +51,13 @@ class Strict(BaseModel):
 class AskRequest(Strict):
     question: NonBlank = Field(..., max_length=2000, description="the question")
     k: int = Field(READ_K, ge=1, le=100, description="number of passages to read")
-    retriever: Retriever | None = Field(None, description="default: the --index's kind (dense or bm25)")
+    retriever: Retriever | None = Field(None, description="default: every side the index holds, fused (hybrid); dense or bm25: that side alone")
 
 
 class SearchRequest(Strict):
     query: NonBlank = Field(..., max_length=2000)
     k: int = Field(5, ge=1, le=100)
-    retriever: Retriever | None = Field(None, description="default: the --index's kind (dense or bm25)")
+    retriever: Retriever | None = Field(None, description="default: every side the index holds, fused (hybrid); dense or bm25: that side alone")
 
 
 class DocumentIn(Strict):
@@ -75,6 +75,7 @@ class Passage(BaseModel):
     title: str
     score: float
     text: str
+    found_by: list[str] = Field(default_factory=list, description="the index's sides (dense, bm25) whose own top list held it")
 
 
 class EvidenceOut(BaseModel):
@@ -86,13 +87,17 @@ class EvidenceOut(BaseModel):
     span_prob: float | None = None
     answer: str | None = None
     span: list[int] | None = None
+    found_by: list[str] = Field(default_factory=list, description="the index's sides (dense, bm25) whose own top list held it")
 
 
 class AskResponse(BaseModel):
     answer: str  # "" when no answer is found in the corpus (confidence below the server's threshold)
     no_answer: bool = False
+    guess: str = ""  # the most probable answer, also when withheld
     score: float
     confidence: float | None = None  # calibrated P(correct); None for an uncalibrated reader
+    retriever: str = ""  # the kind searched: hybrid, dense or bm25
+    index_version: str = ""
     evidence: list[EvidenceOut]
     best: int | None = None
 
@@ -213,7 +218,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
 
     @app.get("/health", responses=_errors())
     async def health():
-        return {"status": "ok", "index_version": service.searchers[service.default_retriever].current.name}
+        return {"status": "ok", "index_version": service.live.current.name}
 
     @app.get("/stats", responses=_errors())
     async def stats():

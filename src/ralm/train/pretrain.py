@@ -120,9 +120,9 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
     """Publish the latest version of another dense index over the same blocks as version 1
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
-    if src.kind != "dense":
-        raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs a dense one")
     manifest = src.version_manifest(src.latest())
+    if "dense" not in manifest["sides"]:
+        raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
     if manifest["blocks"] != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
     if manifest.get("faiss"):
@@ -133,7 +133,8 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
 
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
-        return {**{k: v for k, v in manifest.items() if k not in ("version", "created")}, "step": 0, "source": str(src.root)}
+        return {**{k: v for k, v in manifest.items() if k not in ("version", "created", "faiss_params")},
+                "kind": "dense", "sides": ["dense"], "step": 0, "source": str(src.root)}
 
     return index.publish(write)
 
@@ -180,7 +181,7 @@ class IndexInUse:
                 publish_embeddings(index, retriever, key, blocks, 0, ctx.device, show_progress=ctx.show_progress,
                                    dtype=ctx.dtype)
         ctx.env.barrier()
-        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), ctx.device, ctx.dtype)
+        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
         self.snapshots = Snapshots(ctx.path / "refresh")
         self.builder = None
         if cfg.refresh == "async" and ctx.env.is_main:
@@ -210,7 +211,7 @@ class IndexInUse:
         # rank 0 reads LATEST for every rank: a sharded index must not mix the shards of two versions
         name = env.broadcast_object(self.index.latest())
         if name != self.version.name:
-            self.version = load_version(self.index, name, self.ctx.device, self.ctx.dtype)
+            self.version = load_version(self.index, name, device=self.ctx.device, dtype=self.ctx.dtype)
             m = self.version.manifest
             self.ctx.notify(f"step {step}: index {name} (built at step {m.get('step')}, {m.get('seconds')} s)")
 

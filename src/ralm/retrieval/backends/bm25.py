@@ -21,7 +21,7 @@ from ralm.retrieval.backends.exact import check_k
 STATS = "ralm.json"  # beside bm25s's files: what bm25s does not save (the average length)
 
 
-def _tokens(texts: Sequence[str], show_progress: bool = False) -> list[list[str]]:
+def tokens_of(texts: Sequence[str], show_progress: bool = False) -> list[list[str]]:
     import bm25s
 
     return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=show_progress)
@@ -39,7 +39,7 @@ class BM25Index:
         import bm25s
 
         show_progress = library_bars_enabled(show_progress)  # bm25s draws its own (tqdm) bars
-        tokens = _tokens(texts, show_progress)
+        tokens = tokens_of(texts, show_progress)
         model = bm25s.BM25(k1=k1, b=b)
         model.index(tokens, show_progress=show_progress)
         return cls(model, len(texts), float(np.mean([len(t) for t in tokens])))
@@ -52,7 +52,7 @@ class BM25Index:
             raise RalmError("BM25 search takes a list of query strings")
         k = min(k, self.count)
         vocab = self.model.vocab_dict
-        toks = [[t for t in q if t in vocab] for q in _tokens(queries)]
+        toks = [[t for t in q if t in vocab] for q in tokens_of(queries)]
         scores = np.zeros((len(toks), k), dtype=np.float32)
         ids = np.tile(np.arange(k, dtype=np.int64), (len(toks), 1))
         live = [i for i, t in enumerate(toks) if t]
@@ -92,7 +92,7 @@ class LiveBM25:
 
     def __init__(self, index: BM25Index, texts: Sequence[str]):
         self.count = len(texts)
-        tokens = _tokens(texts)
+        tokens = tokens_of(texts)
         terms = sorted({t for doc in tokens for t in doc})
         idf = dict(zip(terms, index.idf(terms)))
         k1, b = index.model.k1, index.model.b
@@ -108,7 +108,7 @@ class LiveBM25:
     def scores(self, queries: Sequence[str]) -> np.ndarray:
         """[Q] query strings -> [Q, M] scores of every text (0 where it shares no term)."""
         out = np.zeros((len(queries), self.count), dtype=np.float32)
-        for i, query in enumerate(_tokens(queries)):
+        for i, query in enumerate(tokens_of(queries)):
             for term in query:  # a repeated query term counts again, as in bm25s
                 if term in self.postings:
                     rows, weights = self.postings[term]

@@ -30,7 +30,8 @@ import torch
 from ralm.atomic import write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
-from ralm.retrieval.index.build import dense_manifest, embed_blocks
+from ralm.retrieval.index.build import version_manifest
+from ralm.retrieval.index.dense_side import dense_manifest, embed_blocks
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.runtime import DTYPES, resolve_dtype
@@ -50,8 +51,8 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, b
         retriever.save_pretrained(rpath)
 
     def write(tmp: Path) -> dict:
-        embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size, show_progress, dtype=dtype)
-        return {**dense_manifest(index, blocks_key, blocks, retriever.dim, rpath, resolve_dtype(dtype, device)),
+        embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
+        return {**version_manifest(blocks_key, blocks, ("dense",)), **dense_manifest(index, rpath, retriever.dim, resolve_dtype(dtype, device)),
                 "faiss": None, "step": step, "seconds": round(time.perf_counter() - start, 3)}
 
     try:

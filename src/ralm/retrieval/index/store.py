@@ -1,13 +1,15 @@
 """Index directories: versioned, published by atomic rename, safe to read while a new
 version is being written (by `ralm index build` or the pre-training refresher).
 
-  DIR/manifest.json         {"format", "retriever": "dense" | "bm25"}
+  DIR/manifest.json         {"format", "retriever": "hybrid" | "dense" | "bm25"} (the index kind)
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
   DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
   DIR/corpus/<sha>.jsonl    documents given in memory to build_index, saved as a corpus file
-  DIR/versions/v000007/     manifest.json + embeddings.npy (dense) [+ faiss.index] | bm25/
+  DIR/versions/v000007/     manifest.json + each side's files: embeddings.npy [+ faiss.index]
+                            (dense), bm25/ (BM25); retrieval/index/kinds.py lists the sides
   DIR/LATEST                name of the newest complete version (replaced atomically)
+  DIR/updates.jsonl         live document updates, replayed over every side (search/update_log.py)
 
 A version directory is complete before it gets its name, and LATEST moves only after that,
 so a reader never sees a partial version. A version is written in `versions/.building-<pid>@...`
@@ -29,8 +31,10 @@ import numpy as np
 from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
+from ralm.retrieval.index.kinds import KINDS, kind_of, sides_of
 
-FORMAT = "ralm.index/1"
+FORMAT = "ralm.index/2"
+OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
 _VERSION = re.compile(r"^v(\d{6})$")
 
 
@@ -42,27 +46,44 @@ def embeddings_file(version_dir: Path) -> Path:
 class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self.manifest = read_manifest(self.root, FORMAT, "index directory", "; build one with `ralm index build`")
+        self.manifest = read_manifest(self.root, (FORMAT, *OLD_FORMATS), "index directory", "; build one with `ralm index build`")
+        if self.manifest.get("retriever") not in KINDS:
+            raise RalmError(f"{manifest_file(self.root)}: no valid \"retriever\" (the index kind: {', '.join(KINDS)}); "
+                            "the index is damaged: rebuild it")
 
     @classmethod
-    def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
+    def create(cls, root: str | os.PathLike, kind: str) -> "IndexDir":
+        sides_of(kind)
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise RalmError(f"--out {root} is a file; choose a directory (new, empty, or an index of the same kind)")
         if manifest_file(root).is_file():
             index = cls(root)
-            if index.kind != retriever:
-                raise RalmError(f"{root} holds a {index.kind} index; cannot add a {retriever} version (use another --out)")
+            if index.kind != kind:
+                hint = (f"; `ralm index upgrade {root}` adds the sides it lacks" if set(index.sides) < set(sides_of(kind))
+                        else " (use another --out)")
+                raise RalmError(f"{root} holds a {index.kind} index; cannot add a {kind} version{hint}")
             return index
         if root.exists() and any(root.iterdir()):
             raise RalmError(f"{root} exists and is not an index directory; choose an empty or new --out")
         root.mkdir(parents=True, exist_ok=True)
-        write_json(manifest_file(root), {"format": FORMAT, "retriever": retriever})
+        write_json(manifest_file(root), {"format": FORMAT, "retriever": kind})
         return cls(root)
 
     @property
     def kind(self) -> str:
+        """hybrid, dense or bm25: which sides its versions hold (retrieval/index/kinds.py)."""
         return self.manifest["retriever"]
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return sides_of(self.kind)
+
+    def set_kind(self, kind: str) -> None:
+        """Record that new versions hold `kind`'s sides (an upgrade, after publishing one)."""
+        sides_of(kind)
+        write_json(manifest_file(self.root), {**self.manifest, "format": FORMAT, "retriever": kind})
+        self.manifest = read_json(manifest_file(self.root))
 
     # -- versions ----------------------------------------------------------------------------
     def versions(self) -> list[str]:
@@ -87,12 +108,16 @@ class IndexDir:
         return self.root / "versions" / name
 
     def version_manifest(self, name: str) -> dict:
-        return read_json(manifest_file(self.version_path(name)))
+        """Version `name`'s manifest; "sides" lists what it holds (older versions: their kind)."""
+        m = read_json(manifest_file(self.version_path(name)))
+        if "sides" not in m:
+            m["sides"] = list(sides_of(m.get("kind", self.kind)))
+        return m
 
     def summary(self, name: str) -> dict:
         """What a build reports of version `name`."""
         m = self.version_manifest(name)
-        return {"index": str(self.root), "version": name, "retriever": self.kind, "blocks": m["count"],
+        return {"index": str(self.root), "version": name, "retriever": kind_of(m["sides"]), "blocks": m["count"],
                 "dim": m.get("dim"), "faiss": m.get("faiss"), "dtype": m.get("dtype")}
 
     def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:

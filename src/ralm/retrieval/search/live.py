@@ -1,13 +1,15 @@
-"""Live knowledge updates: documents added, replaced or deleted while an index is served.
+"""Live knowledge updates: documents added, replaced or deleted while an index is in use.
 
-An overlay (retrieval/search/overlay.py) sits on top of the searcher's current index version:
-  - added documents are split into blocks and embedded with the document tower (dense) or
-    scored with the BM25 index's statistics (bm25), and searched beside the main index;
+An overlay (search/overlay.py) sits on top of the searcher's current index version:
+  - added documents are split into blocks and kept by every side of the index (dense: embedded
+    with the document tower; BM25: scored with the index's statistics), searched beside it;
   - replaced and deleted documents hide their main-index blocks (tombstones).
-Every change goes to the update log (retrieval/search/update_log.py) before it is applied, and the
-log is replayed when the overlay opens, so an acknowledged update survives a crash or restart.
-Rows >= len(main) name overlay blocks; a snapshot (`current`) keeps a search consistent
-across a concurrent update or index swap.
+Every change goes to the index's one update log (search/update_log.py) before it is applied,
+and the log is replayed when the overlay opens, so an acknowledged update survives a crash or
+restart, and every side replays the same log. Rows >= len(main) name overlay blocks; a
+snapshot (`current`) keeps a search consistent across a concurrent update or index swap.
+`ralm index add/delete` and the server's /documents write through it; every command that
+opens an index searches through it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ralm.data.blocks import BlockStore
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.backends.bm25 import LiveBM25, _tokens
 from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.index.kinds import side_class
 from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
-from ralm.retrieval.search.searcher import Hit, LoadedVersion, Searcher, hits
+from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import UpdateLog
 
 log = logging.getLogger("ralm.live")
@@ -38,7 +39,7 @@ class Snapshot:
     version: LoadedVersion
     delta: Delta
     hidden_rows: np.ndarray  # sorted main-index rows of the hidden documents
-    bm25: LiveBM25 | None  # the overlay blocks' BM25 scores on this version's scale (bm25)
+    scorers: dict  # side -> OverlayScorer of the overlay blocks on this version's scale
 
     @property
     def blocks(self) -> OverlayBlocks:
@@ -52,19 +53,29 @@ class Snapshot:
     def manifest(self) -> dict:
         return self.version.manifest
 
+    @property
+    def sides(self) -> dict:
+        return self.version.sides
 
-class LiveSearcher:
+
+class LiveSearcher(Searcher):
     """A Searcher plus live document updates, with the same search interface."""
 
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
-        self.index = searcher.index
+        self.index, self.device, self.dtype, self.models = searcher.index, searcher.device, searcher.dtype, searcher.models
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # serialises writers; readers use snapshots
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
         self._bm25_tokenizer = None
         added, deleted = self.updates.replay()
-        self._snap = self._snapshot(searcher.current, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added))
+        version = searcher.current
+        self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
+
+    @classmethod
+    def open(cls, path, model: str | None = None, device: torch.device | None = None, check_model: bool = True,
+             dtype: str | torch.dtype | None = None) -> "LiveSearcher":
+        return cls(Searcher.open(path, model, device, check_model, dtype))
 
     # -- snapshots ------------------------------------------------------------------------
     @property
@@ -74,6 +85,11 @@ class LiveSearcher:
     def __len__(self) -> int:
         snap = self._snap
         return len(snap.blocks) - len(snap.hidden_rows)
+
+    def __repr__(self) -> str:
+        snap = self._snap
+        return (f"LiveSearcher({str(self.index.root)!r}, version={snap.name}, sides={list(self.sides)}, blocks={len(self)}, "
+                f"live documents={len(snap.delta.docs)}, hidden documents={len(snap.delta.hidden_docs)})")
 
     def refresh(self) -> bool:
         """Swap in a newer index version (the overlay stays on top of it). The version loads,
@@ -91,13 +107,8 @@ class LiveSearcher:
     def _snapshot(self, version: LoadedVersion, delta: Delta) -> Snapshot:
         rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
-        bm25 = None
-        if self.searcher.retriever is None and delta.records:
-            if version.index.avgdl is None:
-                version.index.avgdl = _measured_avgdl(version.blocks)
-            bm25 = LiveBM25(version.index, [f"{r['title']} {r['text']}" for r in delta.records])
-        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), bm25)
-
+        scorers = {name: side.overlay_scorer(delta.state.get(name), delta.records) for name, side in version.sides.items()}
+        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), scorers)
     def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
         """Main-index rows of each document, once per version. A document's blocks are
         consecutive rows, so the map reads one record per document; writers build it before
@@ -121,7 +132,7 @@ class LiveSearcher:
         latest = list({d.id: d for d in docs}.values())
         self._rows_by_doc(self._snap.version)  # outside the lock
         with self._lock:
-            snap = self._snapshot(self._snap.version, self._with_adds(self._snap.delta, latest))
+            snap = self._snapshot(self._snap.version, self._with_adds(self._snap.delta, latest, self._snap.version))
             self.updates.append([{"op": "add", "id": d.id, "title": d.title, "text": d.text} for d in latest])
             self._snap = snap
         return [d.id for d in latest]
@@ -131,7 +142,7 @@ class LiveSearcher:
         with self._lock:
             if not self.exists(doc_id):
                 raise KeyError(doc_id)
-            snap = self._snapshot(self._snap.version, without(self._snap.delta, doc_id))
+            snap = self._snapshot(self._snap.version, without(self._snap.delta, doc_id, self._snap.version.sides))
             self.updates.append([{"op": "delete", "id": doc_id}])
             self._snap = snap
 
@@ -141,35 +152,28 @@ class LiveSearcher:
             return True
         return doc_id not in snap.delta.hidden_docs and doc_id in self._rows_by_doc(snap.version)
 
-    def _with_adds(self, old: Delta, docs: Sequence[Document]) -> Delta:
-        return with_adds(old, docs, self._tokenizer(), self.searcher.current.blocks.config, self.searcher.retriever,
-                         self.searcher.dtype)
+    def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
+        return with_adds(old, docs, self._tokenizer(version), version.blocks.config, version.sides)
 
-    def _tokenizer(self):
+    def _tokenizer(self, version: LoadedVersion):
+        """The wordpieces of the index's blocks (the dense side's retriever's, or the tokenizer
+        the block store was split with)."""
         if self.searcher.retriever is not None:
             return self.searcher.retriever.tokenizer
         if self._bm25_tokenizer is None:
-            from ralm.retrieval.towers.loading import load_tokenizer
-
-            self._bm25_tokenizer = load_tokenizer(None)
+            self._bm25_tokenizer = side_class("bm25").tokenizer(None)
         return self._bm25_tokenizer
 
-    # -- search ---------------------------------------------------------------------------
-    def encode(self, queries: Sequence[str]) -> torch.Tensor | list[str]:
-        return self.searcher.encode(queries)
-
-    def search_encoded(self, encoded: torch.Tensor | list[str], k: int, snap: Snapshot | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    # -- search: the overlay on each side -------------------------------------------------
+    def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
         """`encode`'s output -> (scores [Q, k], rows [Q, k]) over main (minus hidden) + overlay."""
         check_k(k)
-        snap = snap or self._snap
         n_main = len(snap.version.blocks)
         main_k = min(k + len(snap.hidden_rows), n_main)
-        m_scores, m_rows = self.searcher.search_encoded(encoded, main_k, snap.version)  # [Q, main_k]
-        d = snap.delta
-        if d.records:
-            o_scores = encoded.numpy() @ d.embeddings.T if d.embeddings is not None else snap.bm25.scores(encoded)  # [Q, M]
-            o_rows = np.broadcast_to(np.arange(len(d.records)), o_scores.shape)
+        m_scores, m_rows = self.searcher.side_search(encoded, main_k, snap.version, side)  # [Q, main_k]
+        if snap.delta.records:
+            o_scores = snap.scorers[side].scores(encoded)  # [Q, M]
+            o_rows = np.broadcast_to(np.arange(len(snap.delta.records)), o_scores.shape)
             scores = np.concatenate([m_scores, o_scores], 1)
             rows = np.concatenate([m_rows, o_rows + n_main], 1)
         else:
@@ -180,42 +184,14 @@ class LiveSearcher:
         live = np.isfinite(s).all(0)  # drop columns that only hold hidden rows (tiny corpora)
         return s[:, live].astype(np.float32), r[:, live]
 
-    def search_rows(self, queries: Sequence[str], k: int, snap: Snapshot | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """[Q] strings -> (scores [Q, k], rows [Q, k]) over main (minus hidden) + overlay."""
-        return self.search_encoded(self.encode(queries), k, snap)
-
-    def exact_scores(self, qvec: np.ndarray, rows: np.ndarray, snap: Snapshot) -> np.ndarray:
-        """Dense: [D] query vector, [C] rows -> [C] inner products with the stored embeddings."""
+    def side_scores(self, encoded, i: int, rows: np.ndarray, snap: Snapshot, side: str) -> np.ndarray | None:
+        """Query i's scores of rows [C] (main and overlay) on one side, or None."""
         n_main = len(snap.version.blocks)
-        out = np.zeros(len(rows), np.float32)
         main = rows < n_main
-        out[main] = self.searcher.exact_scores(qvec, rows[main], snap.version)
-        if not main.all():
-            out[~main] = snap.delta.embeddings[rows[~main] - n_main] @ qvec
+        a = self.searcher.side_scores(encoded, i, rows[main], snap.version, side)
+        b = snap.scorers[side].score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
+        if a is None or b is None:
+            return None
+        out = np.zeros(len(rows), np.float32)
+        out[main], out[~main] = a, b
         return out
-
-    def match_rows(self, rows: np.ndarray, other: Snapshot, snap: Snapshot) -> np.ndarray:
-        """Rows of another live searcher's snapshot over the same block store (hybrid search's
-        BM25 side) as rows of `snap`, -1 where `snap` does not hold that block: main-index rows
-        are shared; overlay blocks are matched by id, as the two overlays may order them apart."""
-        n_main = len(snap.version.blocks)
-        out = np.where(np.isin(rows, snap.hidden_rows), -1, rows)
-        for i in zip(*np.nonzero(rows >= n_main)):
-            block_id = other.delta.records[rows[i] - n_main]["id"]
-            out[i] = n_main + snap.delta.row_of[block_id] if block_id in snap.delta.row_of else -1
-        return out
-
-    def search(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
-        snap = self._snap
-        scores, rows = self.search_rows(queries, k, snap)
-        return hits(snap.blocks, scores, rows, bm25=self.searcher.retriever is None)
-
-
-def _measured_avgdl(blocks: BlockStore, sample: int = 10_000) -> float:
-    """The average block length of a BM25 index built by ralm <= 0.2.0, which did not record
-    it: measured on up to `sample` evenly spaced blocks (all of them in a smaller corpus)."""
-    rows = np.unique(np.linspace(0, len(blocks) - 1, min(sample, len(blocks))).astype(np.int64))
-    texts = [f"{r['title']} {r['text']}" for r in blocks.records(rows)]
-    log.warning("the BM25 index does not record its average block length (built by ralm <= 0.2.0); measured it "
-                "on %d blocks for scoring live documents: rebuild it for the exact figure", len(rows))
-    return float(np.mean([len(t) for t in _tokens(texts)]))

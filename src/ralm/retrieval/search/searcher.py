@@ -1,26 +1,28 @@
-"""Query side of an index directory: text in, ranked blocks (id, title, text, score) out.
+"""Query side of an index directory: text in, ranked blocks (id, title, text, score) out, over
+every side the index holds (retrieval/index/kinds.py), fused (search/fusion.py), or one side.
 
 The searcher follows the directory's LATEST version: `refresh()` swaps a newer version in
 with one reference assignment, so a search in flight finishes on the version it started with.
+
+What every searcher provides, the Searcher here and the LiveSearcher (search/live.py) alike:
+  sides, current (a version or snapshot: .name, .manifest, .blocks, .sides), refresh(), len()
+  encode(queries, side) / side_search(encoded, k, snap, side) / side_scores(...): one side
+  rank(queries, k, snap, retriever) -> Ranked; search_rows(...) -> (scores, rows); search(...) -> Hits
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
-from ralm.distributed import dist_env
 from ralm.errors import RalmError
-from ralm.retrieval.backends.bm25 import BM25Index
-from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.backends.exact import ExactIndex, check_k
-from ralm.retrieval.backends.faiss_index import FaissIndex
-from ralm.retrieval.backends.sharded import ShardedExactIndex
+from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import resolve_dtype
 
@@ -33,9 +35,11 @@ class Hit:
     title: str
     text: str
     score: float
+    found_by: tuple[str, ...] = ()  # the sides whose own top list held this block
 
     def to_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "score": round(self.score, 6), "text": self.text}
+        return {"id": self.id, "title": self.title, "score": round(self.score, 6), "text": self.text,
+                "found_by": list(self.found_by)}
 
 
 @dataclass(frozen=True)
@@ -43,71 +47,91 @@ class LoadedVersion:
     name: str
     manifest: dict
     blocks: BlockStore
-    index: ExactIndex | ShardedExactIndex | FaissIndex | BM25Index
-    embeddings: np.ndarray | None = None  # [N, D] float32, memory-mapped (dense)
+    sides: dict[str, Side]
+
+    @property
+    def embeddings(self) -> np.ndarray | None:
+        """The dense side's float32 embeddings [N, D] (memory-mapped), for the trainers."""
+        return self.sides["dense"].embeddings if "dense" in self.sides else None
+
+    @property
+    def index(self):
+        """The dense side's search index (exact, sharded or faiss), for the trainers."""
+        return self.sides["dense"].index
 
 
-def load_version(index: IndexDir, name: str, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> LoadedVersion:
+@dataclass(frozen=True)
+class Ranked:
+    """Search results with what selective answering and the evidence list need to know."""
+    scores: np.ndarray  # [Q, k] fused scores (one side: its own), best first
+    rows: np.ndarray  # [Q, k] block rows of the version searched
+    found_by: list[list[tuple[str, ...]]]  # [Q][k]: the sides whose own top list held the block
+    top: dict[str, np.ndarray] = field(default_factory=dict)  # side -> [Q] its best score
+    agreement: np.ndarray | None = None  # [Q] share of one side's top k in the other's top k
+
+
+def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = None, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None, check_model: bool = True) -> LoadedVersion:
+    """Version `name` with every side it holds, memory-mapped. `models`: each side's query
+    model (dense: the retriever), checked against the version unless `check_model` is off."""
     manifest = index.version_manifest(name)
-    path = index.version_path(name)
     blocks = index.blocks(manifest["blocks"])
     if len(blocks) != manifest["count"]:
-        raise RalmError(f"{path}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")
-    if manifest["kind"] == "bm25":
-        return LoadedVersion(name, manifest, blocks, BM25Index.load(path / "bm25", manifest["count"]))
-    # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
-    emb = index.embeddings(name, manifest, mmap_mode="c")
-    if manifest.get("faiss"):
-        ann = FaissIndex.load(path / "faiss.index", manifest["faiss"])
-        ann.set_search_params(**manifest.get("faiss_params", {}))
-        return LoadedVersion(name, manifest, blocks, ann, emb)
-    env = dist_env()
-    if env.active:  # under torchrun each rank holds and searches its shard of the rows
-        exact = ShardedExactIndex(emb, env, env.device(device or torch.device("cpu")), dtype)
-    else:
-        exact = ExactIndex(emb, device, dtype=dtype)
-    return LoadedVersion(name, manifest, blocks, exact, emb)
-
-
-def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
-    """An index only answers queries from the model family whose document tower built it."""
-    if retriever.dim != manifest["dim"]:
-        raise RalmError(f"{where} was built with dimension {manifest['dim']}, but the model produces {retriever.dim}")
-    fp = retriever.doc_fingerprint()
-    if fp != manifest["doc_fingerprint"]:
-        raise RalmError(f"{where} was built with another model (document tower {manifest['doc_fingerprint']}, "
-                        f"this model {fp}); rebuild the index with this model or pass the model it was built with")
+        raise RalmError(f"{index.version_path(name)}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")
+    device = device or torch.device("cpu")
+    models = models or {}
+    sides = {s: side_class(s).load(index, name, manifest, model=models.get(s), device=device, dtype=dtype,
+                                   check_model=check_model and models.get(s) is not None)
+             for s in manifest["sides"]}
+    return LoadedVersion(name, manifest, blocks, sides)
 
 
 class Searcher:
-    def __init__(self, index: IndexDir, retriever: Retriever | None, device: torch.device | None = None,
+    def __init__(self, index: IndexDir, retriever=None, device: torch.device | None = None,
                  check_model: bool = True, dtype: str | torch.dtype | None = None):
+        """`retriever`: the dense side's query model, if not the one the index was built with
+        (it must share the index's document tower)."""
         self.index = index
-        self.retriever = retriever
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
         self.check_model = check_model
-        self.current = self._load(index.latest())
+        latest = index.latest()
+        manifest = index.version_manifest(latest)
+        self.models = {s: retriever if s == "dense" and retriever is not None
+                       else side_class(s).query_model(index, manifest, None, self.device) for s in manifest["sides"]}
+        self.current = self._load(latest)
 
     @classmethod
     def open(cls, path: str | os.PathLike, model: str | None = None, device: torch.device | None = None,
              check_model: bool = True, dtype: str | torch.dtype | None = None) -> "Searcher":
-        """Open the index at `path`. A dense index uses the retriever it was built with unless
-        `model` (a retriever checkpoint) is given; that model must share its document tower."""
+        """Open the index at `path`. Its dense side, if any, uses the retriever it was built
+        with unless `model` (a retriever checkpoint) is given; that model must share its
+        document tower."""
         index = IndexDir(path)
         device = device or torch.device("cpu")
         retriever = None
-        if index.kind == "dense":
-            manifest = index.version_manifest(index.latest())
-            source = model or str(index.root / manifest["retriever"])
-            retriever = Retriever.from_pretrained(source).to(device).eval()
+        if model is not None:
+            from ralm.retrieval.towers.encoders import Retriever
+
+            retriever = Retriever.from_pretrained(model).to(device).eval()
         return cls(index, retriever, device, check_model, dtype)
 
+    @property
+    def retriever(self):
+        """The dense side's query model (None for an index without a dense side)."""
+        return self.models.get("dense")
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return tuple(self.current.sides)
+
     def _load(self, name: str) -> LoadedVersion:
-        version = load_version(self.index, name, self.device, self.dtype)
-        if version.manifest["kind"] == "dense" and self.check_model:
-            check_retriever(self.retriever, version.manifest, f"index {self.index.root} ({name})")
+        version = load_version(self.index, name, models=self.models, device=self.device, dtype=self.dtype,
+                               check_model=self.check_model)
+        missing = [s for s in version.sides if s not in self.models]
+        if missing:  # a version of more sides than the one opened (an upgrade while serving)
+            raise RalmError(f"{self.index.root} ({name}) holds {', '.join(missing)}, which this searcher was not opened "
+                            "with; restart to search it")
         return version
 
     def newer_version(self) -> LoadedVersion | None:
@@ -125,49 +149,80 @@ class Searcher:
     def __len__(self) -> int:
         return len(self.current.blocks)
 
-    def encode(self, queries: Sequence[str]) -> torch.Tensor | list[str]:
-        """Queries in the form the index searches: [Q, D] query vectors (dense) or the strings (BM25)."""
-        if isinstance(queries, str):  # would search each of its characters
-            raise RalmError("search a list of queries; wrap a single query in a list")
-        if any(not isinstance(q, str) or not q.strip() for q in queries):
-            raise RalmError("queries must be non-empty strings")
-        return list(queries) if self.retriever is None else self.retriever.encode_queries(list(queries), dtype=self.dtype)
+    def __repr__(self) -> str:
+        return f"Searcher({str(self.index.root)!r}, version={self.current.name}, sides={list(self.sides)}, blocks={len(self)})"
 
-    def search_encoded(self, encoded: torch.Tensor | list[str], k: int, version: LoadedVersion | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """`encode`'s output -> (scores [Q, k], block rows [Q, k])."""
+    # -- one side ---------------------------------------------------------------------------
+    def encode(self, queries: Sequence[str], side: str) -> Any:
+        """Queries in the form `side` searches with ([Q, D] query vectors for dense, the strings for BM25)."""
+        check_queries(queries)
+        return self.current.sides[side].encode(list(queries))
+
+    def side_search(self, encoded: Any, k: int, snap: LoadedVersion, side: str) -> tuple[np.ndarray, np.ndarray]:
+        """`encode`'s output -> (scores [Q, k], rows [Q, k]) of one side."""
         check_k(k)
-        return (version or self.current).index.search(encoded, k)
+        return snap.sides[side].search(encoded, k)
 
-    def search_rows(self, queries: Sequence[str], k: int, version: LoadedVersion | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def side_scores(self, encoded: Any, i: int, rows: np.ndarray, snap: LoadedVersion, side: str) -> np.ndarray | None:
+        """Query i's scores of rows [C] on one side, or None where it cannot score any row."""
+        return snap.sides[side].score_rows(encoded, i, rows)
+
+    def is_result(self, scores: np.ndarray, snap: LoadedVersion, side: str) -> np.ndarray:
+        return snap.sides[side].is_result(scores)
+
+    # -- every side, fused ------------------------------------------------------------------
+    def rank(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None) -> Ranked:
+        """The top k of each query: fused over every side (retriever None), or one side."""
+        from ralm.retrieval.search.fusion import rank
+
+        check_queries(queries)
+        check_k(k)
+        snap = snap or self.current
+        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root))
+
+    def search_rows(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """[Q] strings -> (scores [Q, k], block rows [Q, k])."""
-        check_k(k)
-        if not queries:
+        if not queries and not isinstance(queries, str):
+            check_k(k)
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        return self.search_encoded(self.encode(queries), k, version)
+        ranked = self.rank(queries, k, snap, retriever)
+        return ranked.scores, ranked.rows
 
-    def exact_scores(self, qvec: np.ndarray, rows: np.ndarray, version: LoadedVersion) -> np.ndarray:
-        """Dense: [D] query vector, [C] rows -> [C] inner products with the stored float32
-        embeddings (whatever the search index approximates or stores in bf16)."""
-        return np.asarray(version.embeddings[rows], dtype=np.float32) @ qvec
-
-    def match_rows(self, rows: np.ndarray, other: LoadedVersion, version: LoadedVersion) -> np.ndarray:
-        """Rows of another searcher's version as rows of `version`: over the same block store
-        (which hybrid search checks) a row is the same block in both."""
-        return rows
-
-    def search(self, queries: Sequence[str], k: int = 5) -> list[list[Hit]]:
-        version = self.current  # one version for the whole call, even if a swap happens meanwhile
-        scores, rows = self.search_rows(queries, k, version)
-        return hits(version.blocks, scores, rows, bm25=self.retriever is None)
+    def search(self, queries: Sequence[str], k: int = 5, retriever: str | None = None) -> list[list[Hit]]:
+        snap = self.current  # one version for the whole call, even if a swap happens meanwhile
+        if not queries and not isinstance(queries, str):
+            return []
+        return hits(snap.blocks, self.rank(queries, k, snap, retriever))
 
 
-def hits(blocks, scores: np.ndarray, rows: np.ndarray, bm25: bool = False) -> list[list[Hit]]:
-    """search_rows' output as Hits with their block's text. BM25 fills a list up to k with
-    blocks that share no term with the query (score 0); they are not results, so they go."""
+def check_queries(queries: Sequence[str]) -> None:
+    if isinstance(queries, str):  # would search each of its characters
+        raise RalmError("search a list of queries; wrap a single query in a list")
+    if any(not isinstance(q, str) or not q.strip() for q in queries):
+        raise RalmError("queries must be non-empty strings")
+
+
+def pick_sides(have: tuple[str, ...], retriever: str | None, where) -> tuple[str, ...]:
+    """The sides a search uses: all of them (None or "hybrid" on a hybrid index), or one."""
+    if retriever is None:
+        return have
+    from ralm.retrieval.index.kinds import sides_of
+
+    want = sides_of(retriever)
+    if not set(want) <= set(have):
+        raise RalmError(f"retriever {retriever!r} needs the {', '.join(want)} side(s), but {where} holds "
+                        f"{', '.join(have)}; `ralm index upgrade {where}` adds the missing side")
+    return want
+
+
+def hits(blocks, ranked: Ranked) -> list[list[Hit]]:
+    """Ranked results as Hits with their block's text. A block no side found (BM25's filler of
+    a short list: it shares no term with the query) is not a result, so it goes."""
     out = []
-    for srow, rrow in zip(scores, rows):
-        keep = srow > 0 if bm25 else np.ones(len(srow), dtype=bool)
-        recs = [blocks.record(int(r)) for r in rrow[keep]]
-        out.append([Hit(int(r), x["id"], x["doc_id"], x["title"], x["text"], float(s)) for s, r, x in zip(srow[keep], rrow[keep], recs)])
+    for srow, rrow, frow in zip(ranked.scores, ranked.rows, ranked.found_by):
+        keep = [j for j in range(len(rrow)) if frow[j]]
+        recs = [blocks.record(int(rrow[j])) for j in keep]
+        out.append([Hit(int(rrow[j]), x["id"], x["doc_id"], x["title"], x["text"], float(srow[j]), frow[j])
+                    for j, x in zip(keep, recs)])
     return out

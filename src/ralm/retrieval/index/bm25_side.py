@@ -1,0 +1,112 @@
+"""The BM25 side of an index: bm25s over each block's `title text`.
+
+  VERSION/bm25/   bm25s's npy/json files, memory-mapped, + ralm.json (the average length)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ralm.data.blocks import BlockStore
+from ralm.progress import track
+from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, tokens_of
+from ralm.retrieval.index.kinds import BuildContext
+from ralm.retrieval.index.store import IndexDir
+
+FOLDER = "bm25"
+
+
+def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
+    """Title + body of every block: what BM25 indexes."""
+    return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
+
+
+@dataclass
+class _BM25Builder:
+    ctx: BuildContext
+
+    def write(self, tmp: Path) -> dict:
+        texts = block_texts(self.ctx.blocks, self.ctx.show_progress)
+        BM25Index.build(texts, show_progress=self.ctx.show_progress).save(tmp / FOLDER)
+        return {}
+
+
+class BM25Side:
+    name = "bm25"
+
+    def __init__(self, index: BM25Index, blocks: BlockStore):
+        self.index = index
+        self.blocks = blocks
+
+    @classmethod
+    def tokenizer(cls, model: str | None):
+        from ralm.retrieval.towers.loading import load_tokenizer
+
+        return load_tokenizer(model)
+
+    @classmethod
+    def builder(cls, ctx: BuildContext) -> _BM25Builder:
+        return _BM25Builder(ctx)  # one process's job, even under torchrun: rank 0 writes it
+
+    @classmethod
+    def files(cls, version_dir: Path) -> list[Path]:
+        """This side's files in a version folder."""
+        return sorted(p for p in (version_dir / FOLDER).rglob("*") if p.is_file())
+
+    @classmethod
+    def query_model(cls, index: IndexDir, manifest: dict, model: str | None, device: torch.device) -> None:
+        return None
+
+    @classmethod
+    def load(cls, index: IndexDir, name: str, manifest: dict, *, model: None, device: torch.device, dtype: torch.dtype,
+             check_model: bool) -> "BM25Side":
+        return cls(BM25Index.load(index.version_path(name) / FOLDER, manifest["count"]), index.blocks(manifest["blocks"]))
+
+    def encode(self, queries: list[str]) -> list[str]:
+        return list(queries)
+
+    def search(self, encoded: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(encoded, k)
+
+    def score_rows(self, encoded: list[str], i: int, rows: np.ndarray) -> None:
+        return None  # a full-corpus score vector per query would not scale; fusion floors instead
+
+    def is_result(self, scores: np.ndarray) -> np.ndarray:
+        return scores > 0  # BM25 fills a short list with blocks that share no term (score 0)
+
+    def overlay_state(self, state: None, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> None:
+        return None  # live blocks are scored from their text, with each version's statistics
+
+    def overlay_scorer(self, state: None, records: Sequence[dict]) -> "_BM25Overlay":
+        if self.index.avgdl is None:
+            self.index.avgdl = _measured_avgdl(self.blocks)
+        return _BM25Overlay(LiveBM25(self.index, [f"{r['title']} {r['text']}" for r in records]) if records else None)
+
+
+class _BM25Overlay:
+    def __init__(self, live: LiveBM25 | None):
+        self.live = live
+
+    def scores(self, encoded: list[str]) -> np.ndarray:
+        return self.live.scores(encoded) if self.live else np.zeros((len(encoded), 0), np.float32)  # [Q, M]
+
+    def score_rows(self, encoded: list[str], i: int, rows: np.ndarray) -> None:
+        return None
+
+
+def _measured_avgdl(blocks: BlockStore, sample: int = 10_000) -> float:
+    """The average block length of a BM25 index built by ralm <= 0.2.0, which did not record
+    it: measured on up to `sample` evenly spaced blocks (all of them in a smaller corpus)."""
+    import logging
+
+    rows = np.unique(np.linspace(0, len(blocks) - 1, min(sample, len(blocks))).astype(np.int64))
+    texts = [f"{r['title']} {r['text']}" for r in blocks.records(rows)]
+    logging.getLogger("ralm.live").warning(
+        "the BM25 index does not record its average block length (built by ralm <= 0.2.0); measured it on %d blocks "
+        "for scoring live documents: rebuild it for the exact figure", len(rows))
+    return float(np.mean([len(t) for t in tokens_of(texts)]))

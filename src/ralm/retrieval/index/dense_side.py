@@ -1,0 +1,201 @@
+"""The dense side of an index: document-tower embeddings of every block, searched by maximum
+inner product (exact torch search, sharded under torchrun, or a faiss index).
+
+  VERSION/embeddings.npy   float32 [N, D], memory-mapped
+  VERSION/faiss.index      with `--faiss SPEC`
+  DIR/retriever/<fp>/      the retriever that built it (its document tower's fingerprint)
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ralm.data.blocks import BlockStore
+from ralm.errors import RalmError
+from ralm.retrieval.backends.exact import ExactIndex
+from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.backends.sharded import ShardedExactIndex, assemble_pieces, encode_pieces
+from ralm.retrieval.index.kinds import BuildContext
+from ralm.retrieval.index.store import IndexDir, embeddings_file
+from ralm.retrieval.towers.encoders import Retriever
+from ralm.retrieval.towers.encoding import encode_rows
+from ralm.retrieval.towers.projection import init_projection
+from ralm.runtime import dtype_name
+
+
+def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device, *,
+                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None) -> np.ndarray:
+    """Document-tower embeddings of every block, streamed into `out` (a .npy memmap) [N, D].
+    `pooled` [N, H], when given, holds every block's pooled vector: only the projection runs."""
+    emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(blocks), retriever.dim))
+    if pooled is not None:
+        with torch.inference_mode():
+            doc = retriever.doc.cpu()
+            emb[:] = doc.norm(doc.proj(pooled)).numpy()
+            retriever.doc.to(device)
+    else:
+        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), emb, batch_size, device,
+                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks", dtype=dtype)
+    emb.flush()
+    return emb
+
+
+def dense_manifest(index: IndexDir, retriever_path: Path, dim: int, dtype: torch.dtype) -> dict:
+    """What a version's manifest records of its dense side."""
+    return {"dim": dim, "doc_fingerprint": retriever_path.name, "retriever": str(retriever_path.relative_to(index.root)),
+            "dtype": dtype_name(dtype)}
+
+
+def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
+    """An index only answers queries from the model family whose document tower built it."""
+    if retriever.dim != manifest["dim"]:
+        raise RalmError(f"{where} was built with dimension {manifest['dim']}, but the model produces {retriever.dim}")
+    fp = retriever.doc_fingerprint()
+    if fp != manifest["doc_fingerprint"]:
+        raise RalmError(f"{where} was built with another model (document tower {manifest['doc_fingerprint']}, "
+                        f"this model {fp}); rebuild the index with this model or pass the model it was built with")
+
+
+@dataclass
+class _DenseBuilder:
+    ctx: BuildContext
+    retriever: Retriever
+    rpath: Path
+    pooled: torch.Tensor | None  # every block's pooled vector, when the PCA sample was the whole corpus
+    staging: Path | None  # the encoded pieces, when encoded piecewise
+
+    def write(self, tmp: Path) -> dict:
+        c = self.ctx
+        out = embeddings_file(tmp)
+        if self.staging is None:
+            embed_blocks(self.retriever, c.blocks, out, c.device, batch_size=c.batch_size, show_progress=c.show_progress,
+                         pooled=self.pooled, dtype=c.dtype)
+        else:
+            assemble_pieces(self.staging, len(c.blocks), self.retriever.dim, out, c.env.world, c.piece_rows)
+            shutil.rmtree(self.staging, ignore_errors=True)  # the version holds them now (a failed publish re-encodes)
+        manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": c.faiss_spec}
+        if not c.faiss_spec:
+            return manifest
+        ann = FaissIndex.build(np.load(out, mmap_mode="r", allow_pickle=False), c.faiss_spec)
+        ann.save(tmp / "faiss.index")
+        return {**manifest, "faiss_params": ann.default_search_params()}
+
+
+class DenseSide:
+    name = "dense"
+
+    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, dtype: torch.dtype):
+        self.retriever = retriever
+        self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
+        self.embeddings = embeddings  # [N, D] float32, memory-mapped
+        self.dtype = dtype
+
+    # -- building ------------------------------------------------------------------------
+    @classmethod
+    def tokenizer(cls, model: str | None):
+        return Retriever.from_pretrained(model).tokenizer
+
+    @classmethod
+    def builder(cls, ctx: BuildContext) -> _DenseBuilder:
+        """Every rank: the retriever (its projection PCA-initialised by rank 0 when fresh), then
+        the blocks' embeddings in pieces written atomically per rank, so a killed build
+        resumes. A small single-process build projects the PCA sample's pooled vectors instead."""
+        env = ctx.env
+        retriever = (ctx.retriever or Retriever.from_pretrained(ctx.model, dim=ctx.dim)).to(ctx.device).eval()
+        pooled = None
+        if env.is_main:
+            if not retriever.cfg.projection_ready:
+                pooled = init_projection(retriever, ctx.blocks, ctx.device, batch_size=ctx.batch_size,
+                                         show_progress=ctx.show_progress, dtype=ctx.dtype)
+            rpath = ctx.index.retriever_path(retriever.doc_fingerprint())
+            if not (rpath / "config.json").is_file():
+                retriever.save_pretrained(rpath)
+        env.barrier()
+        rpath = Path(env.broadcast_object(str(ctx.index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
+        if not env.is_main and not retriever.cfg.projection_ready:
+            retriever = Retriever.from_pretrained(rpath).to(ctx.device).eval()
+        if pooled is not None and not env.active:
+            return _DenseBuilder(ctx, retriever, rpath, pooled, None)
+        staging = ctx.index.root / "versions" / f".pieces-{rpath.name}-{ctx.key}-w{env.world}"
+        encode_pieces(retriever.doc, ctx.blocks.tokens, ctx.blocks.tokens.lengths(), retriever.dim, staging, env, ctx.device,
+                      ctx.batch_size, retriever.tokenizer.pad_token_id or 0, ctx.piece_rows, ctx.show_progress, ctx.dtype)
+        env.barrier()
+        return _DenseBuilder(ctx, retriever, rpath, None, staging)
+
+    @classmethod
+    def files(cls, version_dir: Path) -> list[Path]:
+        """This side's files in a version folder."""
+        return [p for p in (embeddings_file(version_dir), version_dir / "faiss.index") if p.is_file()]
+
+    # -- loading -------------------------------------------------------------------------
+    @classmethod
+    def query_model(cls, index: IndexDir, manifest: dict, model: str | None, device: torch.device) -> Retriever:
+        """The retriever given as `model` (it must share the index's document tower), else the
+        one the version was built with."""
+        return Retriever.from_pretrained(model or str(index.root / manifest["retriever"])).to(device).eval()
+
+    @classmethod
+    def load(cls, index: IndexDir, name: str, manifest: dict, *, model: Retriever, device: torch.device,
+             dtype: torch.dtype, check_model: bool) -> "DenseSide":
+        from ralm.distributed import dist_env
+
+        if check_model:
+            check_retriever(model, manifest, f"index {index.root} ({name})")
+        path = index.version_path(name)
+        # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
+        emb = index.embeddings(name, manifest, mmap_mode="c")
+        if manifest.get("faiss"):
+            ann = FaissIndex.load(path / "faiss.index", manifest["faiss"])
+            ann.set_search_params(**manifest.get("faiss_params", {}))
+            return cls(model, ann, emb, dtype)
+        env = dist_env()
+        if env.active:  # under torchrun each rank holds and searches its shard of the rows
+            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype)
+        return cls(model, ExactIndex(emb, device, dtype=dtype), emb, dtype)
+
+    # -- searching -----------------------------------------------------------------------
+    def encode(self, queries: list[str]) -> torch.Tensor:
+        return self.retriever.encode_queries(queries, dtype=self.dtype)  # [Q, D]
+
+    def search(self, encoded: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.index.search(encoded, k)
+
+    def score_rows(self, encoded: torch.Tensor, i: int, rows: np.ndarray) -> np.ndarray:
+        """Exact inner products with the stored float32 embeddings (whatever the search index
+        approximates or holds in bf16)."""
+        return np.asarray(self.embeddings[rows], dtype=np.float32) @ encoded[i].float().numpy()
+
+    def is_result(self, scores: np.ndarray) -> np.ndarray:
+        return np.isfinite(scores)
+
+    # -- live blocks ---------------------------------------------------------------------
+    def overlay_state(self, state: np.ndarray | None, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> np.ndarray:
+        """The live blocks' embeddings [M, D]: the kept ones, then the new blocks', embedded now."""
+        r = self.retriever
+        fresh = np.zeros((len(tokens), r.dim), np.float32)  # [M_new, D]
+        if len(tokens):
+            encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), fresh, device=r.device,
+                        pad_id=r.tokenizer.pad_token_id or 0, show_progress=False, dtype=self.dtype)
+        base = state[list(keep)] if state is not None else np.zeros((0, r.dim), np.float32)
+        return np.concatenate([base, fresh])
+
+    def overlay_scorer(self, state: np.ndarray, records: Sequence[dict]) -> "_DenseOverlay":
+        return _DenseOverlay(state)
+
+
+class _DenseOverlay:
+    def __init__(self, embeddings: np.ndarray):
+        self.embeddings = embeddings  # [M, D]
+
+    def scores(self, encoded: torch.Tensor) -> np.ndarray:
+        return encoded.float().numpy() @ self.embeddings.T  # [Q, M]
+
+    def score_rows(self, encoded: torch.Tensor, i: int, rows: np.ndarray) -> np.ndarray:
+        return self.embeddings[rows] @ encoded[i].float().numpy()

@@ -1,0 +1,131 @@
+"""What an index can hold: the registry of sides and of index kinds, and the contract a side keeps.
+
+A *side* is one retrieval method over an index version's blocks (dense MIPS over document-tower
+embeddings, BM25 over the block texts). An index *kind* names the sides its versions hold; the
+default, hybrid, holds both over one block store, so one version, one manifest and one update
+log serve both and no crash can leave them apart. A new retrieval method (say, late
+interaction) is a module with a class that keeps the `Side` contract below and an entry in
+SIDES; searching, fusion, live updates and serving then use it with no other change.
+
+Shapes: Q queries, k results, C candidate rows, M live (overlay) blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from ralm.errors import RalmError
+
+# side name -> "module:Class"; imported on first use, so naming a kind loads nothing heavy
+SIDES = {"dense": "ralm.retrieval.index.dense_side:DenseSide", "bm25": "ralm.retrieval.index.bm25_side:BM25Side"}
+KINDS = {"hybrid": ("dense", "bm25"), "dense": ("dense",), "bm25": ("bm25",)}
+DEFAULT_KIND = "hybrid"
+
+
+def sides_of(kind: str) -> tuple[str, ...]:
+    """The sides an index kind holds."""
+    if kind not in KINDS:
+        raise RalmError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
+    return KINDS[kind]
+
+
+def kind_of(sides: Sequence[str]) -> str:
+    """The kind whose versions hold exactly `sides`."""
+    for kind, held in KINDS.items():
+        if set(held) == set(sides):
+            return kind
+    raise RalmError(f"no index kind holds the sides {sorted(sides)}")
+
+
+def side_class(name: str) -> type["Side"]:
+    if name not in SIDES:
+        raise RalmError(f"unknown retriever {name!r}; choose one of {', '.join(SIDES)}")
+    module, cls = SIDES[name].split(":")
+    return getattr(import_module(module), cls)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every side's builder may use to write its part of a new version."""
+    index: Any  # IndexDir
+    key: str  # the block store's key
+    blocks: Any  # BlockStore
+    model: str | None  # the encoder or retriever to build with (None: the bundled default)
+    dim: int | None
+    faiss_spec: str | None
+    batch_size: int
+    device: torch.device
+    dtype: torch.dtype
+    env: Any  # DistEnv
+    show_progress: bool
+    piece_rows: int
+    retriever: Any = None  # a loaded Retriever, when the caller has one
+
+
+class SideBuilder(Protocol):
+    def write(self, tmp: Path) -> dict:
+        """Write this side's files into the version folder `tmp` (rank 0 only, inside
+        IndexDir.publish); returns the fields it adds to the version's manifest."""
+
+
+class Side(Protocol):
+    """One retrieval method of a loaded index version. Rows are the version's block rows."""
+
+    name: str
+
+    @classmethod
+    def tokenizer(cls, model: str | None):
+        """The wordpiece tokenizer that splits the corpus into blocks for this side."""
+
+    @classmethod
+    def builder(cls, ctx: BuildContext) -> SideBuilder:
+        """Prepare this side's part of a version (every rank: the slow, resumable work)."""
+
+    @classmethod
+    def files(cls, version_dir: Path) -> list[Path]:
+        """This side's files in a version folder (an upgrade links them into the next one)."""
+
+    @classmethod
+    def query_model(cls, index, manifest: dict, model: str | None, device: torch.device):
+        """What encodes queries for this side (the retriever's query tower), loaded once per
+        searcher; None for a side that needs none."""
+
+    @classmethod
+    def load(cls, index, name: str, manifest: dict, *, model, device: torch.device, dtype: torch.dtype,
+             check_model: bool) -> "Side":
+        """Version `name` of this side, memory-mapped and checked against its manifest."""
+
+    def encode(self, queries: list[str]) -> Any:
+        """Queries in the form this side searches with."""
+
+    def search(self, encoded: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`encode`'s output -> (scores [Q, k], rows [Q, k]), best first. A row that is no
+        result (BM25: shares no term with the query) scores <= `floor_score`."""
+
+    def score_rows(self, encoded: Any, i: int, rows: np.ndarray) -> np.ndarray | None:
+        """Query i's exact scores of main-index rows [C], or None where the side cannot score
+        arbitrary rows cheaply (fusion then uses the lowest score of the side's list)."""
+
+    def is_result(self, scores: np.ndarray) -> np.ndarray:
+        """Which scores are real results, not fillers of a short list."""
+
+    def overlay_state(self, state: Any, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> Any:
+        """This side's version-independent state of the live blocks: `state` (of the old live
+        blocks) kept at `keep`, then the new blocks' `tokens` appended."""
+
+    def overlay_scorer(self, state: Any, records: Sequence[dict]) -> "OverlayScorer":
+        """Scores of the live blocks (`records`, with `state`) on this version's scale."""
+
+
+class OverlayScorer(Protocol):
+    def scores(self, encoded: Any) -> np.ndarray:
+        """[Q, M] scores of every live block."""
+
+    def score_rows(self, encoded: Any, i: int, rows: np.ndarray) -> np.ndarray | None:
+        """Query i's scores of live rows [C] (0-based within the overlay), or None."""

@@ -1,0 +1,103 @@
+"""Fusing the sides of an index (dense and BM25) into one ranking.
+
+For a query, the union of each side's top `depth` rows are the candidates. Each side scores
+every candidate: exactly where it can (dense: query · the stored embedding), else a row outside
+its list gets the list's lowest score (an upper bound: BM25). Two fusions (FUSIONS):
+
+  weighted  each side's scores min-max normalised over the candidates, mixed with weights
+            (dense alpha, BM25 1 - alpha), times the same mix of the sides' score ranges, which
+            puts fused scores back on the retrievers' own scale (it matters for p(z|x));
+  rrf       reciprocal rank fusion (Cormack et al., 2009): sum over sides of 1 / (c + rank),
+            a row outside a side's list adding nothing, times RRF_SCALE so that p(z|x), the
+            softmax of the scores, is not uniform.
+
+Which one is the default (defaults.FUSION) was chosen on held-back questions
+(benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
+Shapes: Q queries, C candidates of one query, k results.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ralm.defaults import FUSION, FUSION_DEPTH, HYBRID_ALPHA, RRF_C
+from ralm.errors import RalmError
+from ralm.retrieval.search.searcher import Ranked
+
+RRF_SCALE = 1000.0  # adjacent ranks near the top then differ by ~0.25 nats, as dense neighbours do
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    """Scale a score vector to [0, 1] (all zeros when it is constant)."""
+    span = x.max() - x.min()
+    return (x - x.min()) / span if span > 0 else np.zeros_like(x)
+
+
+def side_weights(sides: tuple[str, ...], alpha: float) -> dict[str, float]:
+    """alpha for the dense side and 1 - alpha for BM25; other sides share the rest equally."""
+    if not 0.0 <= alpha <= 1.0:
+        raise RalmError(f"hybrid weight alpha must be in [0, 1], got {alpha}")
+    named = {"dense": alpha, "bm25": 1 - alpha}
+    rest = [s for s in sides if s not in named]
+    return {s: named[s] if s in named else 1.0 / len(rest) for s in sides}
+
+
+def fuse_weighted(scores: dict[str, np.ndarray], ranks: dict[str, np.ndarray], alpha: float) -> np.ndarray:
+    """[C] scores per side -> [C] fused: a convex combination of min-max normalised scores,
+    scaled back to the same mix of the sides' score ranges (on [0, 1], p(z|x) would be near
+    uniform over the top k and the reader would ignore how far apart the retrievers put them)."""
+    w = side_weights(tuple(scores), alpha)
+    span = sum(w[s] * np.ptp(x) for s, x in scores.items())
+    return sum(w[s] * minmax(x) for s, x in scores.items()) * span
+
+
+def fuse_rrf(scores: dict[str, np.ndarray], ranks: dict[str, np.ndarray], alpha: float) -> np.ndarray:
+    """[C] ranks per side (0-based; -1: outside its list) -> [C] reciprocal rank fusion."""
+    return RRF_SCALE * sum(np.where(r >= 0, 1.0 / (RRF_C + 1 + r), 0.0) for r in ranks.values()).astype(np.float32)
+
+
+FUSIONS: dict[str, Callable] = {"weighted": fuse_weighted, "rrf": fuse_rrf}
+
+
+def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fusion: str = FUSION,
+         alpha: float = HYBRID_ALPHA, depth: int = FUSION_DEPTH) -> Ranked:
+    """The top k of each query over `sides` of `searcher`'s `snap` (see the module docstring)."""
+    if fusion not in FUSIONS:
+        raise RalmError(f"unknown fusion {fusion!r}; choose one of {', '.join(FUSIONS)}")
+    encoded = {s: searcher.encode(queries, s) for s in sides}
+    if len(sides) == 1:
+        (side,) = sides
+        scores, rows = searcher.side_search(encoded[side], k, snap, side)
+        real = searcher.is_result(scores, snap, side)
+        found = [[(side,) if r else () for r in row] for row in real]
+        return Ranked(scores, rows, found, {side: scores[:, 0] if scores.shape[1] else np.zeros(len(queries))},
+                      np.ones(len(queries)))
+    lists = {s: searcher.side_search(encoded[s], max(k, depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
+    out_scores, out_rows, out_found, agreement = [], [], [], []
+    for i in range(len(queries)):
+        listed = {s: (rows[i][searcher.is_result(sc[i], snap, s)], sc[i][searcher.is_result(sc[i], snap, s)])
+                  for s, (sc, rows) in lists.items()}  # side -> its real results: rows, scores
+        cand = np.unique(np.concatenate([listed[s][0] for s in sides]))  # [C]
+        per_side, per_rank = {}, {}
+        for s in sides:
+            rows_s, sc_s = listed[s]
+            pos = {int(r): j for j, r in enumerate(rows_s)}
+            per_rank[s] = np.array([pos.get(int(r), -1) for r in cand])  # [C]
+            exact = searcher.side_scores(encoded[s], i, cand, snap, s)
+            floor = float(sc_s.min()) if len(sc_s) else 0.0
+            per_side[s] = exact if exact is not None else np.where(per_rank[s] >= 0, sc_s[np.maximum(per_rank[s], 0)] if len(sc_s) else 0.0,
+                                                                   floor).astype(np.float32)
+        fused = FUSIONS[fusion](per_side, per_rank, alpha)
+        top = np.argsort(-fused, kind="stable")[:k]
+        out_scores.append(fused[top])
+        out_rows.append(cand[top])
+        out_found.append([tuple(s for s in sides if per_rank[s][j] >= 0) for j in top])
+        tops = [set(listed[s][0][:k].tolist()) for s in sides]
+        agreement.append(len(tops[0] & tops[1]) / max(min(len(tops[0]), len(tops[1])), 1))
+    n = min([k] + [len(r) for r in out_rows])
+    top_of = {s: np.array([lists[s][0][i][0] if lists[s][0].shape[1] else 0.0 for i in range(len(queries))]) for s in sides}
+    return Ranked(np.array([s[:n] for s in out_scores], dtype=np.float32).reshape(len(queries), n),
+                  np.array([r[:n] for r in out_rows], dtype=np.int64).reshape(len(queries), n),
+                  [f[:n] for f in out_found], top_of, np.array(agreement))
