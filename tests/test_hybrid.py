@@ -1,82 +1,205 @@
-"""Hybrid BM25 + dense retrieval: fusion maths, limits (alpha 0 / 1), same-blocks check."""
+"""Hybrid indexes: both sides in one version, fusion maths (weighted, RRF), one side at query
+time, upgrading an older index, and a new kind of side as one module plus a registry entry."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ralm.errors import RalmError
-from ralm.retrieval.index.build import build_index
-from ralm.retrieval.search.hybrid import HybridSearcher, fuse, minmax
+from ralm.retrieval.index import kinds
+from ralm.retrieval.index.build import build_index, upgrade_index
+from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.fusion import fuse_rrf, fuse_weighted, minmax, rank
+from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher
 from conftest import DOCS
 
-
-@pytest.fixture(scope="module")
-def bm25_index(tmp_path_factory, tiny_bert):
-    root = tmp_path_factory.mktemp("bm25")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))  # same bytes as the dense index's corpus
-    build_index(corpus, root / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
-    return root / "bm25"
+QUERIES = ["capital of France", "Who created Python?", "highest mountain"]
 
 
-def test_fuse_is_a_convex_combination_of_minmax_scores_on_the_retrievers_scale():
+def test_fuse_weighted_is_a_convex_combination_of_minmax_scores_on_the_retrievers_scale():
     dense, bm25 = np.array([1.0, 3.0, 2.0]), np.array([10.0, 0.0, 5.0])
     assert np.allclose(minmax(dense), [0.0, 1.0, 0.5])
     scale = 0.25 * 2.0 + 0.75 * 10.0  # the same mix of the two score ranges
-    assert np.allclose(fuse(dense, bm25, 0.25), (0.25 * np.array([0.0, 1.0, 0.5]) + 0.75 * np.array([1.0, 0.0, 0.5])) * scale)
+    fused = fuse_weighted({"dense": dense, "bm25": bm25}, {}, 0.25)
+    assert np.allclose(fused, (0.25 * np.array([0.0, 1.0, 0.5]) + 0.75 * np.array([1.0, 0.0, 0.5])) * scale)
     assert np.allclose(minmax(np.array([2.0, 2.0])), [0.0, 0.0])
     # alpha = 1 gives the dense scores up to a shift, so p(z|x) = softmax is exactly the dense one
-    assert np.allclose(fuse(dense, bm25, 1.0), dense - dense.min())
+    assert np.allclose(fuse_weighted({"dense": dense, "bm25": bm25}, {}, 1.0), dense - dense.min())
 
 
-def test_alpha_one_is_dense_and_alpha_zero_is_bm25(tiny_dense_index, bm25_index):
-    dense, bm25 = Searcher.open(tiny_dense_index), Searcher.open(bm25_index)
-    queries = ["capital of France", "programming language Python"]
-    _, d_rows = dense.search_rows(queries, 3)
-    _, h_rows = HybridSearcher(dense, bm25, alpha=1.0).search_rows(queries, 3)
-    assert np.array_equal(d_rows, h_rows)
-    b_scores, b_rows = bm25.search_rows(queries, 1)
-    _, h_rows = HybridSearcher(dense, bm25, alpha=0.0).search_rows(queries, 1)
-    assert np.array_equal(b_rows[:, 0], h_rows[:, 0])
+def test_rrf_sums_reciprocal_ranks_and_a_row_outside_a_list_adds_nothing():
+    ranks = {"dense": np.array([0, 2, -1]), "bm25": np.array([1, -1, 0])}
+    expected = 1000 * np.array([1 / 61 + 1 / 62, 1 / 63, 1 / 61])
+    assert np.allclose(fuse_rrf({}, ranks, 0.5), expected)
 
 
-def test_fused_ranking_and_hits(tiny_dense_index, bm25_index):
-    hybrid = HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(bm25_index), alpha=0.5)
-    scores, rows = hybrid.search_rows(["Who created Python?"], 4)
-    assert np.all(np.diff(scores[0]) <= 0) and scores[0, -1] >= 0.0
-    hits = hybrid.search(["Who created Python?"], 4)[0]
-    assert [h.row for h in hits] == rows[0].tolist()
-    assert hits[0].title == "Python (language)"  # BM25 alone finds it; fusion keeps it first
-    assert hybrid.current.blocks.record(hits[0].row)["text"] == hits[0].text
+def test_a_default_build_publishes_one_version_with_both_sides(tiny_hybrid_index):
+    index = IndexDir(tiny_hybrid_index)
+    assert index.kind == "hybrid" and index.versions() == ["v000001"]
+    manifest = index.version_manifest("v000001")
+    assert manifest["sides"] == ["dense", "bm25"] and manifest["kind"] == "hybrid"
+    version = index.version_path("v000001")
+    assert (version / "embeddings.npy").is_file() and (version / "bm25").is_dir()
+    assert Searcher.open(tiny_hybrid_index).sides == ("dense", "bm25")
 
 
-def test_rejects_indexes_over_different_blocks(tiny_dense_index, tmp_path, tiny_bert):
-    corpus = tmp_path / "other.jsonl"
-    corpus.write_text(json.dumps(DOCS[0]) + "\n")
-    build_index(corpus, tmp_path / "other", kind="bm25", model=str(tiny_bert), show_progress=False)
-    with pytest.raises(RalmError, match="different block stores"):
-        HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(tmp_path / "other"))
-    with pytest.raises(RalmError, match="a dense index and a BM25 index"):
-        HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(tiny_dense_index))
-    with pytest.raises(RalmError, match="alpha"):
-        HybridSearcher(Searcher.open(tiny_dense_index), Searcher.open(tmp_path / "other"), alpha=2.0)
+def test_alpha_one_is_dense_alpha_zero_is_bm25_and_one_side_searches_alone(tiny_hybrid_index):
+    s = Searcher.open(tiny_hybrid_index)
+    d = s.rank(QUERIES, 3, retriever="dense")
+    assert np.array_equal(rank(s, QUERIES, 3, s.current, ("dense", "bm25"), alpha=1.0).rows, d.rows)
+    b = s.rank(QUERIES, 1, retriever="bm25")
+    assert np.array_equal(rank(s, QUERIES, 1, s.current, ("dense", "bm25"), alpha=0.0).rows[:, 0], b.rows[:, 0])
+    assert all(f == [("dense",)] * 3 for f in d.found_by)
 
 
-def test_queries_are_encoded_once_and_dense_scores_are_exact(tiny_dense_index, bm25_index):
-    dense = Searcher.open(tiny_dense_index)
-    hybrid = HybridSearcher(dense, Searcher.open(bm25_index), alpha=1.0, depth=1)
+def test_fused_results_say_which_side_found_them_and_read_block_text(tiny_hybrid_index):
+    s = Searcher.open(tiny_hybrid_index)
+    ranked = s.rank(["Who created Python?"], 4)
+    assert np.all(np.diff(ranked.scores[0]) <= 0)
+    bm25_rows = s.rank(["Who created Python?"], 100, retriever="bm25")
+    bm25_found = {int(r) for r, f in zip(bm25_rows.rows[0], bm25_rows.found_by[0]) if f}
+    for row, found in zip(ranked.rows[0], ranked.found_by[0]):
+        assert "dense" in found  # every dense candidate is in the dense list (depth >= corpus)
+        assert ("bm25" in found) == (int(row) in bm25_found)
+    hits = s.search(["Who created Python?"], 4)[0]
+    assert [h.row for h in hits] == ranked.rows[0].tolist()
+    assert s.current.blocks.record(hits[0].row)["text"] == hits[0].text
+    assert 0 <= ranked.agreement[0] <= 1 and set(ranked.top) == {"dense", "bm25"}
+
+
+def test_queries_are_encoded_once_per_side_and_dense_scores_are_exact(tiny_hybrid_index):
+    s = Searcher.open(tiny_hybrid_index)
     calls = []
-    real = dense.retriever.encode_queries
-    dense.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
-    queries = ["capital of France", "Who created Python?"]
-    scores, rows = hybrid.search_rows(queries, 2)
-    assert calls == [2]
-    # alpha 1: fused = dense - min over the candidates; every candidate's dense score is exact
-    q = real(queries).numpy()
-    emb = np.load(next((tiny_dense_index / "versions").iterdir()) / "embeddings.npy")
-    exact = np.take_along_axis(q @ emb.T, rows, 1)
-    np.testing.assert_allclose(scores[:, 0] - scores[:, 1], exact[:, 0] - exact[:, 1], rtol=1e-4)
+    real = s.retriever.encode_queries
+    s.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
+    ranked = rank(s, QUERIES, 2, s.current, ("dense", "bm25"), alpha=1.0)
+    assert calls == [3]
+    q = real(QUERIES).numpy()
+    emb = np.load(IndexDir(tiny_hybrid_index).version_path("v000001") / "embeddings.npy")
+    exact = q @ emb.T  # alpha 1: fused = dense - its minimum over the candidates
+    for i in range(len(QUERIES)):
+        assert np.allclose(ranked.scores[i], exact[i, ranked.rows[i]] - exact[i].min(), atol=1e-4)
+
+
+def test_a_side_the_index_lacks_is_a_clear_error_naming_the_upgrade(tiny_dense_index):
+    with pytest.raises(RalmError, match="ralm index upgrade"):
+        Searcher.open(tiny_dense_index).search(QUERIES, 2, retriever="bm25")
+    with pytest.raises(RalmError, match="unknown index kind"):
+        Searcher.open(tiny_dense_index).search(QUERIES, 2, retriever="colbert")
+
+
+def test_upgrade_links_the_dense_side_adds_bm25_and_keeps_live_updates(tiny_dense_index, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_dense_index, old)
+    LiveSearcher.open(old).add([__import__("ralm.data.corpus", fromlist=["Document"]).Document("zanzibar", "Zanzibar",
+                                                                                                "Zanzibar is famous for cloves.")])
+    before = Searcher.open(old).search(QUERIES, 3)
+    index, name = upgrade_index(old, show_progress=False)
+    assert (index.kind, name) == ("hybrid", "v000002")
+    a, b = (index.version_path(v) / "embeddings.npy" for v in ("v000001", "v000002"))
+    assert os.stat(a).st_ino == os.stat(b).st_ino  # linked, not re-encoded
+    assert [[h.id for h in q] for q in Searcher.open(old).search(QUERIES, 3, retriever="dense")] == [[h.id for h in q] for q in before]
+    live = LiveSearcher.open(old)
+    assert live.search(["Zanzibar cloves"], 1, retriever="bm25")[0][0].id == "zanzibar:0"  # the log replays on the new side
+    assert upgrade_index(old, show_progress=False)[1] == "v000002"  # nothing to add: no new version
+
+
+def test_an_index_of_the_first_format_opens_as_its_one_side(tiny_dense_index, tmp_path):
+    import shutil
+
+    old = tmp_path / "v1"
+    shutil.copytree(tiny_dense_index, old)
+    (old / "manifest.json").write_text(json.dumps({"format": "ralm.index/1", "retriever": "dense"}))
+    m = json.loads((old / "versions" / "v000001" / "manifest.json").read_text())
+    for key in ("sides",):
+        m.pop(key)
+    (old / "versions" / "v000001" / "manifest.json").write_text(json.dumps(m))
+    s = Searcher.open(old)
+    assert s.sides == ("dense",) and len(s.search(QUERIES, 2)[0]) == 2
+    with pytest.raises(RalmError, match="ralm index upgrade"):
+        IndexDir.create(old, "hybrid")
+
+
+# -- a new kind of side: one module (here, this file) and one registry entry ------------------
+
+class TitleSide:
+    """A toy side: a block scores 1 when its title appears in the query."""
+
+    name = "title"
+
+    def __init__(self, titles):
+        self.titles = titles
+
+    @classmethod
+    def tokenizer(cls, model):
+        return kinds.side_class("bm25").tokenizer(model)
+
+    @classmethod
+    def builder(cls, ctx):
+        class Builder:
+            def write(self, tmp: Path) -> dict:
+                (tmp / "titles.json").write_text(json.dumps([ctx.blocks.record(i)["title"] for i in range(len(ctx.blocks))]))
+                return {}
+        return Builder()
+
+    @classmethod
+    def files(cls, version_dir):
+        return [version_dir / "titles.json"]
+
+    @classmethod
+    def query_model(cls, index, manifest, model, device):
+        return None
+
+    @classmethod
+    def load(cls, index, name, manifest, *, model, device, dtype, check_model):
+        return cls(json.loads((index.version_path(name) / "titles.json").read_text()))
+
+    def encode(self, queries):
+        return queries
+
+    def search(self, encoded, k):
+        scores = np.array([[float(t.lower() in q.lower()) for t in self.titles] for q in encoded], np.float32)
+        rows = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, rows, 1), rows
+
+    def score_rows(self, encoded, i, rows):
+        return None
+
+    def is_result(self, scores):
+        return scores > 0
+
+    def overlay_state(self, state, keep, tokens):
+        return None
+
+    def overlay_scorer(self, state, records):
+        titles = [r["title"] for r in records]
+
+        class Scorer:
+            def scores(self, encoded):
+                return np.array([[float(t.lower() in q.lower()) for t in titles] for q in encoded], np.float32).reshape(len(encoded), -1)
+
+            def score_rows(self, encoded, i, rows):
+                return None
+        return Scorer()
+
+
+def test_a_new_side_is_a_module_and_a_registry_entry(monkeypatch, tmp_path, tiny_bert):
+    monkeypatch.setitem(kinds.SIDES, "title", f"{__name__}:TitleSide")
+    monkeypatch.setitem(kinds.KINDS, "title+dense", ("dense", "title"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    build_index(corpus, tmp_path / "idx", kind="title+dense", model=str(tiny_bert), dim=16, show_progress=False)
+    s = LiveSearcher.open(tmp_path / "idx")
+    assert s.sides == ("dense", "title")
+    top = s.search(["tell me about Mount Everest"], 1, retriever="title")[0][0]
+    assert top.title == "Mount Everest" and top.found_by == ("title",)
+    fused = s.search(["tell me about Mount Everest"], 3)[0]
+    assert any(h.title == "Mount Everest" and "title" in h.found_by for h in fused)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from ralm.retrieval.index.build import embed_blocks
+from ralm.retrieval.index.dense_side import embed_blocks
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.refresh import Snapshots, publish_embeddings
 from ralm.retrieval.search.searcher import Searcher

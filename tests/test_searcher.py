@@ -108,7 +108,7 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     import torch
 
     from ralm.data.blocks import BlockConfig, ensure_block_store
-    from ralm.retrieval.index.build import embed_blocks
+    from ralm.retrieval.index.dense_side import embed_blocks
     from ralm.retrieval.towers.projection import init_projection
 
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()

@@ -86,7 +86,8 @@ def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fus
             pos = {int(r): j for j, r in enumerate(rows_s)}
             per_rank[s] = np.array([pos.get(int(r), -1) for r in cand])  # [C]
             exact = searcher.side_scores(encoded[s], i, cand, snap, s)
-            floor = float(sc_s.min()) if len(sc_s) else 0.0
+            full = lists[s][0][i]  # with a short list's fillers, whose score is what a row outside it scores
+            floor = float(full.min()) if len(full) else 0.0
             per_side[s] = exact if exact is not None else np.where(per_rank[s] >= 0, sc_s[np.maximum(per_rank[s], 0)] if len(sc_s) else 0.0,
                                                                    floor).astype(np.float32)
         fused = FUSIONS[fusion](per_side, per_rank, alpha)

@@ -64,6 +64,7 @@ class LiveSearcher(Searcher):
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
         self.index, self.device, self.dtype, self.models = searcher.index, searcher.device, searcher.dtype, searcher.models
+        self.fusion = searcher.fusion
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # serialises writers; readers use snapshots
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use

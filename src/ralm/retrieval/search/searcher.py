@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
+from ralm.defaults import FUSION
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
@@ -95,6 +96,7 @@ class Searcher:
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
         self.check_model = check_model
+        self.fusion = FUSION  # how the sides' lists are fused (search/fusion.py FUSIONS)
         latest = index.latest()
         manifest = index.version_manifest(latest)
         self.models = {s: retriever if s == "dense" and retriever is not None
@@ -178,7 +180,7 @@ class Searcher:
         check_queries(queries)
         check_k(k)
         snap = snap or self.current
-        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root))
+        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root), fusion=self.fusion)
 
     def search_rows(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -204,12 +206,13 @@ def check_queries(queries: Sequence[str]) -> None:
 
 
 def pick_sides(have: tuple[str, ...], retriever: str | None, where) -> tuple[str, ...]:
-    """The sides a search uses: all of them (None or "hybrid" on a hybrid index), or one."""
+    """The sides a search uses: all of them (None, or the index's kind), or those of the kind or
+    the one side `retriever` names."""
     if retriever is None:
         return have
-    from ralm.retrieval.index.kinds import sides_of
+    from ralm.retrieval.index.kinds import SIDES, sides_of
 
-    want = sides_of(retriever)
+    want = (retriever,) if retriever in SIDES else sides_of(retriever)
     if not set(want) <= set(have):
         raise RalmError(f"retriever {retriever!r} needs the {', '.join(want)} side(s), but {where} holds "
                         f"{', '.join(have)}; `ralm index upgrade {where}` adds the missing side")

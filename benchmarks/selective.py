@@ -1,0 +1,176 @@
+"""Selective answering on held-back questions, half of whose articles are removed from the corpus.
+
+The honest unanswerable set: the questions of SQuAD official-dev articles whose paragraphs are
+deleted from the index (through its update log, as a user deletes documents); every other
+article, related ones included, stays. Questions are split as everywhere in benchmarks/RESULTS.md:
+odd lines of squad_dev_official.jsonl are the calibration half, even lines the held-back half.
+
+For each retriever kind it answers both halves over that index, fits the selective calibration
+(models/confidence.py) on the calibration half, chooses the threshold on it, and reports on the
+held-back half: the share of answerable and of unanswerable questions answered, the EM of the
+answers given, AUROC (answerable vs removed), and the risk-coverage curve (PNG) before (the
+reader's previous map) and after. Writes WORK/reader: the reader with the fitted maps.
+
+    python benchmarks/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25]
+
+`--index`: a hybrid index over squad_corpus.jsonl + squad_dev_official_corpus.jsonl (it is not
+modified: a linked copy in WORK gets the deletions). Resumes: finished answer files are reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def removed_articles(questions: list) -> set[str]:
+    """Half of the official-dev articles, by a hash of the title."""
+    titles = sorted({q.extra["title"] for q in questions})
+    return {t for t in titles if int(hashlib.sha1(t.encode()).hexdigest(), 16) % 2 == 0}
+
+
+def index_without(index: Path, work: Path, removed: set[str]) -> Path:
+    from ralm.retrieval.search.live import LiveSearcher
+
+    sel = work / "index"
+    if not sel.exists():
+        shutil.copytree(index, work / "index.tmp", copy_function=os.link)  # published files are never modified in place
+        (work / "index.tmp" / "updates.jsonl").unlink(missing_ok=True)
+        live = LiveSearcher.open(work / "index.tmp")
+        corpus = DATA / "squad_dev_official_corpus.jsonl"
+        ids = [json.loads(line)["id"] for line in corpus.read_text().splitlines() if json.loads(line)["title"] in removed]
+        for doc_id in ids:
+            live.delete(doc_id)
+        os.rename(work / "index.tmp", sel)
+    return sel
+
+
+def answers(qa, questions, path: Path) -> list[dict]:
+    from ralm.eval.openqa import evaluate_qa
+
+    if not path.is_file():
+        result = evaluate_qa(qa, questions, predictions=path, show_progress=False)
+        (path.with_suffix(".result.json")).write_text(json.dumps(result))
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def selective_at(conf: np.ndarray, em: np.ndarray, answerable: np.ndarray, t: float) -> dict:
+    ans = conf >= t
+    return {"threshold": t, "answerable_answered": round(float(ans[answerable].mean()), 4),
+            "unanswerable_answered": round(float(ans[~answerable].mean()), 4),
+            "answered_em": round(float(em[ans].mean()), 4) if ans.any() else None, "answered": round(float(ans.mean()), 4)}
+
+
+def choose_threshold(conf: np.ndarray, em: np.ndarray, answerable: np.ndarray, max_risk: float, max_unanswerable: float) -> float:
+    """The lowest threshold (most answers) at which the answers given are right at least
+    1 - max_risk of the time and at most max_unanswerable of the unanswerable are answered."""
+    for t in np.round(np.arange(0.05, 0.96, 0.01), 2):
+        s = selective_at(conf, em, answerable, float(t))
+        if s["answered_em"] is not None and s["answered_em"] >= 1 - max_risk and s["unanswerable_answered"] <= max_unanswerable:
+            return float(t)
+    return 0.95
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--index", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--reader", default=None, help="reader checkpoint (default: the package's)")
+    ap.add_argument("--kinds", default="hybrid,dense,bm25")
+    ap.add_argument("--max-risk", type=float, default=0.18, help="on the calibration half: answered EM >= 1 - this")
+    ap.add_argument("--max-unanswerable", type=float, default=0.08, help="on the calibration half")
+    ap.add_argument("--cal-limit", type=int, default=None, help="first N questions of the calibration half")
+    ap.add_argument("--heldout-limit", type=int, default=None, help="first N questions of the held-back half")
+    args = ap.parse_args()
+
+    import torch
+
+    from ralm.data.qa import read_questions
+    from ralm.eval.calibration import auroc, cross_fitted, fit_selective, risk_coverage
+    from ralm.models.confidence import Calibrations
+    from ralm.models.reader import Reader, save_calibrated
+    from ralm.pipeline import OpenQA, open_searcher, resolve_reader
+
+    start = time.perf_counter()
+    args.work.mkdir(parents=True, exist_ok=True)
+    lines = (DATA / "squad_dev_official.jsonl").read_text().splitlines(keepends=True)
+    halves = {"calibration": lines[0::2][: args.cal_limit], "heldout": lines[1::2][: args.heldout_limit]}
+    qs = {}
+    for name, part in halves.items():
+        f = args.work / f"{name}.jsonl"
+        f.write_text("".join(part))
+        qs[name] = read_questions(f)
+    removed = removed_articles(read_questions(DATA / "squad_dev_official.jsonl"))
+    sel = index_without(args.index, args.work, removed)
+    source = resolve_reader(args.reader)
+    reader = Reader.from_pretrained(source)
+    before = Calibrations.from_json(reader.cfg.calibration, str(source))
+    searcher = open_searcher(sel)
+    report = {"removed_articles": len(removed), "questions": {k: len(v) for k, v in qs.items()}, "kinds": {}}
+    fitted = before
+    for kind in args.kinds.split(","):
+        qa = OpenQA(reader, searcher, retriever=kind, min_confidence=0.0)
+        rows = {name: answers(qa, qs[name], args.work / f"{name}-{kind}.predictions.jsonl") for name in qs}
+        sig = {n: [r["signals"] for r in rows[n]] for n in rows}
+        em = {n: np.array([r["em"] for r in rows[n]], dtype=float) for n in rows}
+        answerable = {n: np.array([q.extra["title"] not in removed for q in qs[n]]) for n in qs}
+        cal = fit_selective(sig["calibration"], em["calibration"])
+        fitted = fitted.with_kind(kind, cal)
+        cal_conf = cross_fitted(sig["calibration"], em["calibration"])  # as the held-back half will see it
+        t = choose_threshold(cal_conf, em["calibration"], answerable["calibration"], args.max_risk, args.max_unanswerable)
+        new = cal(sig["heldout"])
+        old_map = before.for_kind(kind)
+        old = old_map(sig["heldout"]) if old_map is not None else np.array([s["score"] for s in sig["heldout"]])
+        rc_new, rc_old = risk_coverage(new, em["heldout"]), risk_coverage(old, em["heldout"])
+        report["kinds"][kind] = {
+            "heldout_em_all": round(100 * float(em["heldout"].mean()), 2),
+            "heldout_em_answerable": round(100 * float(em["heldout"][answerable["heldout"]].mean()), 2),
+            "threshold_chosen_on_calibration": t,
+            "after": {**selective_at(new, em["heldout"], answerable["heldout"], t), "aurc": rc_new["aurc"],
+                      "auroc_answerable_vs_removed": round(auroc(new, answerable["heldout"]), 4),
+                      "auroc_correct": round(auroc(new, em["heldout"] > 0), 4)},
+            "before": {**{f"at_{b}": selective_at(old, em["heldout"], answerable["heldout"], b) for b in (0.2, 0.5)},
+                       "aurc": rc_old["aurc"], "auroc_answerable_vs_removed": round(auroc(old, answerable["heldout"]), 4),
+                       "auroc_correct": round(auroc(old, em["heldout"] > 0), 4)},
+            "features": dict(zip(cal.features, [round(w, 3) for w in cal.weights])),
+        }
+        _plot(args.work / f"risk_coverage_{kind}.png", rc_old, rc_new, kind)
+    shutil.rmtree(args.work / "reader", ignore_errors=True)
+    save_calibrated(source, args.work / "reader", fitted.to_json())
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    report["threads"] = torch.get_num_threads()
+    (args.work / "report.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report))
+
+
+def _plot(path: Path, old: dict, new: dict, kind: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.plot(old["coverage"], old["risk"], label=f"before: p(answer|x) map (AURC {old['aurc']:.3f})", color="0.5")
+    ax.plot(new["coverage"], new["risk"], label=f"after: selective calibration (AURC {new['aurc']:.3f})", color="C0")
+    ax.set_xlabel("coverage (share of questions answered)")
+    ax.set_ylabel("risk (share of answers that are wrong)")
+    ax.set_title(f"risk-coverage, {kind}, held-back half\n(half of the questions have no answer in the corpus)", fontsize=9)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
