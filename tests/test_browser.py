@@ -114,7 +114,7 @@ def test_a_right_answer_shows_its_calibrated_confidence_in_words_and_numbers(ser
         assert text(page, "#confidence") == "likely right — 87 %"
         assert f"{r['score']:.4f}" not in text(page, "#answer")  # the raw score is no confidence
         assert page.is_hidden("#guess")
-        assert page.inner_text("#evidence li.best mark.answer") == r["answer"]  # marked in its block
+        assert page.inner_text("#evidence li.best mark.span-answer") == r["answer"]  # marked in its block
         assert page.inner_text("#evidence li.best .title") == "Python (language)"
 
         assert page.is_hidden("#confidence-help p")  # the meaning is one click away
@@ -137,8 +137,8 @@ def test_a_withheld_answer_says_not_in_the_corpus_with_the_guess_muted_beneath(s
         assert text(page, "#guess") == f"Best guess: “{guess}” (likely wrong — 12 %)"
         muted = page.eval_on_selector("#status", "e => getComputedStyle(e).color")
         assert page.eval_on_selector("#guess", "e => getComputedStyle(e).color") == muted
-        assert page.inner_text("#evidence li.best mark.guess") == guess
-        assert page.query_selector("#evidence mark.answer") is None
+        assert page.inner_text("#evidence li.best mark.span-guess") == guess
+        assert page.query_selector("#evidence mark.span-answer") is None
         page.close()
 
 
@@ -159,7 +159,11 @@ def test_evidence_names_the_side_that_found_each_block_and_expands_to_the_whole_
         page.route("**/ask", with_sides)
         r = ask(page, CLOVES_Q)
         items = page.query_selector_all("#evidence > li")
-        assert len(items) == len(r["evidence"]) >= 4
+        assert len(items) == len(r["evidence"]) >= 5
+        shown = len(page.query_selector_all("#evidence > li:visible"))
+        assert shown == 3 + (r["best"] >= 3)  # the first three and the answer's block; the rest one click away
+        page.click("#more-evidence")
+        assert len(page.query_selector_all("#evidence > li:visible")) == len(items) and page.is_hidden("#more-evidence")
         for i, li in enumerate(items):
             badges = [b.inner_text() for b in li.query_selector_all(".badge")]
             expected = [] if i == len(items) - 1 else [{"dense": "dense", "bm25": "BM25"}[s] for s in sides[i % 3]]
@@ -169,12 +173,12 @@ def test_evidence_names_the_side_that_found_each_block_and_expands_to_the_whole_
         assert best.query_selector(".title").inner_text() == "Zanzibar"
         whole = r["evidence"][r["best"]]["text"]
         excerpt = best.query_selector(".text").text_content()
-        assert len(excerpt) < len(whole) and best.query_selector("mark.answer").inner_text() == r["answer"]
+        assert len(excerpt) < len(whole) and best.query_selector("mark.span-answer").inner_text() == r["answer"]
         button = best.query_selector("button.expand")
         assert button.inner_text() == "Show whole text" and button.get_attribute("aria-expanded") == "false"
         button.click()
         assert best.query_selector(".text").text_content() == whole and button.get_attribute("aria-expanded") == "true"
-        assert best.query_selector("mark.answer").inner_text() == r["answer"]  # still marked
+        assert best.query_selector("mark.span-answer").inner_text() == r["answer"]  # still marked
         button.click()
         assert best.query_selector(".text").text_content() == excerpt
         page.close()
@@ -183,7 +187,7 @@ def test_evidence_names_the_side_that_found_each_block_and_expands_to_the_whole_
 def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each(serve, browser):
     with serve(api_key="s3cret") as url:
         page = open_page(browser, url)
-        assert "index v000001 · 6 blocks" in page.inner_text("#status")
+        assert {"v000001", "6 blocks"} <= set(re.findall(r"v\d+|\d+ blocks", page.inner_text("#status")))
         page.fill("#doc-id", ZANZIBAR["id"])
         page.fill("#doc-title", ZANZIBAR["title"])
         page.fill("#doc-text", ZANZIBAR["text"])
@@ -230,15 +234,15 @@ def test_the_status_line_follows_a_hot_swap(serve, browser, tmp_path):
 
     with serve() as url:
         page = open_page(browser, url)
-        assert "index v000001 · 6 blocks" in page.inner_text("#status")
+        assert {"v000001", "6 blocks"} <= set(re.findall(r"v\d+|\d+ blocks", page.inner_text("#status")))
         index = IndexDir(tmp_path / "dense")
         corpus = tmp_path / "more.jsonl"
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [ZANZIBAR]))
         build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["retriever"]),
                     show_progress=False)
-        page.wait_for_function("document.querySelector('#status').textContent.includes('swapped to v000002')",
-                               timeout=20_000)
-        assert "index v000002 · 7 blocks" in page.inner_text("#status")  # without reloading the page
+        page.wait_for_function("document.querySelector('#status').textContent.includes('v000002')", timeout=20_000)
+        status = page.inner_text("#status")  # without reloading the page
+        assert "index v000002 · 7 blocks" in status and "swapped to v000002" in status
         page.close()
 
 

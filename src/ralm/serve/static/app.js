@@ -4,6 +4,7 @@ const $ = (id) => document.getElementById(id);
 
 const STATS_POLL_MS = 3000;  // the status line follows hot index swaps within this
 const EXCERPT_CHARS = 300;  // longer evidence blocks show an excerpt around the answer, expandable
+const BLOCKS_SHOWN = 3;  // evidence blocks listed at first (and the answer's block); the rest one click away
 
 // Calibrated confidence in words (docs/serving.md and static/confidence.html list the same bands).
 const BANDS = [
@@ -25,8 +26,9 @@ function percent(p) {
   return `${Math.round(100 * p)}\u00a0%`;
 }
 
+// The band of the percentage shown, so that the words and the number agree (0.895 is "90 %": very likely right).
 function band(p) {
-  return BANDS.find(([lo]) => p >= lo);
+  return BANDS.find(([lo]) => Math.round(100 * p) >= 100 * lo);
 }
 
 // "likely right — 87 %", or the raw score's caveat for a reader that was never calibrated.
@@ -84,15 +86,15 @@ function renderAnswer(r) {
 
 // ---- the evidence list -----------------------------------------------------------------------
 
-// `text` with [a, b) marked; `cls`: "answer" or "guess".
-function marked(text, span, cls) {
+// `text` with [a, b) marked; `kind`: "answer" or "guess".
+function marked(text, span, kind) {
   if (!span) return escapeHtml(text);
   const [a, b] = span;
-  return escapeHtml(text.slice(0, a)) + `<mark class="${cls}">` + escapeHtml(text.slice(a, b)) + "</mark>" + escapeHtml(text.slice(b));
+  return escapeHtml(text.slice(0, a)) + `<mark class="span-${kind}">` + escapeHtml(text.slice(a, b)) + "</mark>" + escapeHtml(text.slice(b));
 }
 
 // A window of about EXCERPT_CHARS around the span (or the start), cut at spaces.
-function excerpt(text, span, cls) {
+function excerpt(text, span, kind) {
   if (text.length <= EXCERPT_CHARS) return null;
   const centre = span ? Math.floor((span[0] + span[1]) / 2) : 0;
   let a = Math.max(0, Math.min(centre - EXCERPT_CHARS / 2, text.length - EXCERPT_CHARS));
@@ -101,7 +103,7 @@ function excerpt(text, span, cls) {
   if (a > 0) a = Math.max(text.lastIndexOf(" ", a) + 1, 0);
   if (b < text.length) { const space = text.indexOf(" ", b); b = space < 0 ? text.length : space; }
   const inner = span ? [span[0] - a, span[1] - a] : null;
-  return (a > 0 ? "… " : "") + marked(text.slice(a, b), inner, cls) + (b < text.length ? " …" : "");
+  return (a > 0 ? "… " : "") + marked(text.slice(a, b), inner, kind) + (b < text.length ? " …" : "");
 }
 
 function foundBy(sides) {
@@ -123,13 +125,17 @@ function renderEvidence(items, best, mark) {
     const scores = mark
       ? `retrieval ${e.retrieval_score.toFixed(3)} · p(block) ${(e.retrieval_prob ?? 0).toFixed(3)} · p(span) ${(e.span_prob ?? 0).toFixed(3)}`
       : `score ${e.score.toFixed(3)}`;
-    const tag = mark && i === best ? `<span class="tag ${mark}">${mark === "guess" ? "best guess" : "answer"}</span>` : "";
-    return `<li class="${i === best ? "best" : ""}">` +
+    const tag = mark && i === best ? `<span class="tag tag-${mark}">${mark === "guess" ? "best guess" : "answer"}</span>` : "";
+    const hidden = i >= BLOCKS_SHOWN && i !== best ? " hidden" : "";
+    return `<li class="${i === best ? "best" : ""}"${hidden}>` +
       `<div class="ev-head"><span class="title">${escapeHtml(e.title || e.id)}</span> ${tag} ${foundBy(e.found_by)}</div>` +
       `<p class="text" id="ev-text-${i}">${views[i].short ?? views[i].whole}</p>` +
       (views[i].short ? `<button type="button" class="expand link" data-i="${i}" aria-expanded="false" aria-controls="ev-text-${i}">Show whole text</button>` : "") +
       `<div class="scores">${escapeHtml(e.id)} · ${scores}</div></li>`;
   }).join("");
+  const more = items.length - $("evidence").querySelectorAll("li:not([hidden])").length;
+  $("more-evidence").hidden = more === 0;
+  $("more-evidence").textContent = `Show ${more} more ${more === 1 ? "block" : "blocks"}`;
   $("evidence").querySelectorAll("button.expand").forEach((button) => {
     const view = views[Number(button.dataset.i)];
     button.addEventListener("click", () => {
@@ -309,6 +315,17 @@ async function pollStats() {
   setTimeout(pollStats, STATS_POLL_MS);
 }
 
+function showAllEvidence() {
+  const first = $("evidence").querySelector("li[hidden]");
+  $("evidence").querySelectorAll("li[hidden]").forEach((li) => { li.hidden = false; });
+  $("more-evidence").hidden = true;
+  const title = first?.querySelector(".title");
+  if (title) {  // keyboard and screen-reader users go on reading where the list grew
+    title.tabIndex = -1;
+    title.focus();
+  }
+}
+
 let idTimer = null;
 $("ask-form").addEventListener("submit", ask);
 $("doc-form").addEventListener("submit", saveDocument);
@@ -317,6 +334,7 @@ $("doc-id").addEventListener("input", () => {
   clearTimeout(idTimer);
   idTimer = setTimeout(() => checkId().catch(() => {}), 300);
 });
+$("more-evidence").addEventListener("click", showAllEvidence);
 $("delete-button").addEventListener("click", askDelete);
 $("delete-yes").addEventListener("click", deleteDocument);
 $("delete-no").addEventListener("click", closeDelete);
