@@ -34,36 +34,29 @@ PYTHON_Q, CLOVES_Q = "Who created the Python programming language?", "Which arch
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, tiny_bert):
-    """Dense and BM25 indexes over DOCS, and two copies of a random reader calibrated to a constant."""
-    from ralm.models.reader import Reader, write_calibration
-    from ralm.retrieval.index.build import build_index
+def readers(served, tmp_path_factory):
+    """Two copies of the tiny random reader, calibrated to a constant: every answer 87 % or 12 % likely right."""
+    from ralm.models.reader import write_calibration
 
-    root = tmp_path_factory.mktemp("browser")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    build_index(corpus, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
-    build_index(corpus, root / "bm25", kind="bm25", show_progress=False)
+    root = tmp_path_factory.mktemp("readers")
     for name, confidence in (("sure", 0.87), ("unsure", 0.12)):
-        Reader.from_encoder(tiny_bert).save_pretrained(root / name)
+        shutil.copytree(served / "reader", root / name)
         write_calibration(root / name, {"method": "isotonic", "questions": 100, "raw": [0.0, 1.0],
                                         "confidence": [confidence, confidence]})
     return root
 
 
 @pytest.fixture
-def serve(built, tmp_path):
-    """serve(reader="sure", **config) -> the URL of a server on fresh copies of the indexes."""
+def serve(served, readers, tmp_path):
+    """serve(reader="sure", **config) -> the URL of a server on a fresh copy of the (hybrid) index."""
     from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 
-    for name in ("dense", "bm25"):
-        shutil.copytree(built / name, tmp_path / name)
+    shutil.copytree(served / "index", tmp_path / "index")
 
     @contextmanager
     def start(reader: str = "sure", **kw):
-        svc = Service(ServeConfig(index=str(tmp_path / "dense"), model=str(built / reader), bm25=str(tmp_path / "bm25"),
-                                  poll_seconds=0.1, **kw))
+        svc = Service(ServeConfig(index=str(tmp_path / "index"), model=str(readers / reader), poll_seconds=0.1, **kw))
         with serve_in_background(svc) as url:
             yield url
 
@@ -235,7 +228,7 @@ def test_the_status_line_follows_a_hot_swap(serve, browser, tmp_path):
     with serve() as url:
         page = open_page(browser, url)
         assert {"v000001", "6 blocks"} <= set(re.findall(r"v\d+|\d+ blocks", page.inner_text("#status")))
-        index = IndexDir(tmp_path / "dense")
+        index = IndexDir(tmp_path / "index")
         corpus = tmp_path / "more.jsonl"
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [ZANZIBAR]))
         build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["retriever"]),

@@ -19,28 +19,12 @@ from conftest import DOCS
 NEW = {"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar is an archipelago off the coast of Tanzania famous for cloves."}
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, tiny_bert):
-    """The default (hybrid) index, a dense-only and a BM25-only index over the same blocks, and
-    a (random) tiny reader."""
-    from ralm.models.reader import Reader
-
-    root = tmp_path_factory.mktemp("serve")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    build_index(corpus, root / "index", model=str(tiny_bert), dim=16, show_progress=False)
-    build_index(corpus, root / "dense", kind="dense", model=str(tiny_bert), dim=16, show_progress=False)
-    build_index(corpus, root / "bm25", kind="bm25", show_progress=False)
-    Reader.from_encoder(tiny_bert).save_pretrained(root / "reader")
-    return root
-
-
 @pytest.fixture
-def dirs(built, tmp_path):
+def dirs(served, tmp_path):
     """Fresh copies per test: the update log is written inside the index directory."""
     for name in ("index", "dense", "bm25"):
-        shutil.copytree(built / name, tmp_path / name)
-    return tmp_path, built / "reader"
+        shutil.copytree(served / name, tmp_path / name)
+    return tmp_path, served / "reader"
 
 
 def service(dirs, **kw):
