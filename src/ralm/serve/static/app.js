@@ -69,7 +69,9 @@ function renderAnswer(r) {
   $("confidence").className = "confidence";
   if (r.no_answer) {
     $("answer-text").textContent = "No answer found in the corpus";
-    $("confidence").textContent = "The best guess is below the confidence this server needs to answer.";
+    $("confidence").textContent = guess
+      ? "The best guess is below the confidence this server needs to answer."
+      : "The reader found no answer in the passages it read.";
     $("guess").hidden = !guess;
     $("guess").innerHTML = guess
       ? `Best guess: “${escapeHtml(guess)}” (${escapeHtml(confidenceText(r.confidence, r.score))})`
@@ -169,6 +171,8 @@ async function ask(event) {
       renderEvidence(hits, -1, null);
     }
   } catch (e) {
+    $("answer").hidden = true;  // no earlier answer left standing under a failed question
+    renderEvidence([], -1, null);
     showError(e.message);
   } finally {
     $("ask-button").disabled = false;
@@ -190,13 +194,13 @@ async function exists(id) {
   }
 }
 
-// Says, next to the id, whether saving adds or replaces; returns whether the id exists.
 function forgetId() {
   knownId = null;
   $("doc-exists").hidden = true;
   $("doc-button").textContent = "Add document";
 }
 
+// Says, next to the id, whether saving adds or replaces; returns whether the id exists.
 async function checkId() {
   const id = $("doc-id").value.trim();
   if (!id) {
