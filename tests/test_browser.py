@@ -30,6 +30,7 @@ ZANZIBAR = {"id": "zanzibar", "title": "Zanzibar", "text": (
     "Site with narrow streets, carved wooden doors, markets and the palaces of former sultans. Spices such "
     "as nutmeg, cinnamon and black pepper are grown on its farms, and visitors take spice tours to see them. "
     "Fishing and tourism are the other main sources of income on the islands today.")}
+SIDES = {"dense": "dense", "bm25": "BM25"}  # how the page names the index's sides
 PYTHON_Q, CLOVES_Q = "Who created the Python programming language?", "Which archipelago is famous for cloves?"
 
 
@@ -109,6 +110,8 @@ def test_a_right_answer_shows_its_calibrated_confidence_in_words_and_numbers(ser
         assert page.is_hidden("#guess")
         assert page.inner_text("#evidence li.best mark.span-answer") == r["answer"]  # marked in its block
         assert page.inner_text("#evidence li.best .title") == "Python (language)"
+        for li, e in zip(page.query_selector_all("#evidence > li"), r["evidence"]):  # the server's own found_by
+            assert [b.text_content() for b in li.query_selector_all(".badge")] == [SIDES[s] for s in e["found_by"]]
 
         assert page.is_hidden("#confidence-help p")  # the meaning is one click away
         page.click("#confidence-help summary")
@@ -159,7 +162,7 @@ def test_evidence_names_the_side_that_found_each_block_and_expands_to_the_whole_
         assert len(page.query_selector_all("#evidence > li:visible")) == len(items) and page.is_hidden("#more-evidence")
         for i, li in enumerate(items):
             badges = [b.inner_text() for b in li.query_selector_all(".badge")]
-            expected = [] if i == len(items) - 1 else [{"dense": "dense", "bm25": "BM25"}[s] for s in sides[i % 3]]
+            expected = [] if i == len(items) - 1 else [SIDES[s] for s in sides[i % 3]]
             assert badges == expected, i
 
         best = page.query_selector("#evidence li.best")
