@@ -84,6 +84,24 @@ def tiny_hybrid_index(tmp_path_factory, tiny_bert) -> Path:
     return root / "hybrid"
 
 
+@pytest.fixture(scope="session")
+def served(tmp_path_factory, tiny_bert) -> Path:
+    """What the server tests serve: the default (hybrid) index, a dense-only and a BM25-only index
+    over DOCS (same blocks), and a (random) tiny reader. Copy the indexes before serving:
+    updates are logged inside them."""
+    from ralm.models.reader import Reader
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path_factory.mktemp("serve")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    build_index(corpus, root / "index", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(corpus, root / "dense", kind="dense", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(corpus, root / "bm25", kind="bm25", show_progress=False)
+    Reader.from_encoder(tiny_bert).save_pretrained(root / "reader")
+    return root
+
+
 @pytest.fixture
 def ralm(capsys, monkeypatch):
     """Run the CLI in-process (as `ralm ARGS...`) -> (exit code, stdout, stderr)."""

@@ -19,28 +19,12 @@ from conftest import DOCS
 NEW = {"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar is an archipelago off the coast of Tanzania famous for cloves."}
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, tiny_bert):
-    """The default (hybrid) index, a dense-only and a BM25-only index over the same blocks, and
-    a (random) tiny reader."""
-    from ralm.models.reader import Reader
-
-    root = tmp_path_factory.mktemp("serve")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    build_index(corpus, root / "index", model=str(tiny_bert), dim=16, show_progress=False)
-    build_index(corpus, root / "dense", kind="dense", model=str(tiny_bert), dim=16, show_progress=False)
-    build_index(corpus, root / "bm25", kind="bm25", show_progress=False)
-    Reader.from_encoder(tiny_bert).save_pretrained(root / "reader")
-    return root
-
-
 @pytest.fixture
-def dirs(built, tmp_path):
+def dirs(served, tmp_path):
     """Fresh copies per test: the update log is written inside the index directory."""
     for name in ("index", "dense", "bm25"):
-        shutil.copytree(built / name, tmp_path / name)
-    return tmp_path, built / "reader"
+        shutil.copytree(served / name, tmp_path / name)
+    return tmp_path, served / "reader"
 
 
 def service(dirs, **kw):
@@ -70,8 +54,12 @@ def test_every_endpoint(dirs):
         assert {"id", "title", "text", "retrieval_score", "span"} <= set(ev)
         a, b = ev["span"]
         assert ev["text"][a:b] == answer["answer"]
-        assert c.post("/documents", json={"documents": [NEW]}).json()["added"] == ["zanzibar"]
-        assert c.delete("/documents/zanzibar").json() == {"deleted": "zanzibar"}
+        assert c.get("/documents/zanzibar").status_code == 404
+        added = c.post("/documents", json={"documents": [NEW]}).json()
+        assert added == {"added": ["zanzibar"], "corpus_blocks": len(DOCS) + 1, "index_version": "v000001", "blocks": len(DOCS) + 1}
+        assert c.get("/documents/zanzibar").json() == {"id": "zanzibar"}  # the web page asks before it replaces
+        assert c.delete("/documents/zanzibar").json() == {"deleted": "zanzibar", "index_version": "v000001", "blocks": len(DOCS)}
+        assert c.get("/documents/zanzibar").status_code == 404
         assert "ask-form" in c.get("/").text
         assert c.get("/static/app.js").status_code == 200
         assert c.get("/stats").json()["latency_ms"]["search"]["count"] == 4
@@ -315,6 +303,7 @@ def test_one_error_shape_strict_types_and_an_openapi_that_documents_them(dirs):
     assert ask["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}
     assert set(spec["paths"]["/documents"]["post"]["responses"]) == {"200", "400", "401", "413", "422"}
     assert set(spec["paths"]["/documents/{doc_id}"]["delete"]["responses"]) == {"200", "400", "401", "404", "422"}
+    assert set(spec["paths"]["/documents/{doc_id}"]["get"]["responses"]) == {"200", "400", "404", "422"}
     question = spec["components"]["schemas"]["AskRequest"]["properties"]["question"]
     assert question["pattern"] == r"\S" and question["maxLength"] == 2000
     k = spec["components"]["schemas"]["AskRequest"]["properties"]["k"]

@@ -201,12 +201,25 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         hits = await batched("search", req.query, req.k, req.retriever)
         return [h.to_json() for h in hits]
 
+    async def index_after() -> dict:
+        """What a write left: the index version answering now and its block count (the web page reports both)."""
+        stats = await run(service.stats)
+        return {"index_version": stats["index_version"], "blocks": stats["corpus_blocks"]}
+
     @app.post("/documents", dependencies=[Depends(require_key)], summary="Add or replace documents (durable, live)",
               responses=_errors(401, 413, 422))
     async def add_documents(req: DocumentsRequest):
         docs = [Document(d.id, d.title.strip(), d.text.strip()) for d in req.documents]
         ids = await run(service.add, docs)
-        return {"added": ids, "corpus_blocks": (await run(service.stats))["corpus_blocks"]}
+        after = await index_after()
+        return {"added": ids, "corpus_blocks": after["blocks"], **after}
+
+    @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it)",
+             responses=_errors(404, 422))
+    async def get_document(doc_id: str):
+        if not await run(service.exists, doc_id):
+            raise HTTPException(404, f"no document with id {doc_id!r}")
+        return {"id": doc_id}
 
     @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document",
                 responses=_errors(401, 404, 422))
@@ -214,7 +227,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         if not await run(service.exists, doc_id):
             raise HTTPException(404, f"no document with id {doc_id!r}")
         await run(service.delete, doc_id)
-        return {"deleted": doc_id}
+        return {"deleted": doc_id, **await index_after()}
 
     @app.get("/health", responses=_errors())
     async def health():

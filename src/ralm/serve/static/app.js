@@ -1,15 +1,42 @@
-// The page talks to the same JSON API that `ralm serve` documents at /docs.
+// The page talks to the same JSON API that `ralm serve` documents at /docs; nothing is loaded
+// from anywhere else.
 const $ = (id) => document.getElementById(id);
 
+const STATS_POLL_MS = 3000;  // the status line follows hot index swaps within this
+const EXCERPT_CHARS = 300;  // longer evidence blocks show an excerpt around the answer, expandable
+const BLOCKS_SHOWN = 3;  // evidence blocks listed at first (and the answer's block); the rest one click away
+
+// Calibrated confidence in words (docs/serving.md and static/confidence.html list the same bands).
+const BANDS = [
+  [0.9, "very likely right", "high"],
+  [0.7, "likely right", "high"],
+  [0.5, "more likely right than wrong", "mid"],
+  [0.3, "more likely wrong than right", "mid"],
+  [0, "likely wrong", "low"],
+];
+const SIDES = { dense: "dense", bm25: "BM25" };
+const SIDE_HELP = { dense: "found by meaning (dense retriever)", bm25: "found by shared words (BM25)" };
+const RETRIEVER_LABELS = { hybrid: "Meaning + keywords (hybrid)", dense: "Meaning (dense)", bm25: "Keywords (BM25)" };
+
 function escapeHtml(s) {
-  return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
-// The evidence text with the answer span (character offsets) highlighted.
-function highlighted(text, span) {
-  if (!span) return escapeHtml(text);
-  const [a, b] = span;
-  return escapeHtml(text.slice(0, a)) + "<mark>" + escapeHtml(text.slice(a, b)) + "</mark>" + escapeHtml(text.slice(b));
+function percent(p) {
+  return `${Math.round(100 * p)}\u00a0%`;
+}
+
+// The band of the percentage shown, so that the words and the number agree (0.895 is "90 %": very likely right).
+function band(p) {
+  return BANDS.find(([lo]) => Math.round(100 * p) >= 100 * lo);
+}
+
+// "likely right — 87 %", or the raw score's caveat for a reader that was never calibrated.
+function confidenceText(confidence, score) {
+  if (confidence === null || confidence === undefined) {
+    return `confidence unknown: the reader is not calibrated (raw score ${score.toFixed(2)}, not a probability of being right)`;
+  }
+  return `${band(confidence)[1]} — ${percent(confidence)}`;
 }
 
 async function api(path, body, method = "POST", key = "") {
@@ -17,7 +44,11 @@ async function api(path, body, method = "POST", key = "") {
   if (key) headers["X-API-Key"] = key;
   const res = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
   const data = await res.json().catch(() => ({}));
-  if (!res.ok) throw new Error(data.error || `HTTP ${res.status}`);
+  if (!res.ok) {
+    const err = new Error(data.error || `HTTP ${res.status}`);
+    err.status = res.status;
+    throw err;
+  }
   return data;
 }
 
@@ -26,15 +57,99 @@ function showError(message) {
   $("error").hidden = !message;
 }
 
-function renderPassages(items, withSpans, best) {
-  $("evidence").innerHTML = items.map((e, i) => {
-    const score = withSpans
-      ? `retrieval ${e.retrieval_score.toFixed(3)} · p(z|x) ${(e.retrieval_prob ?? 0).toFixed(3)} · p(span) ${(e.span_prob ?? 0).toFixed(3)}`
-      : `score ${e.score.toFixed(3)}`;
-    return `<li class="${i === best ? "best" : ""}"><span class="title">${escapeHtml(e.title || e.id)}</span>` +
-      `<span class="scores">${escapeHtml(e.id)} · ${score}</span><div class="text">${highlighted(e.text, withSpans && i === best ? e.span : null)}</div></li>`;
-  }).join("");
+// ---- the answer card -------------------------------------------------------------------------
+
+function renderAnswer(r) {
+  const best = r.evidence[r.best ?? 0];
+  // "guess": the best span even when withheld (newer servers); older ones hold it in the evidence.
+  const guess = r.guess ?? best?.answer ?? "";
+  const card = $("answer");
+  card.hidden = false;
+  card.classList.toggle("withheld", Boolean(r.no_answer));
+  $("confidence").className = "confidence";
+  if (r.no_answer) {
+    $("answer-text").textContent = "No answer found in the corpus";
+    $("confidence").textContent = guess
+      ? "The best guess is below the confidence this server needs to answer."
+      : "The reader found no answer in the passages it read.";
+    $("guess").hidden = !guess;
+    $("guess").innerHTML = guess
+      ? `Best guess: “${escapeHtml(guess)}” (${escapeHtml(confidenceText(r.confidence, r.score))})`
+      : "";
+  } else {
+    $("answer-text").textContent = r.answer;
+    $("confidence").textContent = confidenceText(r.confidence, r.score);
+    if (r.confidence !== null && r.confidence !== undefined) $("confidence").classList.add(band(r.confidence)[2]);
+    $("guess").hidden = true;
+  }
+  $("confidence-help").querySelector("summary").textContent =
+    r.confidence === null || r.confidence === undefined ? "Why no confidence?" : `What does ${percent(r.confidence)} mean?`;
 }
+
+// ---- the evidence list -----------------------------------------------------------------------
+
+// `text` with [a, b) marked; `kind`: "answer" or "guess".
+function marked(text, span, kind) {
+  if (!span) return escapeHtml(text);
+  const [a, b] = span;
+  return escapeHtml(text.slice(0, a)) + `<mark class="span-${kind}">` + escapeHtml(text.slice(a, b)) + "</mark>" + escapeHtml(text.slice(b));
+}
+
+// A window of about EXCERPT_CHARS around the span (or the start), cut at spaces.
+function excerpt(text, span, kind) {
+  if (text.length <= EXCERPT_CHARS) return null;
+  const centre = span ? Math.floor((span[0] + span[1]) / 2) : 0;
+  let a = Math.max(0, Math.min(centre - EXCERPT_CHARS / 2, text.length - EXCERPT_CHARS));
+  let b = Math.min(text.length, a + EXCERPT_CHARS);
+  if (span) { a = Math.min(a, span[0]); b = Math.max(b, span[1]); }
+  if (a > 0) a = Math.max(text.lastIndexOf(" ", a) + 1, 0);
+  if (b < text.length) { const space = text.indexOf(" ", b); b = space < 0 ? text.length : space; }
+  const inner = span ? [span[0] - a, span[1] - a] : null;
+  return (a > 0 ? "… " : "") + marked(text.slice(a, b), inner, kind) + (b < text.length ? " …" : "");
+}
+
+function foundBy(sides) {
+  if (!Array.isArray(sides) || !sides.length) return "";
+  const badges = sides.map((s) => `<span class="badge ${escapeHtml(s)}" title="${escapeHtml(SIDE_HELP[s] || s)}">${escapeHtml(SIDES[s] || s)}</span>`);
+  return `<span class="found-by"><span class="muted">found by</span> ${badges.join(" ")}</span>`;
+}
+
+// `mark`: "answer" or "guess" (a withheld answer) for /ask's evidence, whose block `best` holds
+// it; null for /search's passages.
+function renderEvidence(items, best, mark) {
+  $("evidence-heading").hidden = !items.length;
+  $("evidence-heading").textContent = mark ? "Evidence the reader read" : "Passages found";
+  const views = items.map((e, i) => {
+    const span = mark && i === best ? e.span : null;
+    return { whole: marked(e.text, span, mark), short: excerpt(e.text, span, mark) };
+  });
+  $("evidence").innerHTML = items.map((e, i) => {
+    const scores = mark
+      ? `retrieval ${e.retrieval_score.toFixed(3)} · p(block) ${(e.retrieval_prob ?? 0).toFixed(3)} · p(span) ${(e.span_prob ?? 0).toFixed(3)}`
+      : `score ${e.score.toFixed(3)}`;
+    const tag = mark && i === best ? `<span class="tag tag-${mark}">${mark === "guess" ? "best guess" : "answer"}</span>` : "";
+    const hidden = i >= BLOCKS_SHOWN && i !== best ? " hidden" : "";
+    return `<li class="${i === best ? "best" : ""}"${hidden}>` +
+      `<div class="ev-head"><span class="title">${escapeHtml(e.title || e.id)}</span> ${tag} ${foundBy(e.found_by)}</div>` +
+      `<p class="text" id="ev-text-${i}">${views[i].short ?? views[i].whole}</p>` +
+      (views[i].short ? `<button type="button" class="expand link" data-i="${i}" aria-expanded="false" aria-controls="ev-text-${i}">Show whole text</button>` : "") +
+      `<div class="scores">${escapeHtml(e.id)} · ${scores}</div></li>`;
+  }).join("");
+  const more = items.length - $("evidence").querySelectorAll("li:not([hidden])").length;
+  $("more-evidence").hidden = more === 0;
+  $("more-evidence").textContent = `Show ${more} more ${more === 1 ? "block" : "blocks"}`;
+  $("evidence").querySelectorAll("button.expand").forEach((button) => {
+    const view = views[Number(button.dataset.i)];
+    button.addEventListener("click", () => {
+      const open = button.getAttribute("aria-expanded") !== "true";
+      $(button.getAttribute("aria-controls")).innerHTML = open ? view.whole : view.short;
+      button.setAttribute("aria-expanded", String(open));
+      button.textContent = open ? "Show less" : "Show whole text";
+    });
+  });
+}
+
+// ---- asking ----------------------------------------------------------------------------------
 
 async function ask(event) {
   event.preventDefault();
@@ -42,51 +157,190 @@ async function ask(event) {
   if (!question) return;
   const retriever = $("retriever").value || undefined;
   $("ask-button").disabled = true;
+  $("ask-button").textContent = "Asking…";
   showError("");
   try {
     if (window.readerLoaded) {
       const r = await api("/ask", { question, retriever });  // the server's default k, which the confidence is calibrated for
-      $("answer").hidden = false;
-      $("answer-text").textContent = r.answer || "(no answer)";
-      $("answer-score").textContent = `score ${r.score.toFixed(4)}`;
-      renderPassages(r.evidence, true, r.best ?? 0);
+      renderAnswer(r);
+      renderEvidence(r.evidence, r.best ?? 0, r.no_answer ? "guess" : "answer");
+      if (r.index_version) noteVersion(r.index_version);
     } else {
       const hits = await api("/search", { query: question, k: 5, retriever });
       $("answer").hidden = true;
-      renderPassages(hits, false, -1);
+      renderEvidence(hits, -1, null);
     }
   } catch (e) {
+    $("answer").hidden = true;  // no earlier answer left standing under a failed question
+    renderEvidence([], -1, null);
     showError(e.message);
   } finally {
     $("ask-button").disabled = false;
+    $("ask-button").textContent = "Ask";
   }
 }
 
-async function addDocument(event) {
+// ---- documents -------------------------------------------------------------------------------
+
+let knownId = null;  // the id whose existence the page last checked and showed: {id, exists}
+
+async function exists(id) {
+  try {
+    await api(`/documents/${encodeURIComponent(id)}`, null, "GET");
+    return true;
+  } catch (e) {
+    if (e.status === 404) return false;
+    throw e;
+  }
+}
+
+function forgetId() {
+  knownId = null;
+  $("doc-exists").hidden = true;
+  $("doc-button").textContent = "Add document";
+}
+
+// Says, next to the id, whether saving adds or replaces; returns whether the id exists.
+async function checkId() {
+  const id = $("doc-id").value.trim();
+  if (!id) {
+    forgetId();
+    return false;
+  }
+  const found = await exists(id);
+  if ($("doc-id").value.trim() !== id) return found;  // typed on meanwhile; a later check shows that
+  knownId = { id, exists: found };
+  $("doc-exists").hidden = !found;
+  $("doc-exists").textContent = found ? `A document with the id “${id}” already exists: saving replaces it.` : "";
+  $("doc-button").textContent = found ? "Replace document" : "Add document";
+  return found;
+}
+
+function afterWrite(verb, id, r) {
+  $("doc-status").textContent = `${verb} “${id}”. Index ${r.index_version} now has ${r.blocks} blocks.`;
+  refreshStats();
+}
+
+async function saveDocument(event) {
   event.preventDefault();
+  const doc = { id: $("doc-id").value.trim(), title: $("doc-title").value.trim(), text: $("doc-text").value.trim() };
   $("doc-button").disabled = true;
   try {
-    const doc = { id: $("doc-id").value.trim(), title: $("doc-title").value.trim(), text: $("doc-text").value.trim() };
+    const shown = knownId && knownId.id === doc.id ? knownId.exists : null;
+    const found = await exists(doc.id);  // checked again before writing: someone may have added it meanwhile
+    if (found && shown !== true) {  // never replace without having said so first
+      await checkId();
+      $("doc-status").textContent = `“${doc.id}” already exists. Press “Replace document” to replace it.`;
+      $("doc-button").focus();
+      return;
+    }
     const r = await api("/documents", { documents: [doc] }, "POST", $("api-key").value);
-    $("doc-status").textContent = `added ${r.added.join(", ")}; the corpus now has ${r.corpus_blocks} blocks`;
+    afterWrite(found ? "Replaced" : "Added", doc.id, r);
+    await checkId();
   } catch (e) {
-    $("doc-status").textContent = `error: ${e.message}`;
+    $("doc-status").textContent = `Not saved: ${e.message}`;
   } finally {
     $("doc-button").disabled = false;
   }
 }
 
-async function init() {
+async function askDelete() {
+  const id = $("doc-id").value.trim();
+  if (!id) {
+    $("doc-status").textContent = "Type the id of the document to delete.";
+    $("doc-id").focus();
+    return;
+  }
   try {
-    const s = await fetch("/stats").then((r) => r.json());
-    window.readerLoaded = s.reader_loaded;
-    $("status").textContent = `${s.corpus_blocks} blocks · index ${s.index_version}` + (s.reader_loaded ? "" : " · no reader: showing passages");
-    $("retriever").innerHTML = s.retrievers.map((r) => `<option value="${r}">${r}</option>`).join("");
+    if (!(await exists(id))) {
+      $("doc-status").textContent = `There is no document with the id “${id}”.`;
+      return;
+    }
   } catch (e) {
-    $("status").textContent = "server unreachable";
+    $("doc-status").textContent = `Not deleted: ${e.message}`;
+    return;
+  }
+  $("delete-question").textContent = `Delete “${id}” for good?`;
+  $("delete-confirm").dataset.id = id;
+  $("delete-confirm").hidden = false;
+  $("delete-yes").focus();
+}
+
+function closeDelete() {
+  $("delete-confirm").hidden = true;
+  $("delete-button").focus();
+}
+
+async function deleteDocument() {
+  const id = $("delete-confirm").dataset.id;
+  $("delete-yes").disabled = true;
+  try {
+    const r = await api(`/documents/${encodeURIComponent(id)}`, null, "DELETE", $("api-key").value);
+    afterWrite("Deleted", id, r);
+    await checkId();
+  } catch (e) {
+    $("doc-status").textContent = `Not deleted: ${e.message}`;
+  } finally {
+    $("delete-yes").disabled = false;
+    closeDelete();
   }
 }
 
+// ---- the status line -------------------------------------------------------------------------
+
+let version = null;  // the index version the page last saw
+let swappedAt = "";
+
+function noteVersion(v) {
+  if (version !== null && v !== version) swappedAt = ` · swapped to ${v} at ${new Date().toLocaleTimeString()}`;
+  version = v;
+}
+
+async function refreshStats() {
+  try {
+    const s = await api("/stats", null, "GET");
+    noteVersion(s.index_version);
+    window.readerLoaded = s.reader_loaded;
+    const live = s.overlay_documents ? ` · ${s.overlay_documents} added live` : "";
+    const text = `index ${s.index_version} · ${s.corpus_blocks} blocks${live}` +
+      (s.reader_loaded ? "" : " · no reader: showing passages") + swappedAt;
+    if ($("status").textContent !== text) $("status").textContent = text;  // a live region: speak changes only
+    const select = $("retriever");
+    if (select.options.length !== s.retrievers.length) {
+      select.innerHTML = s.retrievers.map((r) => `<option value="${r}">${escapeHtml(RETRIEVER_LABELS[r] || r)}</option>`).join("");
+    }
+  } catch (e) {
+    $("status").textContent = "server unreachable, retrying…";
+  }
+}
+
+async function pollStats() {
+  await refreshStats();
+  setTimeout(pollStats, STATS_POLL_MS);
+}
+
+function showAllEvidence() {
+  const first = $("evidence").querySelector("li[hidden]");
+  $("evidence").querySelectorAll("li[hidden]").forEach((li) => { li.hidden = false; });
+  $("more-evidence").hidden = true;
+  const title = first?.querySelector(".title");
+  if (title) {  // keyboard and screen-reader users go on reading where the list grew
+    title.tabIndex = -1;
+    title.focus();
+  }
+}
+
+let idTimer = null;
 $("ask-form").addEventListener("submit", ask);
-$("doc-form").addEventListener("submit", addDocument);
-init();
+$("doc-form").addEventListener("submit", saveDocument);
+$("doc-id").addEventListener("input", () => {
+  forgetId();  // until the new id is checked, saving checks it first
+  clearTimeout(idTimer);
+  idTimer = setTimeout(() => checkId().catch(() => {}), 300);
+});
+$("more-evidence").addEventListener("click", showAllEvidence);
+$("delete-button").addEventListener("click", askDelete);
+$("delete-yes").addEventListener("click", deleteDocument);
+$("delete-no").addEventListener("click", closeDelete);
+$("delete-confirm").addEventListener("keydown", (e) => { if (e.key === "Escape") closeDelete(); });
+pollStats();
