@@ -1,7 +1,7 @@
 """Bounded loopback load test of `ralm serve`: N requests at concurrency C, then stop.
 
-  python benchmarks/serve_load.py --index /tmp/runs/squad-dense --questions ../shared/data/squad_dev.jsonl \
-      --requests 1000 --concurrency 32 --endpoint search
+  python benchmarks/serve_load.py --index runs/dev --questions ../shared/data/squad_dev.jsonl \
+      --requests 400 --concurrency 8 --endpoint search [--retriever dense]
 
 Starts the server in this process on 127.0.0.1 (a free port), sends the questions of the file
 in turn, and prints throughput, client-side p50/p99 latency and the error count as JSON.
@@ -21,8 +21,7 @@ import numpy as np
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--index", required=True)
-    ap.add_argument("--bm25", default=None)
-    ap.add_argument("--model", default=None, help="a fine-tuning run, for --endpoint ask")
+    ap.add_argument("--model", default=None, help="a fine-tuning run or reader, for --endpoint ask (default: the package's reader)")
     ap.add_argument("--questions", required=True)
     ap.add_argument("--endpoint", choices=["search", "ask"], default="search")
     ap.add_argument("--retriever", default=None)
@@ -35,10 +34,12 @@ def main() -> None:
     import httpx
 
     from ralm.data.qa import read_questions
+    from ralm.pipeline import resolve_reader
     from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
 
-    svc = Service(ServeConfig(index=args.index, model=args.model, bm25=args.bm25))
+    model = args.model or (str(resolve_reader(None)) if args.endpoint == "ask" else None)
+    svc = Service(ServeConfig(index=args.index, model=model))
     questions = [q.question for q in read_questions(args.questions)]
     latencies: list[float] = []
     errors = 0
@@ -72,7 +73,8 @@ def main() -> None:
         wall = asyncio.run(run(url))
     lat = np.array(latencies) * 1000
     print(json.dumps({
-        "endpoint": args.endpoint, "index": args.index, "blocks": svc.stats()["corpus_blocks"],
+        "endpoint": args.endpoint, "index": args.index, "retriever": args.retriever or svc.default_retriever,
+        "blocks": svc.stats()["corpus_blocks"],
         "requests": len(latencies), "concurrency": args.concurrency, "errors": errors,
         "seconds": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 1),
         "client_p50_ms": round(float(np.percentile(lat, 50)), 1), "client_p99_ms": round(float(np.percentile(lat, 99)), 1),

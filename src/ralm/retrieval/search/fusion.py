@@ -18,15 +18,40 @@ Shapes: Q queries, C candidates of one query, k results.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from ralm.defaults import FUSION, FUSION_DEPTH, HYBRID_ALPHA, RRF_C
 from ralm.errors import RalmError
-from ralm.retrieval.search.searcher import Ranked
 
 RRF_SCALE = 1000.0  # adjacent ranks near the top then differ by ~0.25 nats, as dense neighbours do
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """Search results with what selective answering and the evidence list need to know."""
+    scores: np.ndarray  # [Q, k] fused scores (one side: its own), best first
+    rows: np.ndarray  # [Q, k] block rows of the version searched
+    found_by: list[list[tuple[str, ...]]]  # [Q][k]: the sides whose own top list held the block
+    top: dict[str, np.ndarray] = field(default_factory=dict)  # side -> [Q] its best score
+    agreement: np.ndarray | None = None  # [Q] share of one side's top k in the other's top k
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How a searcher fuses its sides (the defaults live in ralm/defaults.py)."""
+    method: str = FUSION  # a key of FUSIONS
+    alpha: float = HYBRID_ALPHA  # the dense side's weight in weighted fusion
+    depth: int = FUSION_DEPTH  # each side's list that candidates are drawn from
+
+    def __post_init__(self):
+        if self.method not in FUSIONS:
+            raise RalmError(f"unknown fusion {self.method!r}; choose one of {', '.join(FUSIONS)}")
+        side_weights((), self.alpha)
+        if self.depth <= 0:
+            raise RalmError(f"fusion depth must be positive, got {self.depth}")
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -61,11 +86,9 @@ def fuse_rrf(scores: dict[str, np.ndarray], ranks: dict[str, np.ndarray], alpha:
 FUSIONS: dict[str, Callable] = {"weighted": fuse_weighted, "rrf": fuse_rrf}
 
 
-def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fusion: str = FUSION,
-         alpha: float = HYBRID_ALPHA, depth: int = FUSION_DEPTH) -> Ranked:
-    """The top k of each query over `sides` of `searcher`'s `snap` (see the module docstring)."""
-    if fusion not in FUSIONS:
-        raise RalmError(f"unknown fusion {fusion!r}; choose one of {', '.join(FUSIONS)}")
+def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fusion: Fusion = Fusion()) -> Ranked:
+    """The top k of each query over `sides` of `searcher`'s `snap` (see the module docstring).
+    `searcher` provides encode / side_search / side_scores / is_result (search/searcher.py)."""
     encoded = {s: searcher.encode(queries, s) for s in sides}
     if len(sides) == 1:
         (side,) = sides
@@ -74,7 +97,7 @@ def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fus
         found = [[(side,) if r else () for r in row] for row in real]
         return Ranked(scores, rows, found, {side: scores[:, 0] if scores.shape[1] else np.zeros(len(queries))},
                       np.ones(len(queries)))
-    lists = {s: searcher.side_search(encoded[s], max(k, depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
+    lists = {s: searcher.side_search(encoded[s], max(k, fusion.depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
     out_scores, out_rows, out_found, agreement = [], [], [], []
     for i in range(len(queries)):
         listed = {s: (rows[i][searcher.is_result(sc[i], snap, s)], sc[i][searcher.is_result(sc[i], snap, s)])
@@ -90,7 +113,7 @@ def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fus
             floor = float(full.min()) if len(full) else 0.0
             per_side[s] = exact if exact is not None else np.where(per_rank[s] >= 0, sc_s[np.maximum(per_rank[s], 0)] if len(sc_s) else 0.0,
                                                                    floor).astype(np.float32)
-        fused = FUSIONS[fusion](per_side, per_rank, alpha)
+        fused = FUSIONS[fusion.method](per_side, per_rank, fusion.alpha)
         top = np.argsort(-fused, kind="stable")[:k]
         out_scores.append(fused[top])
         out_rows.append(cand[top])

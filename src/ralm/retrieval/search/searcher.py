@@ -13,18 +13,18 @@ What every searcher provides, the Searcher here and the LiveSearcher (search/liv
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
-from ralm.defaults import FUSION
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.fusion import Fusion, Ranked, rank
 from ralm.runtime import resolve_dtype
 
 
@@ -61,16 +61,6 @@ class LoadedVersion:
         return self.sides["dense"].index
 
 
-@dataclass(frozen=True)
-class Ranked:
-    """Search results with what selective answering and the evidence list need to know."""
-    scores: np.ndarray  # [Q, k] fused scores (one side: its own), best first
-    rows: np.ndarray  # [Q, k] block rows of the version searched
-    found_by: list[list[tuple[str, ...]]]  # [Q][k]: the sides whose own top list held the block
-    top: dict[str, np.ndarray] = field(default_factory=dict)  # side -> [Q] its best score
-    agreement: np.ndarray | None = None  # [Q] share of one side's top k in the other's top k
-
-
 def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = None, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, check_model: bool = True) -> LoadedVersion:
     """Version `name` with every side it holds, memory-mapped. `models`: each side's query
@@ -96,7 +86,7 @@ class Searcher:
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
         self.check_model = check_model
-        self.fusion = FUSION  # how the sides' lists are fused (search/fusion.py FUSIONS)
+        self.fusion = Fusion()  # how the sides' lists are fused (search/fusion.py)
         latest = index.latest()
         manifest = index.version_manifest(latest)
         self.models = {s: retriever if s == "dense" and retriever is not None
@@ -175,12 +165,10 @@ class Searcher:
     # -- every side, fused ------------------------------------------------------------------
     def rank(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None) -> Ranked:
         """The top k of each query: fused over every side (retriever None), or one side."""
-        from ralm.retrieval.search.fusion import rank
-
         check_queries(queries)
         check_k(k)
         snap = snap or self.current
-        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root), fusion=self.fusion)
+        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root), self.fusion)
 
     def search_rows(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
