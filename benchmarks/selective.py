@@ -127,9 +127,9 @@ def main() -> None:
         fitted = fitted.with_kind(kind, cal)
         cal_conf = cross_fitted(sig["calibration"], em["calibration"])  # as the held-back half will see it
         t = choose_threshold(cal_conf, em["calibration"], answerable["calibration"], args.max_risk, args.max_unanswerable)
-        new = cal(sig["heldout"])
+        new = cal.of_signals(sig["heldout"])
         old_map = before.for_kind(kind)
-        old = old_map(sig["heldout"]) if old_map is not None else np.array([s["score"] for s in sig["heldout"]])
+        old = old_map.of_signals(sig["heldout"]) if old_map is not None else np.array([s["score"] for s in sig["heldout"]])
         rc_new, rc_old = risk_coverage(new, em["heldout"]), risk_coverage(old, em["heldout"])
         report["kinds"][kind] = {
             "heldout_em_all": round(100 * float(em["heldout"].mean()), 2),

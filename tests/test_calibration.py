@@ -3,6 +3,8 @@ reliability bins by hand, the stored form."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -67,3 +69,59 @@ def test_reliability_bins_by_hand():
     assert rel["ece"] == pytest.approx((0.05 + 0.85 + 0.15 + 2 * abs(0.925 - 0.5)) / 5, abs=1e-4)
     assert rel["at"] == [{"min_confidence": 0.5, "answered": 0.6, "accuracy": pytest.approx(2 / 3, abs=1e-4)},
                          {"min_confidence": 0.99, "answered": 0.0, "accuracy": None}]
+
+
+def _signals(rng, n):
+    """Answers whose log-partition tells right from wrong (with noise); the raw score alone less so."""
+    right = rng.random(n) < 0.5
+    sig = [{"score": float(rng.uniform(0.2, 0.9)), "log_partition": float(rng.normal(2.0 if r else -1.0, 1.0)),
+            "retrieval_entropy": float(rng.uniform(0, 2)), "top_dense": None, "top_bm25": float(rng.uniform(5, 15)),
+            "agreement": 1.0} for r in right]
+    return sig, right.astype(float)
+
+
+def test_selective_fit_is_the_penalised_maximum_likelihood():
+    from ralm.eval.calibration import fit_selective
+    from ralm.models.confidence import feature_vector
+
+    rng = np.random.default_rng(0)
+    sig, y = _signals(rng, 400)
+    cal = fit_selective(sig, y, l2=1.0)
+    # constant features (top_dense missing, agreement 1) are left out; the rest are standardised
+    assert cal.features == ("logit_score", "log_partition", "retrieval_entropy", "top_bm25")
+    z = (np.stack([feature_vector(s, cal.features) for s in sig]) - cal.mean) / cal.scale
+    p = cal.of_signals(sig)
+    # at the optimum the gradient of the log-likelihood minus the L2 penalty is zero
+    grad_w = z.T @ (p - y) + 1.0 * np.array(cal.weights)
+    assert np.abs(grad_w).max() < 1e-6 and abs((p - y).sum()) < 1e-6
+    assert cal.weights[1] > 1.0 and all(abs(w) < 0.5 for i, w in enumerate(cal.weights) if i != 1)
+    assert 0 < p.min() and p.max() < 1  # never certain
+
+
+def test_cross_fitted_confidence_is_measured_on_questions_the_map_did_not_see():
+    from ralm.eval.calibration import auroc, cross_fitted, fit_selective
+
+    rng = np.random.default_rng(1)
+    sig, y = _signals(rng, 300)
+    out = cross_fitted(sig, y)
+    even = fit_selective([s for i, s in enumerate(sig) if i % 2], y[1::2])  # fitted on the odd questions
+    assert np.allclose(out[0::2], even.of_signals(sig[0::2]))
+    assert auroc(out, y > 0) > 0.85
+
+
+def test_a_readers_maps_are_chosen_by_the_retriever_kind_and_round_trip():
+    from ralm.eval.calibration import fit_selective
+    from ralm.models.confidence import Calibrations, SelectiveCalibration
+
+    rng = np.random.default_rng(2)
+    sig, y = _signals(rng, 200)
+    old = fit_isotonic([s["score"] for s in sig], y)
+    maps = Calibrations.from_json(old.to_json(), "x")  # an older reader: one map for every kind
+    assert maps.for_kind("hybrid") is maps.for_kind("bm25") and maps.for_kind("bm25").raw == pytest.approx(old.raw)
+    hybrid = fit_selective(sig, y)
+    maps = maps.with_kind("hybrid", hybrid)
+    again = Calibrations.from_json(json.loads(json.dumps(maps.to_json())), "x")
+    assert isinstance(again.for_kind("hybrid"), SelectiveCalibration) and again.for_kind("dense").raw == pytest.approx(old.raw)
+    assert np.allclose(again.for_kind("hybrid").of_signals(sig), hybrid.of_signals(sig), atol=1e-6)
+    with pytest.raises(RalmError, match="selective calibration needs"):
+        Calibrations.from_json({"by_retriever": {"dense": {"method": "selective", "features": ["nope"]}}}, "x")

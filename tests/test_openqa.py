@@ -156,17 +156,32 @@ def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_rea
         OpenQA(oracle_reader, searcher, min_confidence=1.5)
 
 
-def test_evaluate_qa_fits_a_calibration_and_reports_reliability(oracle_reader, tiny_dense_index, tmp_path, monkeypatch):
+def _mixed(n: int) -> list[Question]:
+    """n questions, a third of them with a wrong gold answer (as if the corpus held none)."""
+    wrong = Question("w", "What is the capital of France?", ("Lyon",))
+    picked = [wrong if i % 3 == 0 else QUESTIONS[i % 3] for i in range(n)]
+    return [Question(f"q{i}", q.question, q.answers) for i, q in enumerate(picked)]
+
+
+def test_evaluate_qa_fits_the_kinds_map_on_cross_fitted_questions_and_reports_answered(oracle_reader, tiny_dense_index,
+                                                                                        tmp_path, monkeypatch):
     monkeypatch.setattr(oracle_reader.cfg, "calibration", None)
-    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6, min_confidence=1.0)  # would withhold everything
-    wrong = Question("q4", "What is the capital of France?", ("Lyon",))
-    result = evaluate_qa(qa, [*QUESTIONS, wrong], ks=(1, 6), predictions=tmp_path / "p.jsonl", show_progress=False,
-                         calibrate=True)
-    assert result["em"] == 75.0  # the threshold never hides the best span from EM
-    assert qa.calibration is not None and qa.calibration.questions == 4
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=6, min_confidence=0.5)
+    questions = _mixed(60)
+    result = evaluate_qa(qa, questions, ks=(1, 6), predictions=tmp_path / "p.jsonl", show_progress=False, calibrate=True)
+    assert result["em"] == pytest.approx(100 * 40 / 60, abs=0.01)  # the threshold never hides the best answer from EM
+    assert qa.kind == "dense" and qa.calibrations.for_kind("dense").questions == 60
+    assert qa.calibrations.for_kind("bm25") is None  # fitted for the kind searched only
+    assert result["reliability"]["cross_fitted"] and sum(b["count"] for b in result["reliability"]["bins"]) == 60
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
-    assert all(0 <= r["confidence"] <= 1 for r in rows) and rows[3]["prediction"] == "Paris"
-    assert sum(b["count"] for b in result["reliability"]["bins"]) == 4
+    assert all(0 < r["confidence"] < 1 for r in rows)  # shrunk ends: never certain
+    answered = [not r["no_answer"] for r in rows]
+    assert result["answered"] == pytest.approx(100 * sum(answered) / 60, abs=0.01)
+    if any(answered):
+        assert result["answered_em"] == pytest.approx(100 * sum(r["em"] for r, a in zip(rows, answered) if a) / sum(answered), abs=0.01)
+    for few in (questions[:10], [q for q in questions if q.answers != ("Lyon",)][:55]):  # too few; all right
+        with pytest.raises(RalmError, match="at least 50|both right and wrong"):
+            evaluate_qa(qa, few, ks=(1,), show_progress=False, calibrate=True)
 
 
 def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
@@ -216,15 +231,30 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, 
     result = json.loads(out)
     assert {"em", "f1", "recall@1", "recall@5", "recall@20"} <= set(result) and result["questions"] == 3
     # predictions go to the current directory by default, never into the model directory
-    assert len((tmp_path / "work" / f"q-{tiny_dense_index.name}.predictions.jsonl").read_text().splitlines()) == 3
+    assert len((tmp_path / "work" / f"q-{tiny_dense_index.name}-dense.predictions.jsonl").read_text().splitlines()) == 3
     assert not list(run.rglob("*predictions*"))
-    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "-k", 2,
-                          "--predictions", tmp_path / "mine" / "p.jsonl", "--calibrate", "--json")
+    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "--calibrate")
+    assert code == 2 and "--out" in err  # the reader given is never modified in place
+    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", qfile, "--calibrate",
+                          "--out", tmp_path / "cal")
+    assert code == 2 and "at least 50" in err and not (tmp_path / "cal").exists()
+    # every word n-gram of the corpus is a right answer to the first 40 questions, none to the rest:
+    # whatever the random reader picks, the outcomes mix
+    ngrams = sorted({" ".join(w[i:i + n]) for d in DOCS for w in [d["text"].split()] for n in range(1, 11) for i in range(len(w))})
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"id": f"m{i}", "question": QUESTIONS[i % 3].question,
+                                        "answers": ngrams if i < 40 else ["Lyon"]}) + "\n" for i in range(60)))
+    before = (run / "final" / "reader" / "config.json").read_bytes()
+    code, out, err = ralm("eval", "qa", "--model", run, "--index", tiny_dense_index, "--questions", many, "-k", 2,
+                          "--predictions", tmp_path / "mine" / "p.jsonl", "--calibrate", "--out", tmp_path / "cal", "--json")
     assert code == 0, err
     result = json.loads(out)
     assert result["predictions"] == str(tmp_path / "mine" / "p.jsonl") and (tmp_path / "mine" / "p.jsonl").is_file()
-    assert "reliability" in result and result["calibration"] == str(run / "final" / "reader" / "config.json")
-    assert Reader.from_pretrained(run / "final" / "reader").cfg.calibration["questions"] == 3
+    assert "reliability" in result and result["calibration"] == str(tmp_path / "cal")
+    assert (run / "final" / "reader" / "config.json").read_bytes() == before
+    cal = Reader.from_pretrained(tmp_path / "cal").cfg.calibration
+    assert cal["by_retriever"]["dense"]["questions"] == 60 and cal["by_retriever"]["dense"]["method"] == "selective"
+    write_calibration(run / "final" / "reader", {"raw": [0.0, 1.0], "confidence": [0.0, 0.9]})
     code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
     assert code == 0, err
     answer = json.loads(out)
@@ -232,7 +262,8 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, 
     for e in answer["evidence"]:
         assert {"id", "title", "text", "retrieval_score", "span"} <= set(e)
         assert e["text"][e["span"][0]:e["span"][1]] == e["answer"]
-    assert 0 <= answer["confidence"] <= 1  # calibrated above
+    assert 0 <= answer["confidence"] <= 1 and answer["guess"] and answer["index_version"] == "v000001"
+    assert answer["retriever"] == "dense" and all(e["found_by"] == ["dense"] for e in answer["evidence"])
     write_calibration(run / "final" / "reader", {"raw": [0.0, 1.0], "confidence": [0.0, 0.5]})  # confidence <= 0.5
     ask = ("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2)
     code, out, err = ralm(*ask, "--min-confidence", 0, "--json")

@@ -171,7 +171,7 @@ class OpenQA:
                        "retrieval_entropy": float(-(p_z[qi] * log_pz).sum()),
                        "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
                        **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}}
-            confidence = None if self.calibration is None else float(self.calibration([signals])[0])
+            confidence = None if self.calibration is None else float(self.calibration.of_signals([signals])[0])
             guess = evidence[best].span_text if best is not None else ""
             withheld = best is None or (confidence is not None and confidence < self.min_confidence)
             out.append(Answer(question, "" if withheld else guess, score, confidence, evidence, best or 0,

@@ -95,7 +95,7 @@ def cross_fitted(signals: Sequence[dict], correct: Sequence[float], fit=fit_sele
     for part in (0, 1):
         test = np.arange(len(y)) % 2 == part
         cal = fit([s for s, t in zip(signals, test) if not t], y[~test])
-        out[test] = cal([s for s, t in zip(signals, test) if t])
+        out[test] = cal.of_signals([s for s, t in zip(signals, test) if t])
     return out
 
 

@@ -68,7 +68,7 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], ks: Sequence[int] = (
         qa.calibrations = qa.calibrations.with_kind(qa.kind, fit_selective(signals, ems))
         result["reliability"] = {**reliability(confidence, ems), "cross_fitted": True}
     elif qa.calibration is not None:
-        confidence = qa.calibration(signals)
+        confidence = qa.calibration.of_signals(signals)
         result["reliability"] = reliability(confidence, ems)
     answered = [c >= qa.min_confidence for c in confidence] if confidence is not None else [True] * len(ems)
     for i, row in enumerate(rows):

@@ -55,11 +55,12 @@ class Calibration:
     confidence: tuple[float, ...]  # non-decreasing P(correct) at those scores
     questions: int  # how many questions it was fitted on
 
-    def __call__(self, signals: Sequence[dict]) -> np.ndarray:
-        return self.of_scores([s["score"] for s in signals])
-
-    def of_scores(self, scores) -> np.ndarray:
+    def __call__(self, scores) -> np.ndarray:
         return np.interp(np.asarray(scores, dtype=np.float64), self.raw, self.confidence)
+
+    def of_signals(self, signals: Sequence[dict]) -> np.ndarray:
+        """[N] P(correct) of N answers' signals (`Answer.signals`), from their p(a|x) alone."""
+        return self([s["score"] for s in signals])
 
     def to_json(self) -> dict:
         return {"method": "isotonic", "questions": self.questions,
@@ -85,7 +86,8 @@ class SelectiveCalibration:
     bias: float
     questions: int
 
-    def __call__(self, signals: Sequence[dict]) -> np.ndarray:
+    def of_signals(self, signals: Sequence[dict]) -> np.ndarray:
+        """[N] P(correct) of N answers' signals (`Answer.signals`)."""
         x = np.stack([feature_vector(s, self.features) for s in signals]) if len(signals) else np.zeros((0, len(self.features)))
         z = ((x - np.array(self.mean)) / np.array(self.scale)) @ np.array(self.weights) + self.bias
         return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
