@@ -162,6 +162,9 @@ class TitleSide:
     def load(cls, index, name, manifest, *, model, device, dtype, check_model):
         return cls(json.loads((index.version_path(name) / "titles.json").read_text()))
 
+    def block_tokenizer(self):
+        return kinds.side_class("bm25").tokenizer(None)
+
     def encode(self, queries):
         return queries
 

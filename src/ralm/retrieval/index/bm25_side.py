@@ -42,6 +42,7 @@ class BM25Side:
     def __init__(self, index: BM25Index, blocks: BlockStore):
         self.index = index
         self.blocks = blocks
+        self._tokenizer = None
 
     @classmethod
     def tokenizer(cls, model: str | None):
@@ -66,6 +67,12 @@ class BM25Side:
     def load(cls, index: IndexDir, name: str, manifest: dict, *, model: None, device: torch.device, dtype: torch.dtype,
              check_model: bool) -> "BM25Side":
         return cls(BM25Index.load(index.version_path(name) / FOLDER, manifest["count"]), index.blocks(manifest["blocks"]))
+
+    def block_tokenizer(self):
+        """The wordpieces its blocks were split into (live documents are split the same way)."""
+        if self._tokenizer is None:
+            self._tokenizer = self.tokenizer(None)
+        return self._tokenizer
 
     def encode(self, queries: list[str]) -> list[str]:
         return list(queries)

@@ -160,6 +160,10 @@ class DenseSide:
             return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype)
         return cls(model, ExactIndex(emb, device, dtype=dtype), emb, dtype)
 
+    def block_tokenizer(self):
+        """The wordpieces its blocks were split into (live documents are split the same way)."""
+        return self.retriever.tokenizer
+
     # -- searching -----------------------------------------------------------------------
     def encode(self, queries: list[str]) -> torch.Tensor:
         return self.retriever.encode_queries(queries, dtype=self.dtype)  # [Q, D]

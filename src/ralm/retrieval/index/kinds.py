@@ -101,6 +101,9 @@ class Side(Protocol):
              check_model: bool) -> "Side":
         """Version `name` of this side, memory-mapped and checked against its manifest."""
 
+    def block_tokenizer(self):
+        """The wordpiece tokenizer its blocks were split with (live documents are split alike)."""
+
     def encode(self, queries: list[str]) -> Any:
         """Queries in the form this side searches with."""
 

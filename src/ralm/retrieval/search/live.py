@@ -25,7 +25,6 @@ import torch
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
-from ralm.retrieval.index.kinds import side_class
 from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import UpdateLog
@@ -68,7 +67,6 @@ class LiveSearcher(Searcher):
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # serialises writers; readers use snapshots
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
-        self._bm25_tokenizer = None
         added, deleted = self.updates.replay()
         version = searcher.current
         self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
@@ -154,16 +152,8 @@ class LiveSearcher(Searcher):
         return doc_id not in snap.delta.hidden_docs and doc_id in self._rows_by_doc(snap.version)
 
     def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
-        return with_adds(old, docs, self._tokenizer(version), version.blocks.config, version.sides)
-
-    def _tokenizer(self, version: LoadedVersion):
-        """The wordpieces of the index's blocks (the dense side's retriever's, or the tokenizer
-        the block store was split with)."""
-        if self.searcher.retriever is not None:
-            return self.searcher.retriever.tokenizer
-        if self._bm25_tokenizer is None:
-            self._bm25_tokenizer = side_class("bm25").tokenizer(None)
-        return self._bm25_tokenizer
+        tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
+        return with_adds(old, docs, tokenizer, version.blocks.config, version.sides)
 
     # -- search: the overlay on each side -------------------------------------------------
     def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
