@@ -24,7 +24,7 @@ def test_isotonic_fit_equals_the_max_min_formula():
     for _ in range(20):
         scores = np.sort(rng.choice(np.linspace(0, 1, 1000), size=12, replace=False))
         correct = (rng.random(12) < scores).astype(float)
-        cal = fit_isotonic(scores, correct)
+        cal = fit_isotonic(scores, correct, smoothing=0)
         want = _isotonic_brute_force(correct)
         # each step's value sits at its mean score, so the fit at the data points is recovered there
         for value in np.unique(want):
@@ -45,12 +45,15 @@ def test_calibrated_confidence_is_monotone_in_the_raw_score():
 
 
 def test_ties_and_a_hand_worked_fit():
-    cal = fit_isotonic([0.1, 0.2, 0.3, 0.4, 0.4], [1, 0, 1, 1, 0])
+    cal = fit_isotonic([0.1, 0.2, 0.3, 0.4, 0.4], [1, 0, 1, 1, 0], smoothing=0)
     # 0.1 -> 1 and 0.2 -> 0 violate: pooled to 0.5 at score 0.15; 0.3 -> 1 then the tie 0.4 -> 0.5
     # violates: pooled to 2/3 at 1.1 / 3, which then exceeds 0.5, so it stays
     assert cal.raw == pytest.approx((0.15, 1.1 / 3)) and cal.confidence == pytest.approx((0.5, 2 / 3))
     with pytest.raises(RalmError, match="as many scores"):
         fit_isotonic([0.1], [])
+    # add-one smoothing: the pooled steps 1/2 and 2/3 become 2/4 and 3/5; 3 right of 3 is not certain
+    assert fit_isotonic([0.1, 0.2, 0.3, 0.4, 0.4], [1, 0, 1, 1, 0]).confidence == pytest.approx((0.5, 0.6))
+    assert fit_isotonic([0.1, 0.5, 0.9], [1, 1, 1]).confidence == pytest.approx((0.8,))
 
 
 def test_json_round_trip_and_validation():

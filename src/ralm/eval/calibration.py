@@ -20,9 +20,11 @@ from ralm.models.confidence import FEATURES, Calibration, SelectiveCalibration, 
 MIN_QUESTIONS = 50  # fewer than this cannot tell a map from noise: refused
 
 
-def fit_isotonic(scores: Sequence[float], correct: Sequence[float]) -> Calibration:
+def fit_isotonic(scores: Sequence[float], correct: Sequence[float], smoothing: float = 1.0) -> Calibration:
     """The non-decreasing step function of `scores` closest to `correct` (0/1) in squared error,
-    as breakpoints at the mean score of each step."""
+    as breakpoints at the mean score of each step; each step's value is then shrunk towards 1/2
+    by `smoothing` pseudo-outcomes of each kind ((right + s) / (n + 2s): a step of 3 right out of
+    3 says 0.8, not certain), and kept non-decreasing."""
     x, y = np.asarray(scores, dtype=np.float64), np.asarray(correct, dtype=np.float64)
     if len(x) == 0 or len(x) != len(y):
         raise RalmError(f"calibration needs as many scores as outcomes (>0), got {len(x)} and {len(y)}")
@@ -33,7 +35,8 @@ def fit_isotonic(scores: Sequence[float], correct: Sequence[float]) -> Calibrati
         while len(blocks) > 1 and blocks[-2][2] / blocks[-2][0] >= blocks[-1][2] / blocks[-1][0]:
             last = blocks.pop()
             blocks[-1] = [a + b for a, b in zip(blocks[-1], last)]
-    return Calibration(tuple(b[1] / b[0] for b in blocks), tuple(b[2] / b[0] for b in blocks), len(x))
+    shrunk = np.maximum.accumulate([(b[2] + smoothing) / (b[0] + 2 * smoothing) for b in blocks])
+    return Calibration(tuple(b[1] / b[0] for b in blocks), tuple(shrunk.tolist()), len(x))
 
 
 def reliability(confidence: Sequence[float], correct: Sequence[float], bins: int = 10,
