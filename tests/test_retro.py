@@ -29,7 +29,7 @@ def batch(seed: int = 0, t: int = 16):
 
 def test_cca_layers_follow_start_and_every():
     assert RetroConfig(layers=12, cca_start=5, cca_every=3).cca_layers == [5, 8, 11]
-    with pytest.raises(RalmError, match="cca-start"):
+    with pytest.raises(RalmError, match="cca_start must be in"):
         RetroConfig(layers=4, cca_start=4)
     with pytest.raises(RalmError, match="neighbours must be positive"):
         RetroConfig(neighbours=0)

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ralm.atomic import atomic_path, manifest_file, read_manifest, write_json
+from ralm.configs import ConfigError
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -213,9 +214,9 @@ class MaskingConfig:
 
     def __post_init__(self):
         if self.mode not in ("salient", "random"):
-            raise RalmError(f"masking must be 'salient' or 'random', got {self.mode!r}")
+            raise ConfigError("masking", f"must be 'salient' or 'random', got {self.mode!r}")
         if not 0 < self.random_prob <= 1:
-            raise RalmError(f"random masking probability must be in (0, 1], got {self.random_prob}")
+            raise ConfigError("random_prob", f"must be in (0, 1], got {self.random_prob}")
 
 
 @dataclass(frozen=True)

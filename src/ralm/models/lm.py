@@ -23,6 +23,7 @@ from einops import rearrange
 from torch import nn
 
 from ralm.atomic import read_json, write_model_dir
+from ralm.configs import ConfigError, option
 from ralm.errors import RalmError
 from ralm.runtime import full_precision
 
@@ -31,21 +32,21 @@ FORMAT = "ralm.lm/1"
 
 @dataclass
 class LMConfig:
-    vocab_size: int = 30522  # the bundled MiniLM wordpiece vocabulary
-    dim: int = 256
-    layers: int = 4
-    heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    max_len: int = 512  # longest context used in training; rotary positions work past it, less well
+    vocab_size: int = option(30522, "vocabulary size (the bundled MiniLM wordpieces)", cli=False)
+    dim: int = option(256, "model width")
+    layers: int = option(4, "decoder layers")
+    heads: int = option(4, "attention heads per layer")
+    mlp_ratio: int = option(4, "MLP width as a multiple of dim")
+    dropout: float = option(0.0, "dropout rate")
+    max_len: int = option(256, "training context in wordpieces (rotary positions work past it, less well)", flag="--seq-len")
     positive: ClassVar[tuple[str, ...]] = ("vocab_size", "dim", "layers", "heads", "max_len")
 
     def __post_init__(self):
         for name in self.positive:  # first: heads 0 would make the split below divide by zero
             if getattr(self, name) <= 0:
-                raise RalmError(f"{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
         if self.dim % self.heads or (self.dim // self.heads) % 2:
-            raise RalmError(f"dim {self.dim} must split into {self.heads} heads of even size")
+            raise ConfigError("dim", f"{self.dim} must split into {self.heads} heads of even size")
 
 
 # -- positions ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.masking import MaskedSentence
+from ralm.configs import ConfigError
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import by_length, pad_rows
@@ -44,9 +45,10 @@ class RealmConfig:
 
     def __post_init__(self):
         if self.k <= 0:
-            raise RalmError(f"k must be a positive integer, got {self.k}")
+            raise ConfigError("k", f"must be a positive integer, got {self.k}")
         if self.max_len <= self.max_query_len + 1:
-            raise RalmError(f"encoder max_len {self.max_len} leaves no room for evidence after a {self.max_query_len}-wordpiece query")
+            raise ConfigError("max_len", f"{self.max_len} (the encoder input) leaves no room for evidence after a "
+                              f"{self.max_query_len}-wordpiece query")
 
 
 # -- the knowledge-augmented encoder ----------------------------------------------------------

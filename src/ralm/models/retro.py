@@ -35,6 +35,7 @@ from einops import rearrange
 from torch import nn
 
 from ralm.atomic import read_json, write_model_dir
+from ralm.configs import ConfigError, option
 from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
@@ -48,20 +49,23 @@ OLD_FORMAT = "ralm.retro/1"  # trained with CCA query positions lacking the m - 
 @dataclass
 class RetroConfig(LMConfig):
     """The decoder's sizes (LMConfig, so a trained LM can be retro-fitted) plus retrieval."""
-    chunk_len: int = 64
-    neighbours: int = 2
-    cca_start: int = 1  # first decoder layer (0-based) followed by chunked cross-attention ...
-    cca_every: int = 3  # ... and every cca_every-th layer after it (the paper: every 3rd from layer 6)
-    encoder_layers: int = 2
+    chunk_len: int = option(64, "wordpieces per chunk (a chunk DB's own)", cli=False)
+    neighbours: int = option(2, "neighbours retrieved per chunk", flag="--neighbours", aliases=("-k", "--k"))
+    cca_start: int = option(1, "first decoder layer (0-based) with chunked cross-attention")
+    cca_every: int = option(3, "then every n-th layer (the paper: every 3rd from layer 6)")
+    encoder_layers: int = option(2, "layers of the neighbour encoder")
     positive: ClassVar[tuple[str, ...]] = LMConfig.positive + ("chunk_len", "neighbours", "encoder_layers")
     decoder_sizes: ClassVar[tuple[str, ...]] = ("vocab_size", "dim", "layers", "heads", "mlp_ratio")  # taken from a retro-fitted LM
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 <= self.cca_start < self.layers or self.cca_every <= 0:
-            raise RalmError(f"--cca-start must be in [0, {self.layers}) and --cca-every positive, got {self.cca_start}, {self.cca_every}")
+        if not 0 <= self.cca_start < self.layers:
+            raise ConfigError("cca_start", f"must be in [0, {self.layers}) (the decoder's layers), got {self.cca_start}")
+        if self.cca_every <= 0:
+            raise ConfigError("cca_every", f"must be positive, got {self.cca_every}")
         if self.max_len % self.chunk_len:
-            raise RalmError(f"sequence length {self.max_len} must be a multiple of the chunk length {self.chunk_len}")
+            raise ConfigError("max_len", f"{self.max_len} (the training length) must be a multiple of the chunk length "
+                              f"{self.chunk_len}")
 
     @property
     def cca_layers(self) -> list[int]:
@@ -205,7 +209,7 @@ def training_config(db: str | os.PathLike, retrofit: str | os.PathLike | None = 
         lm_cfg = read_json(found / "config.json")
         for name in RetroConfig.decoder_sizes:
             if name in given and given[name] != lm_cfg[name]:
-                raise RalmError(f"{name} {given[name]} differs from the retro-fitted LM's {name} {lm_cfg[name]}; leave it out")
+                raise ConfigError(name, f"{given[name]} differs from the retro-fitted LM's {lm_cfg[name]}; leave it out")
         given.update({name: lm_cfg[name] for name in RetroConfig.decoder_sizes})
     return RetroConfig(chunk_len=read_chunk_db_manifest(db)["chunk_len"], **given)
 

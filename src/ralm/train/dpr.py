@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from ralm.atomic import atomic_path
+from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, SEED_HELP,
+                          WARMUP_HELP, option)
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
@@ -38,23 +40,26 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, st
 
 @dataclass
 class DPRConfig:
-    questions: str
-    corpus: str
-    model: str | None = None  # initial encoder: HF directory, retriever checkpoint, or the bundled MiniLM
-    dim: int | None = 128
-    steps: int = 1000
-    batch_size: int = 16
-    hard_negatives: int = 1  # BM25 negatives per question
-    bm25_depth: int = 50  # how deep to look for a positive and negatives
-    lr: float = 2e-5
-    warmup: int = 100  # steps of linear learning-rate warm-up (then linear decay to 0)
-    limit: int | None = None
-    seed: int = 0
-    save_every: int = 200
-    log_every: int = 10
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    questions: str = option(help=QUESTIONS_HELP, path="input")
+    corpus: str = option(help="the evidence corpus (positives and negatives are mined from it with BM25): " + CORPUS_HELP,
+                         path="input")
+    model: str | None = option(None, "initial encoder: HF directory or retriever checkpoint", shown="bundled MiniLM", path="model")
+    dim: int | None = option(128, "retrieval dimension of a fresh projection (0 or None: the encoder's own vectors)")
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(16, "questions per step and rank (in-batch negatives from all ranks)")
+    hard_negatives: int = option(1, "BM25 hard negatives per question")
+    bm25_depth: int = option(50, "BM25 depth searched for positives and negatives")
+    lr: float = option(2e-5, "learning rate")
+    warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
+    limit: int | None = option(None, LIMIT_HELP)
+    seed: int = option(0, SEED_HELP)
+    save_every: int = option(200, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 8, "warmup": 20, "save_every": 50}}
 
     def __post_init__(self):
+        self.dim = self.dim or None  # 0 asks for no projection, as an index build does
         check_options(self, positive=("bm25_depth", "limit", "dim"), non_negative=("hard_negatives",))
 
 

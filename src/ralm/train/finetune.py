@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
+from ralm.configs import DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, option
 from ralm.data.qa import Question, read_questions
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
@@ -35,23 +36,28 @@ from ralm.train.parallel import global_mean, rank_batch, search_rank_queries, st
 
 @dataclass
 class FinetuneConfig:
-    questions: str
-    index: str
-    init: str | None = None  # a pre-training RUN, a retriever checkpoint, a reader or an HF encoder dir
-    steps: int = 1000
-    batch_size: int = 8
-    k: int = 5
-    lr: float = 3e-5
-    retriever_lr: float = 1e-5
-    train_retriever: bool = True  # fine-tune the query tower through p(z|x) (dense indexes)
-    warmup: int = 100  # steps of linear learning-rate warm-up (then linear decay to 0)
-    max_len: int = 384
-    trainable_layers: int | None = None  # train only the reader's top N layers (+ span scorer)
-    limit: int | None = None  # first N questions only (a documented subset)
-    seed: int = 0
-    save_every: int = 200
-    log_every: int = 10
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    questions: str = option(help=QUESTIONS_HELP, path="input")
+    index: str = option(help="dense or BM25 index over the evidence corpus (kept fixed)", path="input")
+    init: str | None = option(None, "ICT/pre-training run, retriever checkpoint, reader, or HF encoder directory",
+                              shown="bundled MiniLM", path="model")
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(8, "questions per step and rank (under torchrun)")
+    k: int = option(5, "retrieved blocks read per question", aliases=("-k",))
+    lr: float = option(3e-5, "reader learning rate")
+    retriever_lr: float = option(1e-5, "query-tower learning rate")
+    train_retriever: bool = option(True, "fine-tune the query tower through p(z|x) (dense indexes)",
+                                   flag="--train-retriever/--freeze-retriever")
+    warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
+    max_len: int = option(384, "reader input length: [CLS] question [SEP] block [SEP] (a reader given as init is read at it too)")
+    trainable_layers: int | None = option(None, "train only the reader's top N layers and span scorer (small checkpoints, "
+                                                "faster on CPU)", shown="all")
+    limit: int | None = option(None, LIMIT_HELP)
+    seed: int = option(0, SEED_HELP)
+    save_every: int = option(200, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "warmup": 20, "trainable_layers": 2,
+                                                  "save_every": 50}}
 
     def __post_init__(self):
         check_options(self, positive=("k", "max_len", "retriever_lr", "limit"), non_negative=("trainable_layers",))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
+from ralm.configs import CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
@@ -31,25 +32,27 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, ra
 
 @dataclass
 class IctConfig:
-    corpus: str
-    model: str = "default"  # retriever checkpoint or HF BERT directory both towers start from
-    dim: int = 128
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 1e-4
-    warmup: int = 100  # steps of linear learning-rate warm-up
-    keep_sentence: float = 0.1  # share of positives that still contain the pseudo-query
-    max_query_len: int = 64
-    block_len: int = 288  # wordpieces per evidence block ([CLS] title [SEP] body [SEP])
-    save_every: int = 200
-    log_every: int = 10
-    seed: int = 0
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    corpus: str = option(help=CORPUS_HELP, path="input")
+    model: str = option("default", "retriever checkpoint or HF BERT directory both towers start from", shown="bundled MiniLM",
+                        path="model")
+    dim: int = option(128, "retrieval dimension of a fresh projection")
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(32, "queries per step and rank; the other blocks of all ranks' batches are the negatives")
+    lr: float = option(1e-4, "learning rate")
+    warmup: int = option(100, WARMUP_HELP)
+    keep_sentence: float = option(0.1, "share of positives that keep the pseudo-query sentence (so the towers also learn word overlap)")
+    max_query_len: int = option(64, "wordpieces per pseudo-query")
+    block_len: int = option(288, "wordpieces per evidence block ([CLS] title [SEP] body [SEP])")
+    save_every: int = option(200, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    seed: int = option(0, SEED_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 16, "warmup": 20, "save_every": 50}}
 
     def __post_init__(self):
         check_options(self, positive=("max_query_len", "dim", "block_len"), fractions=("keep_sentence",))
         if self.batch_size < 2:
-            raise RalmError("ICT needs batch_size >= 2 (the other blocks of a batch are the negatives)")
+            raise ConfigError("batch_size", "must be at least 2 for ICT (the other blocks of a batch are the negatives)")
 
 
 @dataclass

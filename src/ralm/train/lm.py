@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
+from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, TEXT_HELP, WARMUP_HELP, option
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
@@ -35,16 +36,17 @@ from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
 class OptimConfig:
     """What both trainers share; flat in config.json, so steps/save_every/log_every may change on resume."""
 
-    steps: int = 2000
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 100  # steps of linear learning-rate warm-up
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 10
-    save_every: int = 200
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    steps: int = option(2000, "training steps")
+    batch_size: int = option(16, "sequences per step and rank (under torchrun)")
+    lr: float = option(1e-3, "peak learning rate (cosine decay after the warm-up)")
+    warmup: int = option(100, WARMUP_HELP)
+    weight_decay: float = option(0.1, "AdamW weight decay (not on biases and norms)")
+    grad_clip: float = option(1.0, "gradient-norm clipping")
+    seed: int = option(0, SEED_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    save_every: int = option(200, SAVE_EVERY_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):
         check_options(self, positive=("grad_clip",), non_negative=("weight_decay",))
@@ -52,20 +54,22 @@ class OptimConfig:
 
 @dataclass
 class LMTrainConfig(OptimConfig):
-    text: str = ""
-    model: LMConfig = field(default_factory=LMConfig)
-    tokenizer: str = ""  # HF tokenizer directory; "" = the bundled MiniLM wordpiece vocabulary
-    limit_tokens: int | None = None  # train on a prefix of the text
+    text: str = option("", TEXT_HELP, path="input", required=True)
+    model: LMConfig = option(default_factory=LMConfig)
+    tokenizer: str = option("", "HF tokenizer directory", shown="the bundled MiniLM wordpieces, 30522", path="model")
+    limit_tokens: int | None = option(None, "use only this many leading wordpieces of the text")
 
 
 @dataclass
 class RetroTrainConfig(OptimConfig):
-    text: str = ""
-    db: str = ""
-    model: RetroConfig = field(default_factory=RetroConfig)
-    exclude_same_document: bool = True
-    limit_tokens: int | None = None
-    retrofit: str = ""  # a `ralm lm train` model: frozen decoder, only CCA + neighbour encoder train
+    text: str = option("", TEXT_HELP, path="input", required=True)
+    db: str = option("", "chunk DB from `ralm retro build-db`", path="input", required=True)
+    model: RetroConfig = option(default_factory=RetroConfig)
+    exclude_same_document: bool = option(True, "drop neighbours from the training chunk's own article",
+                                         flag="--exclude-same-doc/--keep-same-doc")
+    limit_tokens: int | None = option(None, "use only this many leading wordpieces of the text")
+    retrofit: str = option("", "start from a `ralm lm train` model and train only the CCA layers and neighbour encoder "
+                               "(its decoder stays frozen; sizes come from it)", path="model")
 
 
 @dataclass

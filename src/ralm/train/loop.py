@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
+from ralm.configs import ConfigError
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
@@ -59,7 +60,7 @@ def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: I
     ascent, a negative warm-up a silent no-op. `fractions` lie in [0, 1]. `None` means "not set"
     and passes; NaN fails every check. Messages name the config field."""
     def fail(name: str, what: str) -> None:
-        raise RalmError(f"{name} must be {what}, got {getattr(cfg, name)}")
+        raise ConfigError(name, f"must be {what}, got {getattr(cfg, name)}")
 
     for name in ("steps", "batch_size", "lr", "save_every", "log_every", *positive):
         if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:

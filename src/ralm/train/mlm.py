@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, MASKING_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP,
+                          option)
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
@@ -46,24 +48,26 @@ from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
 @dataclass
 class MlmConfig:
-    corpus: str
-    model: str = "default"  # HF BERT directory (with or without an MLM head)
-    steps: int = 300
-    head_steps: int = 100  # steps that train the head alone (the body frozen)
-    batch_size: int = 16
-    lr: float = 1e-4
-    warmup: int = 30  # steps of linear learning-rate warm-up, in each phase
-    masking: str = "salient"
-    random_prob: float = 0.15
-    evidence: float = 0.5  # share of examples that read their own block
-    keep_sentence: float = 0.5  # share of those blocks that still hold x
-    max_len: int = 352
-    max_query_len: int = 64
-    block_len: int = 288
-    save_every: int = 100
-    log_every: int = 10
-    seed: int = 0
-    dtype: str = "auto"
+    corpus: str = option(help="the pre-training corpus: " + CORPUS_HELP, path="input")
+    model: str = option("default", "HF BERT directory (with or without an MLM head)", shown="bundled MiniLM", path="model")
+    steps: int = option(300, "training steps, the head-only ones included")
+    head_steps: int = option(100, "first steps that train the MLM head alone (the body frozen)")
+    batch_size: int = option(16, "masked sentences per step and rank (under torchrun)")
+    lr: float = option(1e-4, "learning rate")
+    warmup: int = option(30, WARMUP_HELP + " (in each phase)")
+    masking: str = option("salient", MASKING_HELP)
+    random_prob: float = option(0.15, "share of wordpieces masked by random masking")
+    evidence: float = option(0.5, "share of sentences read with their own block (the others with none)")
+    keep_sentence: float = option(0.5, "share of those blocks that still hold the sentence")
+    max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
+    max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
+    block_len: int = option(288, "wordpieces per block")
+    save_every: int = option(100, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    seed: int = option(0, SEED_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 100, "head_steps": 30, "batch_size": 8, "warmup": 10,
+                                                  "save_every": 50}}
 
     def __post_init__(self):
         check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),

@@ -24,11 +24,13 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
+from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, MASKING_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP,
+                          ConfigError, option)
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
@@ -49,41 +51,47 @@ REFRESH_MODES = ("async", "sync", "none")
 
 @dataclass
 class PretrainConfig:
-    corpus: str
-    init: str | None = None  # an ICT run (its final/retriever) or a retriever checkpoint for both towers
-    model: str = "default"  # HF BERT directory for the towers without --init/--index (and the encoder without --encoder)
-    encoder: str | None = None  # the encoder's start: an MLM warm-up run (train.mlm) or a BertForMaskedLM directory
-    mlm_warmup: int = 300  # MLM warm-up steps (train.mlm, in RUN/mlm) for an encoder whose head is fresh; 0: none
-    index: str | None = None  # an existing dense index over the same corpus to start from
-    dim: int = 128
-    steps: int = 1000
-    batch_size: int = 8
-    k: int = 8
-    lr: float = 5e-5
-    warmup: int = 100  # steps of linear learning-rate warm-up
+    corpus: str = option(help="the pre-training corpus (also the retrieval corpus): " + CORPUS_HELP, path="input")
+    init: str | None = option(None, "an ICT run (its final/retriever) or a retriever checkpoint to start both towers from",
+                              path="model")
+    model: str = option("default", "HF BERT directory for the towers when neither init nor index is given, and for the encoder "
+                        "when no encoder is",
+                        shown="bundled MiniLM", path="model")
+    encoder: str | None = option(None, "the encoder's start: an `ralm mlm` run or a BERT masked-LM directory", path="model")
+    mlm_warmup: int = option(300, "MLM warm-up steps (train.mlm, in RUN/mlm) when the encoder's MLM head is fresh; 0: none")
+    index: str | None = option(None, "an existing dense index over the corpus to start from (else one is built in RUN/index)",
+                               path="model")
+    dim: int = option(128, "retrieval dimension of a fresh projection")
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(8, "masked sentences per step and rank (under torchrun)")
+    k: int = option(8, "retrieved blocks per example (the null document is added)", aliases=("-k",))
+    lr: float = option(5e-5, "the encoder's learning rate")
+    warmup: int = option(100, WARMUP_HELP)
     # The towers wait and then move slowly: a retriever trained at the encoder's rate against an
     # encoder still learning to read collapses onto near-empty blocks (docs/pretraining.md).
-    retriever_warmup: int = 200  # steps before the towers train (see _schedules)
-    retriever_lr: float | None = 1e-5  # the towers' learning rate (None: lr)
-    masking: str = "salient"
-    random_prob: float = 0.15
-    null_doc: bool = True  # REALM's ingredients, switchable for ablations
-    exclude_trivial: bool = True
-    refresh: str = "async"
-    refresh_every: int = 100
-    max_len: int = 352
-    max_query_len: int = 64
-    block_len: int = 288  # wordpieces per evidence block (a --index must have been built with the same)
-    save_every: int = 200
-    log_every: int = 10
-    seed: int = 0
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    retriever_warmup: int = option(200, "steps that train the encoder alone before the towers (it first learns to read evidence)")
+    retriever_lr: float | None = option(1e-5, "the towers' learning rate (slower than the encoder's: see docs/pretraining.md)")
+    masking: str = option("salient", MASKING_HELP)
+    random_prob: float = option(0.15, "share of wordpieces masked by random masking")
+    null_doc: bool = option(True, "the empty block among the candidates (REALM's ingredients are switchable for ablations)")
+    exclude_trivial: bool = option(True, "drop retrieved blocks of the masked sentence's own document")
+    refresh: str = option("async", "async (separate index-builder process), sync (in-process) or none")
+    refresh_every: int = option(100, "steps between index refreshes")
+    max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
+    max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
+    block_len: int = option(288, "wordpieces per evidence block (an index must have been built with the same)")
+    save_every: int = option(200, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    seed: int = option(0, SEED_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "mlm_warmup": 60, "warmup": 20,
+                                                  "retriever_warmup": 40, "refresh_every": 50, "save_every": 50}}
 
     def __post_init__(self):
         check_options(self, positive=("k", "refresh_every", "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
                       non_negative=("retriever_warmup", "mlm_warmup"), fractions=("random_prob",))
         if self.refresh not in REFRESH_MODES:
-            raise RalmError(f"refresh must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
+            raise ConfigError("refresh", f"must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
         self.realm_config()
 

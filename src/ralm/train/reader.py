@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import torch
 
+from ralm.configs import DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, answer_occurrences, read_questions
 from ralm.errors import RalmError
@@ -40,21 +41,23 @@ from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
 
 @dataclass
 class ReaderTrainConfig:
-    questions: str
-    corpus: str | None = None  # resolves the questions' "doc_id" (else each carries a "context")
-    init: str | None = None  # a reader checkpoint or an HF encoder dir; None: the bundled MiniLM
-    steps: int = 5000
-    batch_size: int = 32
-    lr: float = 1e-4
-    warmup: int = 500  # steps of linear learning-rate warm-up (then linear decay to 0)
-    max_len: int = 384
-    stride: int = 128  # wordpieces between the starts of a passage's windows
-    trainable_layers: int | None = None  # None: every layer trains (reads best)
-    limit: int | None = None
-    seed: int = 0
-    save_every: int = 500
-    log_every: int = 10
-    dtype: str = "auto"  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    questions: str = option(help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with corpus", path="input")
+    corpus: str | None = option(None, "the corpus the questions' doc_id refer to (else each question carries a 'context')",
+                                path="input")
+    init: str | None = option(None, "reader checkpoint or HF encoder directory", shown="bundled MiniLM", path="model")
+    steps: int = option(5000, "training steps")
+    batch_size: int = option(32, "questions per step and rank (under torchrun)")
+    lr: float = option(1e-4, "learning rate")
+    warmup: int = option(500, WARMUP_HELP + " (then linear decay to 0)")
+    max_len: int = option(384, "reader input length: [CLS] question [SEP] window [SEP] (a reader given as init is read at it too)")
+    stride: int = option(128, "wordpieces between the starts of a passage's windows")
+    trainable_layers: int | None = option(None, "train only the top N layers", shown="all")
+    limit: int | None = option(None, LIMIT_HELP)
+    seed: int = option(0, SEED_HELP)
+    save_every: int = option(500, SAVE_EVERY_HELP)
+    log_every: int = option(10, LOG_EVERY_HELP)
+    dtype: str = option("auto", DTYPE_HELP)
+    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):
         check_options(self, positive=("max_len", "stride", "limit"), non_negative=("trainable_layers",))

@@ -1,0 +1,79 @@
+"""What a trainer config's fields say about themselves: their help text, how the command line
+spells them, which are input files, and the presets a config offers.
+
+Each default and help text lives once, in the config dataclass (`option(...)` below); the
+`ralm` trainer commands are generated from the fields (ralm.commands.generated), as Hugging
+Face's `HfArgumentParser` generates its trainers' arguments, so the command line cannot drift
+from the library. Errors about a field name the field (`ConfigError`); the command line
+reports them under the option's flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from ralm.errors import RalmError
+
+DTYPE_HELP = ("compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, else fp32), fp32 or bf16; "
+              "weights and checkpoints stay fp32")
+WARMUP_HELP = "steps of linear learning-rate warm-up"
+CORPUS_HELP = "JSONL {id,title,text}, TSV with a header, or a folder of .txt files"
+QUESTIONS_HELP = "training questions, JSONL {id, question, answers}"
+TEXT_HELP = "a corpus (.jsonl/.tsv/folder; same-title records form one article) or a raw .txt/.raw file (WikiText)"
+LOG_EVERY_HELP = "steps per logged line of metrics (means over those steps)"
+SAVE_EVERY_HELP = "checkpoint (and export) interval in steps"
+SEED_HELP = "seed of the data order, fresh weights and masking"
+LIMIT_HELP = "first N training questions only"
+MASKING_HELP = "salient (entities and dates, spaCy) or random (15% of wordpieces)"
+
+# Path fields: "input" is data a run reads throughout (a resumed run compares it by content),
+# "model" a model it starts from (compared by the absolute path it named).
+PATH_KINDS = ("input", "model")
+
+
+class ConfigError(RalmError):
+    """A config field holds a value it cannot take; `field` names it, `problem` says why."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field} {problem}")
+        self.field, self.problem = field, problem
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, aliases: tuple[str, ...] = (),
+           shown: str | None = None, path: str | None = None, cli: bool = True, required: bool = False,
+           default_factory: Any = dataclasses.MISSING) -> Any:
+    """A config field with its help text. `flag` spells the option when it is not the field's
+    name (`--seq-len` for max_len; "--on/--off" for a boolean), `aliases` adds other spellings
+    (`-k`), `shown` is the default as help shows it ("bundled MiniLM" for "default"), `path`
+    marks a file or folder (PATH_KINDS), `cli=False` keeps a field off the command line and
+    `required` makes the command line ask for a field whose default only stands for "not set"."""
+    if path is not None and path not in PATH_KINDS:
+        raise ValueError(f"path must be one of {PATH_KINDS}")
+    metadata = {"help": help, "flag": flag, "aliases": aliases, "shown": shown, "path": path, "cli": cli, "required": required}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def path_fields(config, kind: str) -> dict[str, str]:
+    """{field: value} of the config's set path fields of `kind` (nested configs included)."""
+    found = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            found.update(path_fields(value, kind))
+        elif f.metadata.get("path") == kind and value not in (None, ""):
+            found[f.name] = str(value)
+    return found
+
+
+def with_preset(config_cls, preset: str, *args, **values):
+    """`config_cls(*args, **values)` over the preset's values: `with_preset(IctConfig, "cpu",
+    "corpus.jsonl")` is a CPU-sized ICT run; "gpu" is the config's own defaults."""
+    return config_cls(*args, **{**preset_values(config_cls, preset), **values})
+
+
+def preset_values(config_cls, preset: str) -> Mapping[str, Any]:
+    presets = getattr(config_cls, "presets", {})
+    if preset not in ("gpu", *presets):
+        raise ConfigError("preset", f"must be one of gpu, {', '.join(presets)}; got {preset!r}")
+    return presets.get(preset, {})
