@@ -244,7 +244,7 @@ def test_cli_retrofit_keeps_the_lm_with_retrieval_off(tmp_path, tiny_bert, corpu
                       "--heads", 2, "--seq-len", 16, "--steps", 3, "--batch-size", 2, "--warmup", 1)
     assert rc == 0, err
     rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--dim", 32)
-    assert rc == 2 and "dim 32 differs from the retro-fitted LM's dim 16" in err
+    assert rc == 2 and "--dim 32 differs from the retro-fitted LM's 16" in err
     rc, _, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", db)
     assert rc == 2 and "needs a model from `ralm lm train`" in err
     rc, out, err = ralm("retro", "train", "--db", db, "--text", corpus_file, "--out", run, "--retrofit", lm, "--seq-len", 16,

@@ -25,6 +25,7 @@ LOG_EVERY_HELP = "steps per logged line of metrics (means over those steps)"
 SAVE_EVERY_HELP = "checkpoint (and export) interval in steps"
 SEED_HELP = "seed of the data order, fresh weights and masking"
 LIMIT_HELP = "first N training questions only"
+LIMIT_TOKENS_HELP = "use only this many leading wordpieces of the text"
 MASKING_HELP = "salient (entities and dates, spaCy) or random (15% of wordpieces)"
 
 # Path fields: "input" is data a run reads throughout (a resumed run compares it by content),

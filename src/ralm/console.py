@@ -60,11 +60,6 @@ def print_train_summary(result, as_json: bool, done: str) -> None:
         print_summary(asdict(result), as_json, f"[green]done[/green] {result.run}: {done}")
 
 
-def print_lm_train(result, as_json: bool) -> None:
-    print_train_summary(result, as_json, f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M "
-                                         f"parameters, {result.seconds} s; model in {result.run}/model")
-
-
 def notify(message: str) -> None:
     err.print(message, highlight=False)
 

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ralm.commands.shared import DeviceOpt, DtypeOpt, RetrieverOpt, main_rank, positive, quiet_libraries, runtime
+from ralm.commands.shared import DeviceOpt, DtypeOpt, JsonOpt, RetrieverOpt, main_rank, positive, quiet_libraries, runtime
 from ralm.console import out, print_hits, print_summary
 from ralm.errors import RalmError
 
@@ -31,7 +31,7 @@ def index_build(
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     from ralm.retrieval.index.build import build_index
@@ -87,7 +87,7 @@ def eval_retrieval(
                                         "index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions

@@ -1,5 +1,6 @@
 """`ralm lm`, `ralm retro` and `ralm knnlm`: language models with retrieval, their chunk DB and
-datastore, perplexity and generation (training is in cli.py, beside the other trainers)."""
+datastore, perplexity and generation; `lm train` and `retro train` are generated from their
+configs (commands/from_config.py)."""
 
 from __future__ import annotations
 
@@ -10,27 +11,53 @@ from typing import Optional
 
 import typer
 
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
-                                  runtime, token_limit, torch_device)
+from ralm.commands.from_config import Trainer, config_options, lazy_trainer_group
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries, runtime,
+                                  token_limit, torch_device)
+from ralm.configs import TEXT_HELP
 from ralm.console import out, print_perplexity, print_summary
 from ralm.errors import RalmError
 
-lm_app = typer.Typer(no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
-retro_app = typer.Typer(no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")
+
+
+def _lm_done(result, _cfg) -> str:
+    return (f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M parameters, {result.seconds} s; "
+            f"model in {result.run}/model")
+
+
+def _retro_config(config_cls: type, values: dict, given: set):
+    """RetroTrainConfig with its model sized by the options, the chunk DB (chunk length) and, when
+    retro-fitting, the LM's decoder sizes wherever an option left them at their default."""
+    from ralm.models.retro import RetroConfig, training_config
+
+    model = {o.name for o in config_options(config_cls) if o.parent == "model"}
+    inherited = set(RetroConfig.decoder_sizes) - given if values["retrofit"] else set()
+    sizes = {name: values[name] for name in model - inherited}
+    return config_cls(**{k: v for k, v in values.items() if k not in model},
+                      model=training_config(values["db"], values["retrofit"] or None, **sizes))
+
+
+lm_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
+    "ralm.train.lm", "LMTrainConfig", "train_lm", "Train a causal Transformer LM on a text (exports RUN/model).", _lm_done)}),
+    no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
+retro_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
+    "ralm.train.lm", "RetroTrainConfig", "train_retro",
+    "Train RETRO on a text, with neighbours from the chunk DB looked up once and cached.", _lm_done, build=_retro_config)}),
+    no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")
 knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidden states, interpolated perplexity.")
 
 
 @lm_app.command("eval")
 def lm_eval(
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
-    text: Path = typer.Option(..., "--text", help=TextHelp),
+    text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Perplexity of a causal LM on a text."""
     from ralm.data.chunks import tokenize_text
@@ -47,7 +74,7 @@ def lm_eval(
 
 @retro_app.command("build-db")
 def retro_build_db(
-    corpus: Path = typer.Argument(..., help=TextHelp),
+    corpus: Path = typer.Argument(..., help=TEXT_HELP),
     db: Path = typer.Option(..., "--out", help="chunk DB directory (must not exist; an interrupted build resumes)"),
     model: Optional[str] = typer.Option(None, "--model", help="frozen key encoder: HF BERT directory (default: bundled MiniLM, mean-pooled)"),
     chunk_len: int = typer.Option(64, "--chunk-len"),
@@ -56,7 +83,7 @@ def retro_build_db(
     batch_size: int = typer.Option(64, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
     from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
@@ -75,14 +102,14 @@ def retro_build_db(
 def retro_eval(
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
     db: Path = typer.Option(..., "--db"),
-    text: Path = typer.Option(..., "--text", help=TextHelp),
+    text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     no_retrieval: bool = typer.Option(False, "--no-retrieval", help="switch retrieval off (CCA layers skipped)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window, a multiple of the chunk length (default: half the training length)"),
     limit_tokens: Optional[int] = LimitOpt,
     batch_size: int = typer.Option(8, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Perplexity of RETRO on a text, with retrieval from the DB or with retrieval off."""
     from ralm.data.chunks import tokenize_text
@@ -110,7 +137,7 @@ def retro_generate(
     temperature: float = typer.Option(1.0, "--temperature"),
     seed: int = typer.Option(0, "--seed"),
     device: str = DeviceOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Continue a prompt with RETRO and show the neighbours each completed chunk retrieved."""
     import torch
@@ -136,7 +163,7 @@ def retro_generate(
 @knnlm_app.command("build")
 def knnlm_build(
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
-    text: Path = typer.Option(..., "--text", help=TextHelp),
+    text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     store: Path = typer.Option(..., "--out", help="datastore directory (must not exist; an interrupted build resumes)"),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
@@ -145,7 +172,7 @@ def knnlm_build(
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
     from ralm.data.chunks import tokenize_text
@@ -169,7 +196,7 @@ def knnlm_build(
 def knnlm_eval_cmd(
     model: Path = typer.Option(..., "--model"),
     store: Path = typer.Option(..., "--store"),
-    text: Path = typer.Option(..., "--text", help=TextHelp),
+    text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     lmbda: str = typer.Option("0.25", "--lmbda", help="interpolation weight of p_kNN; comma-separated to compare several"),
     k: int = typer.Option(1024, "-k", "--k", help="neighbours per token"),
     temperature: str = typer.Option("1", "--temperature", help="softmax temperature over -distance; comma-separated to compare several"),
@@ -180,7 +207,7 @@ def knnlm_eval_cmd(
     batch_size: int = typer.Option(16, "--batch-size"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
     from ralm.data.chunks import tokenize_text

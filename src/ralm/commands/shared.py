@@ -7,15 +7,15 @@ from typing import Optional
 
 import typer
 
+from ralm.configs import DTYPE_HELP, LIMIT_TOKENS_HELP
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
-DtypeOpt = typer.Option("auto", "--dtype", help="compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, "
-                        "else fp32), fp32 or bf16; weights and checkpoints stay fp32")
-TextHelp = "a corpus (.jsonl/.tsv/folder; same-title records form one article) or a raw .txt/.raw file (WikiText)"
-LimitOpt = typer.Option(None, "--limit-tokens", help="use only this many leading wordpieces of the text")
-WarmupHelp = "steps of linear learning-rate warm-up"
+DtypeOpt = typer.Option("auto", "--dtype", help=DTYPE_HELP)
+JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
+OutOpt = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)")
+LimitOpt = typer.Option(None, "--limit-tokens", help=LIMIT_TOKENS_HELP)
 RetrieverOpt = typer.Option(None, "--retriever", help="search one side of the index: dense or bm25 (default: every side it "
                             "holds, fused: hybrid)")
 MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,

@@ -21,7 +21,8 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, TEXT_HELP, WARMUP_HELP, option
+from ralm.configs import (DTYPE_HELP, LIMIT_TOKENS_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, TEXT_HELP, WARMUP_HELP,
+                          option)
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
@@ -34,7 +35,7 @@ from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
 
 @dataclass
 class OptimConfig:
-    """What both trainers share; flat in config.json, so steps/save_every/log_every may change on resume."""
+    """What both trainers share (flat in config.json, so steps/save_every/log_every may change on resume)."""
 
     steps: int = option(2000, "training steps")
     batch_size: int = option(16, "sequences per step and rank (under torchrun)")
@@ -46,10 +47,11 @@ class OptimConfig:
     log_every: int = option(10, LOG_EVERY_HELP)
     save_every: int = option(200, SAVE_EVERY_HELP)
     dtype: str = option("auto", DTYPE_HELP)
+    limit_tokens: int | None = option(None, LIMIT_TOKENS_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):
-        check_options(self, positive=("grad_clip",), non_negative=("weight_decay",))
+        check_options(self, positive=("grad_clip", "limit_tokens"), non_negative=("weight_decay",))
 
 
 @dataclass
@@ -57,7 +59,6 @@ class LMTrainConfig(OptimConfig):
     text: str = option("", TEXT_HELP, path="input", required=True)
     model: LMConfig = option(default_factory=LMConfig)
     tokenizer: str = option("", "HF tokenizer directory", shown="the bundled MiniLM wordpieces, 30522", path="model")
-    limit_tokens: int | None = option(None, "use only this many leading wordpieces of the text")
 
 
 @dataclass
@@ -67,7 +68,6 @@ class RetroTrainConfig(OptimConfig):
     model: RetroConfig = option(default_factory=RetroConfig)
     exclude_same_document: bool = option(True, "drop neighbours from the training chunk's own article",
                                          flag="--exclude-same-doc/--keep-same-doc")
-    limit_tokens: int | None = option(None, "use only this many leading wordpieces of the text")
     retrofit: str = option("", "start from a `ralm lm train` model and train only the CCA layers and neighbour encoder "
                                "(its decoder stays frozen; sizes come from it)", path="model")
 

@@ -8,6 +8,10 @@ hands `TrainLoop` a step function; the loop does everything around it, for every
   log_every     the window's metrics, averaged over its steps and over ranks, with the learning
                 rates and `steps_per_s`: a line of RUN/metrics.jsonl, and `on_metrics`
   save_every    a checkpoint and the exports in RUN/final (rank 0), then a barrier
+  first steps   an estimate of the run's wall time (`notify`)
+  Ctrl-C        (SIGINT or SIGTERM) the step in progress finishes, a checkpoint is saved and
+                `TrainingInterrupted` says where; the same call (or command) resumes from it.
+                A second Ctrl-C stops at once
   at the end    a curve per plotted metric, and a TrainResult
 
 `warmup` counts steps in every trainer: the schedules below ramp the learning rate up linearly
@@ -19,6 +23,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +36,11 @@ from torch import nn
 
 from ralm.atomic import atomic_path
 from ralm.configs import ConfigError
-from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import DTYPES, autocast
 from ralm.train.checkpoints import load_checkpoint, save_checkpoint
-from ralm.train.parallel import RunContext, all_mean, wrap_ddp
+from ralm.train.parallel import RunContext, all_mean, any_rank, wrap_ddp
 
 
 class LoopFields(Protocol):
@@ -172,6 +177,75 @@ def _window_mean(values: list[float]) -> float:
     return float(np.mean(kept)) if kept else float("nan")
 
 
+# -- interruption and time estimate --------------------------------------------------------
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT) or SIGTERM after saving `checkpoint` at `step` (None on
+    ranks other than 0); calling the trainer again with the same config and run directory
+    resumes from it."""
+
+    def __init__(self, step: int, checkpoint: Path | None):
+        super().__init__(f"interrupted at step {step}; checkpoint {checkpoint}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+class StopRequest:
+    """While entered (in the main thread), SIGINT and SIGTERM ask the loop to stop between steps
+    instead of killing the step in progress, which could leave the weights half-updated; a
+    second signal raises KeyboardInterrupt at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, notify: Callable[[str], None]):
+        self.notify, self.requested, self._old = notify, False, {}
+
+    def _handle(self, signum, _frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.notify(f"{signal.Signals(signum).name}: saving a checkpoint after this step (again to stop at once)")
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:02.0f} min"
+
+
+class WallTimeEstimate:
+    """The run's remaining wall time from its first steps in this process, told once: after 5
+    timed steps or 20 s of them. The first step is not timed (it pays for lazy set-up)."""
+
+    def __init__(self, total: int, notify: Callable[[str], None]):
+        self.total, self.notify = total, notify
+        self.start: tuple[int, float] | None = None  # (step, time) at the end of the first step
+        self.told = False
+
+    def after(self, step: int) -> None:
+        now = time.perf_counter()
+        if self.start is None:
+            self.start = (step, now)
+            return
+        timed, seconds = step - self.start[0], now - self.start[1]
+        if self.told or not (timed >= 5 or seconds >= 20) or step >= self.total:
+            return
+        self.told = True
+        per_step = seconds / timed
+        self.notify(f"{per_step:.3g} s/step over the first steps: about {format_duration(per_step * (self.total - step))} "
+                    f"for the {self.total - step} steps left (checkpoints not counted)")
+
+
 # -- the loop -----------------------------------------------------------------------------
 
 @dataclass
@@ -217,13 +291,15 @@ class TrainLoop:
         log = MetricsLog(ctx.path, self.step) if ctx.env.is_main else None
         start = window_start = time.perf_counter()
         window: list[dict[str, float]] = []
+        estimate = WallTimeEstimate(cfg.steps, ctx.notify)
         try:
-            with progress_bar(ctx.show_progress) as bar:
+            with progress_bar(ctx.show_progress) as bar, StopRequest(ctx.notify) as stop:
                 task = bar.add_task(f"training ({kind})", total=cfg.steps, completed=self.step)
                 while self.step < cfg.steps:
                     window.append(self._one_step(step))
                     self.step += 1
                     bar.advance(task)
+                    estimate.after(self.step)
                     if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                         self.last = self._record(window, time.perf_counter() - window_start, log_extra)
                         if log is not None:
@@ -231,8 +307,11 @@ class TrainLoop:
                             if on_metrics:
                                 on_metrics(self.last)
                         window, window_start = [], time.perf_counter()
-                    if self.step % cfg.save_every == 0 or self.step == cfg.steps:
-                        self._save(kind, exports or {}, checkpoint_extra)
+                    stopping = self.step < cfg.steps and any_rank(stop.requested, ctx.env)
+                    if self.step % cfg.save_every == 0 or self.step == cfg.steps or stopping:
+                        saved = self._save(kind, exports or {}, checkpoint_extra)
+                    if stopping:
+                        raise TrainingInterrupted(self.step, saved)
         finally:
             if log is not None:
                 log.close()
@@ -259,10 +338,13 @@ class TrainLoop:
         record["steps_per_s"] = round(len(window) / seconds, 4)
         return {**record, **(log_extra(record) if log_extra else {})}
 
-    def _save(self, kind: str, exports: Mapping[str, object], checkpoint_extra: Callable[[], dict] | None) -> None:
+    def _save(self, kind: str, exports: Mapping[str, object], checkpoint_extra: Callable[[], dict] | None) -> Path | None:
+        """Rank 0 writes the checkpoint (its path is returned there) and the exports."""
+        path = None
         if self.ctx.env.is_main:
-            save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, self.scheduler,
-                            extra=checkpoint_extra() if checkpoint_extra else None)
+            path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, self.scheduler,
+                                   extra=checkpoint_extra() if checkpoint_extra else None)
             if exports:
                 export_final(self.ctx.path, self.step, kind, exports)
         self.ctx.env.barrier()  # no rank runs ahead of (or resumes past) a checkpoint being written
+        return path

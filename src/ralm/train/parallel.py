@@ -157,6 +157,11 @@ def search_rank_queries(index, queries: torch.Tensor, k: int, env: DistEnv) -> t
     return scores[part], rows[part]
 
 
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank when `flag` is true on any (so all ranks stop at the same step)."""
+    return flag if not env.active else all_mean(float(flag), env) > 0
+
+
 def all_mean(value: float, env: DistEnv) -> float:
     """The mean of a logged scalar over ranks (for metrics printed by rank 0)."""
     if not env.active:

@@ -1,0 +1,216 @@
+"""Trainer commands generated from their config dataclasses, as Hugging Face's `HfArgumentParser`
+generates its trainers' arguments: every config field (nested configs flattened) becomes an
+option with the field's default and help text (ralm.configs.option), so the command line cannot
+drift from the library.
+
+Every trainer command also takes --out (the run directory), --preset, --device and --json. An
+option given on the command line wins over the preset, which wins over the config's default.
+A `ConfigError` naming a field is reported under the field's flag; an interrupted run (Ctrl-C)
+prints its checkpoint and the command that resumes it, and exits with code 130.
+
+The trainer modules import torch and the models (seconds), so a group built with
+`lazy_trainer_group` generates a trainer's command only when it runs or shows its own help;
+`ralm --help` lists the trainers from their one-line summaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import shlex
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, torch_device
+from ralm.configs import ConfigError, preset_values
+from ralm.console import err, notify, print_train_metrics, print_train_summary
+from ralm.errors import RalmError
+
+PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an hour on a few cores); gpu: the config's "
+               "defaults. Options given here override the preset")
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A trainer command: where its config and train function live (imported when it runs), its
+    help, and the line it prints at the end (`done(result, cfg)`)."""
+
+    module: str  # e.g. "ralm.train.ict"
+    config: str  # the config dataclass in it
+    train: str  # train(cfg, run, device, notify=, on_metrics=) -> a TrainResult
+    help: str
+    done: Callable[[Any, Any], str]
+    # build(config class, {option: value}, {options given}) -> config; None: the generic one
+    build: Callable[[type, dict, set], Any] | None = None
+
+    def load(self) -> tuple[type, Callable]:
+        module = importlib.import_module(self.module)
+        return getattr(module, self.config), getattr(module, self.train)
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    """One generated option: config field `name` (inside nested config `parent`, if any)."""
+
+    name: str
+    parent: str | None
+    decls: tuple[str, ...]
+    annotation: Any
+    default: Any
+    help: str
+    shown: str | None
+    required: bool
+
+    @property
+    def flag(self) -> str:
+        """The spelling errors and docs use: `--seq-len`, `--exclude-same-doc`."""
+        return self.decls[0].split("/")[0]
+
+
+def _annotation(hint: Any) -> Any:
+    """`int | None` as typer reads it (Optional[int])."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return Optional[next(a for a in args if a is not type(None))]
+    return hint
+
+
+def config_options(config_cls: type) -> list[ConfigOption]:
+    """The options of a config's command-line fields, nested configs flattened into their fields."""
+    found: list[ConfigOption] = []
+
+    def walk(cls: type, defaults: Any, parent: str | None) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if not meta.get("cli", True):
+                continue
+            if defaults is not None:  # a nested config's defaults come from its parent's default instance
+                default = getattr(defaults, f.name)
+            elif f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = ...
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], default, f.name)
+                continue
+            dash = f.name.replace("_", "-")
+            flag = meta.get("flag") or (f"--{dash}/--no-{dash}" if hints[f.name] is bool else f"--{dash}")
+            required = default is ... or meta.get("required", False)
+            found.append(ConfigOption(f.name, parent, (flag, *meta.get("aliases", ())), _annotation(hints[f.name]),
+                                      default, meta.get("help", ""), meta.get("shown"), required))
+
+    walk(config_cls, None, None)
+    names = [o.name for o in found]
+    if len(names) != len(set(names)):
+        raise TypeError(f"{config_cls.__name__}: two fields flatten to one option name")
+    return found
+
+
+def build_config(config_cls: type, values: dict, _given: set) -> Any:
+    """The config from option values: nested configs from their fields."""
+    top, nested = {}, {}
+    for o in config_options(config_cls):
+        if o.parent is None:
+            top[o.name] = values[o.name]
+        else:
+            nested.setdefault(o.parent, {})[o.name] = values[o.name]
+    hints = typing.get_type_hints(config_cls)
+    return config_cls(**top, **{parent: hints[parent](**fields) for parent, fields in nested.items()})
+
+
+def flag_of(options: list[ConfigOption], field: str) -> str:
+    """The flag a config field is spelled with (`--` + the field name when it has no option)."""
+    return next((o.flag for o in options if o.name == field), "--" + field.replace("_", "-"))
+
+
+def _typer_option(o: ConfigOption):
+    if o.required:
+        return typer.Option(..., *o.decls, help=o.help)
+    shown = o.shown if o.shown is not None else (o.default is not None)
+    return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
+
+
+def _resume_line(e) -> str:
+    return (f"interrupted at step {e.step}; checkpoint {e.checkpoint}\nresume with: "
+            + shlex.join(["ralm", *sys.argv[1:]]))
+
+
+@functools.cache
+def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
+    """The click command of a trainer, its options generated from its config."""
+    from ralm.train.loop import TrainingInterrupted
+
+    config_cls, train = trainer.load()
+    options = config_options(config_cls)
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o), annotation=o.annotation)
+              for o in options]
+    params += [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=OutOpt, annotation=Path),
+               inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                 default=typer.Option(None, "--preset", help=PRESET_HELP, metavar="cpu|gpu")),
+               inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=DeviceOpt, annotation=str),
+               inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=JsonOpt, annotation=bool)]
+
+    def command(ctx: typer.Context, **values):
+        quiet_libraries()
+        # typer bundles its own click: its ParameterSource is compared by name
+        given = {o.name for o in options if ctx.get_parameter_source(o.name).name not in ("DEFAULT", "DEFAULT_MAP")}
+        run, preset, device, as_json = (values.pop(k) for k in ("out", "preset", "device", "as_json"))
+        try:
+            values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
+            cfg = (trainer.build or build_config)(config_cls, values, given)
+            dev = torch_device(device)
+            if dev.type == "cpu" and preset is None and preset_values(config_cls, "cpu"):
+                notify(f"note: training on the CPU with the config's defaults ({cfg.steps} steps); "
+                       "--preset cpu sizes the run for a CPU")
+            result = train(cfg, run, dev, notify=notify, on_metrics=print_train_metrics)
+        except ConfigError as e:
+            raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
+        except TrainingInterrupted as e:
+            err.print(_resume_line(e), highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
+        print_train_summary(result, as_json, trainer.done(result, cfg))
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {}
+    app = typer.Typer()
+    app.command(name, help=trainer.help)(command)
+    return typer.main.get_command(app)
+
+
+def lazy_trainer_group(trainers: dict[str, Trainer]) -> type[TyperGroup]:
+    """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands."""
+
+    class TrainerGroup(TyperGroup):
+        _listing = False
+
+        def list_commands(self, ctx: typer.Context) -> list[str]:
+            return [*super().list_commands(ctx), *trainers]
+
+        def get_command(self, ctx: typer.Context, cmd_name: str):
+            trainer = trainers.get(cmd_name)
+            if trainer is None:
+                return super().get_command(ctx, cmd_name)
+            if self._listing:  # the group's help: the summary line, without importing the trainer
+                return TyperCommand(cmd_name, help=trainer.help)
+            return trainer_command(cmd_name, trainer)
+
+        def format_help(self, ctx: typer.Context, formatter) -> None:
+            self._listing = True
+            try:
+                super().format_help(ctx, formatter)
+            finally:
+                self._listing = False
+
+    return TrainerGroup
