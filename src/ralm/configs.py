@@ -28,9 +28,10 @@ LIMIT_HELP = "first N training questions only"
 LIMIT_TOKENS_HELP = "use only this many leading wordpieces of the text"
 MASKING_HELP = "salient (entities and dates, spaCy) or random (15% of wordpieces)"
 
-# Path fields: "input" is data a run reads throughout (a resumed run compares it by content),
-# "model" a model it starts from (compared by the absolute path it named).
-PATH_KINDS = ("input", "model")
+# Path fields: "content" is data a run reads (a resumed run compares it by content fingerprint,
+# so a run started from one folder resumes from another), "location" a model, index or store it
+# starts from or writes into (compared by the absolute path it named).
+PATH_KINDS = ("content", "location")
 
 
 class ConfigError(RalmError):

@@ -2,6 +2,7 @@
 that read one (`--init RUN`, `--encoder RUN`, `--model RUN`).
 
   RUN/config.json                 the trainer's dataclass config
+  RUN/inputs.json                 its path fields: absolute path and content fingerprint (resume)
   RUN/checkpoints/step-000100/    model.safetensors + optimizer.safetensors + trainer.json
   RUN/checkpoints/LATEST          name of the newest complete checkpoint
   RUN/metrics.jsonl               one JSON object per logged step
@@ -23,6 +24,10 @@ from ralm.atomic import write_json
 
 def config_file(run: str | os.PathLike) -> Path:
     return Path(run) / "config.json"
+
+
+def inputs_file(run: str | os.PathLike) -> Path:
+    return Path(run) / "inputs.json"
 
 
 def checkpoints_dir(run: str | os.PathLike) -> Path:

@@ -1,5 +1,10 @@
 """Checkpoints of a run (atomic, resumable) and the config check that lets a run resume.
 
+A run resumes when its config is the one it started with, except the fields in
+RESUMABLE_CHANGES. Path fields (ralm.configs) are compared by what they name, not by their
+string: data by content fingerprint (RUN/inputs.json), so a run started from one folder resumes
+from another and a corpus edited in place is refused; models and indexes by absolute path.
+
 Checkpoints hold tensors in safetensors and the rest in JSON: nothing is unpickled on resume.
 A checkpoint is written in a hidden `checkpoints/.step-N-<pid>@...tmp` folder (ralm.atomic);
 one a killed run left behind is removed when the run starts again. Paths: ralm.rundir.
@@ -17,9 +22,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ralm.atomic import atomic_path, read_json, remove_stale_temps, write_json, write_text
+from ralm.configs import PATH_KINDS, path_fields
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
-from ralm.rundir import checkpoints_dir, config_file
+from ralm.fingerprints import fingerprint
+from ralm.rundir import checkpoints_dir, config_file, inputs_file
 
 # Options a user may change when resuming (train longer, save more often).
 RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype"}
@@ -114,6 +121,28 @@ def _warmup_in_steps(old: dict) -> dict:
     return old
 
 
+def run_inputs(config) -> dict[str, dict]:
+    """{field: {"kind", "path", "fingerprint"}} of a config's set path fields: the absolute path
+    (the value as given when it names no file, e.g. a hub model), and for data its fingerprint."""
+    found = {}
+    for kind in PATH_KINDS:
+        for name, value in path_fields(config, kind).items():
+            path = Path(value)
+            entry = {"kind": kind, "path": str(path.resolve()) if path.exists() else value}
+            if kind == "content":
+                entry["fingerprint"] = fingerprint(path)
+            found[name] = entry
+    return found
+
+
+def _same_input(old: dict | None, new: dict) -> bool:
+    if old is None:
+        return False
+    if new.get("fingerprint") and old.get("fingerprint"):
+        return new["fingerprint"] == old["fingerprint"]
+    return new["path"] == old["path"]
+
+
 def prepare_run(run: str | os.PathLike, config) -> Path | None:
     """Create RUN (saving its config) or check that an existing RUN was started with the same
     config; returns the checkpoint to resume from, if any."""
@@ -121,18 +150,26 @@ def prepare_run(run: str | os.PathLike, config) -> Path | None:
     if run.exists() and not run.is_dir():
         raise RalmError(f"run directory {run} is a file; choose a directory (new, or a run to resume)")
     cfg = asdict(config) if is_dataclass(config) else dict(config)
+    inputs = run_inputs(config) if is_dataclass(config) else {}
     saved = config_file(run)
     if saved.is_file():
         raw = read_json(saved)
         old = _warmup_in_steps(raw)
+        old_inputs = read_json(inputs_file(run)) if inputs_file(run).is_file() else {}
         changed = {k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k) and k not in RESUMABLE_CHANGES}
+        changed -= {k for k in changed & set(inputs) if _same_input(old_inputs.get(k), inputs[k])}
         if "warmup" in changed and old is not raw:
             raise RalmError(f"{run} was started with warmup {raw['warmup']} (a share of its {raw['steps']} steps), "
                             f"i.e. {old['warmup']} warm-up steps; resume with warmup {old['warmup']}")
         if changed:
             raise RalmError(f"{run} was started with a different config ({', '.join(sorted(changed))}); "
                             "start a new run directory")
+        edited = sorted(k for k, entry in inputs.items() if k in old_inputs and not _same_input(old_inputs[k], entry))
+        if edited:
+            raise RalmError(f"{run} was started with other inputs: {', '.join(f'{k} {cfg[k]}' for k in edited)} named "
+                            "other content then (fingerprint or absolute path); start a new run directory")
     run.mkdir(parents=True, exist_ok=True)
     write_json(saved, cfg)
+    write_json(inputs_file(run), inputs)
     remove_stale_temps(checkpoints_dir(run))  # a killed run's half-written checkpoint (can be GBs)
     return latest_checkpoint(run)

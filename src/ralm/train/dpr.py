@@ -40,10 +40,10 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, st
 
 @dataclass
 class DPRConfig:
-    questions: str = option(help=QUESTIONS_HELP, path="input")
+    questions: str = option(help=QUESTIONS_HELP, path="content")
     corpus: str = option(help="the evidence corpus (positives and negatives are mined from it with BM25): " + CORPUS_HELP,
-                         path="input")
-    model: str | None = option(None, "initial encoder: HF directory or retriever checkpoint", shown="bundled MiniLM", path="model")
+                         path="content")
+    model: str | None = option(None, "initial encoder: HF directory or retriever checkpoint", shown="bundled MiniLM", path="location")
     dim: int | None = option(128, "retrieval dimension of a fresh projection (0 or None: the encoder's own vectors)")
     steps: int = option(1000, "training steps")
     batch_size: int = option(16, "questions per step and rank (in-batch negatives from all ranks)")

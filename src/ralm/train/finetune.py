@@ -36,10 +36,10 @@ from ralm.train.parallel import global_mean, rank_batch, search_rank_queries, st
 
 @dataclass
 class FinetuneConfig:
-    questions: str = option(help=QUESTIONS_HELP, path="input")
-    index: str = option(help="dense or BM25 index over the evidence corpus (kept fixed)", path="input")
+    questions: str = option(help=QUESTIONS_HELP, path="content")
+    index: str = option(help="dense or BM25 index over the evidence corpus (kept fixed)", path="location")
     init: str | None = option(None, "ICT/pre-training run, retriever checkpoint, reader, or HF encoder directory",
-                              shown="bundled MiniLM", path="model")
+                              shown="bundled MiniLM", path="location")
     steps: int = option(1000, "training steps")
     batch_size: int = option(8, "questions per step and rank (under torchrun)")
     k: int = option(5, "retrieved blocks read per question", aliases=("-k",))

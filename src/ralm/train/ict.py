@@ -32,9 +32,9 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, ra
 
 @dataclass
 class IctConfig:
-    corpus: str = option(help=CORPUS_HELP, path="input")
+    corpus: str = option(help=CORPUS_HELP, path="content")
     model: str = option("default", "retriever checkpoint or HF BERT directory both towers start from", shown="bundled MiniLM",
-                        path="model")
+                        path="location")
     dim: int = option(128, "retrieval dimension of a fresh projection")
     steps: int = option(1000, "training steps")
     batch_size: int = option(32, "queries per step and rank; the other blocks of all ranks' batches are the negatives")

@@ -56,20 +56,20 @@ class OptimConfig:
 
 @dataclass
 class LMTrainConfig(OptimConfig):
-    text: str = option("", TEXT_HELP, path="input", required=True)
+    text: str = option("", TEXT_HELP, path="content", required=True)
     model: LMConfig = option(default_factory=LMConfig)
-    tokenizer: str = option("", "HF tokenizer directory", shown="the bundled MiniLM wordpieces, 30522", path="model")
+    tokenizer: str = option("", "HF tokenizer directory", shown="the bundled MiniLM wordpieces, 30522", path="location")
 
 
 @dataclass
 class RetroTrainConfig(OptimConfig):
-    text: str = option("", TEXT_HELP, path="input", required=True)
-    db: str = option("", "chunk DB from `ralm retro build-db`", path="input", required=True)
+    text: str = option("", TEXT_HELP, path="content", required=True)
+    db: str = option("", "chunk DB from `ralm retro build-db`", path="location", required=True)
     model: RetroConfig = option(default_factory=RetroConfig)
     exclude_same_document: bool = option(True, "drop neighbours from the training chunk's own article",
                                          flag="--exclude-same-doc/--keep-same-doc")
     retrofit: str = option("", "start from a `ralm lm train` model and train only the CCA layers and neighbour encoder "
-                               "(its decoder stays frozen; sizes come from it)", path="model")
+                               "(its decoder stays frozen; sizes come from it)", path="location")
 
 
 @dataclass

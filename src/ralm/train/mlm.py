@@ -48,8 +48,8 @@ from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
 @dataclass
 class MlmConfig:
-    corpus: str = option(help="the pre-training corpus: " + CORPUS_HELP, path="input")
-    model: str = option("default", "HF BERT directory (with or without an MLM head)", shown="bundled MiniLM", path="model")
+    corpus: str = option(help="the pre-training corpus: " + CORPUS_HELP, path="content")
+    model: str = option("default", "HF BERT directory (with or without an MLM head)", shown="bundled MiniLM", path="location")
     steps: int = option(300, "training steps, the head-only ones included")
     head_steps: int = option(100, "first steps that train the MLM head alone (the body frozen)")
     batch_size: int = option(16, "masked sentences per step and rank (under torchrun)")

@@ -51,16 +51,16 @@ REFRESH_MODES = ("async", "sync", "none")
 
 @dataclass
 class PretrainConfig:
-    corpus: str = option(help="the pre-training corpus (also the retrieval corpus): " + CORPUS_HELP, path="input")
+    corpus: str = option(help="the pre-training corpus (also the retrieval corpus): " + CORPUS_HELP, path="content")
     init: str | None = option(None, "an ICT run (its final/retriever) or a retriever checkpoint to start both towers from",
-                              path="model")
+                              path="location")
     model: str = option("default", "HF BERT directory for the towers when neither init nor index is given, and for the encoder "
                         "when no encoder is",
-                        shown="bundled MiniLM", path="model")
-    encoder: str | None = option(None, "the encoder's start: an `ralm mlm` run or a BERT masked-LM directory", path="model")
+                        shown="bundled MiniLM", path="location")
+    encoder: str | None = option(None, "the encoder's start: an `ralm mlm` run or a BERT masked-LM directory", path="location")
     mlm_warmup: int = option(300, "MLM warm-up steps (train.mlm, in RUN/mlm) when the encoder's MLM head is fresh; 0: none")
     index: str | None = option(None, "an existing dense index over the corpus to start from (else one is built in RUN/index)",
-                               path="model")
+                               path="location")
     dim: int = option(128, "retrieval dimension of a fresh projection")
     steps: int = option(1000, "training steps")
     batch_size: int = option(8, "masked sentences per step and rank (under torchrun)")

@@ -41,10 +41,10 @@ from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
 
 @dataclass
 class ReaderTrainConfig:
-    questions: str = option(help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with corpus", path="input")
+    questions: str = option(help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with corpus", path="content")
     corpus: str | None = option(None, "the corpus the questions' doc_id refer to (else each question carries a 'context')",
-                                path="input")
-    init: str | None = option(None, "reader checkpoint or HF encoder directory", shown="bundled MiniLM", path="model")
+                                path="content")
+    init: str | None = option(None, "reader checkpoint or HF encoder directory", shown="bundled MiniLM", path="location")
     steps: int = option(5000, "training steps")
     batch_size: int = option(32, "questions per step and rank (under torchrun)")
     lr: float = option(1e-4, "learning rate")
