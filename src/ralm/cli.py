@@ -39,7 +39,7 @@ eval_app.command("retrieval")(eval_retrieval)
 
 @app.command()
 def demo(
-    k: int = typer.Option(READ_K, "-k", help="passages read per question (as `ralm ask`)"),
+    k: int = typer.Option(READ_K, "-k", "--k", help="passages read per question (as `ralm ask`)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,

@@ -68,6 +68,7 @@ class ConfigOption:
     help: str
     shown: str | None
     required: bool
+    path: bool  # a file or folder: a Path on the command line, a str in the config
 
     @property
     def flag(self) -> str:
@@ -107,8 +108,11 @@ def config_options(config_cls: type) -> list[ConfigOption]:
             dash = f.name.replace("_", "-")
             flag = meta.get("flag") or (f"--{dash}/--no-{dash}" if hints[f.name] is bool else f"--{dash}")
             required = default is ... or meta.get("required", False)
-            found.append(ConfigOption(f.name, parent, (flag, *meta.get("aliases", ())), _annotation(hints[f.name]),
-                                      default, meta.get("help", ""), meta.get("shown"), required))
+            annotation = _annotation(hints[f.name])
+            if meta.get("path"):
+                annotation = Optional[Path] if default is None else Path
+            found.append(ConfigOption(f.name, parent, (flag, *meta.get("aliases", ())), annotation, default,
+                                      meta.get("help", ""), meta.get("shown"), required, bool(meta.get("path"))))
 
     walk(config_cls, None, None)
     names = [o.name for o in found]
@@ -167,6 +171,7 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
         # typer bundles its own click: its ParameterSource is compared by name
         given = {o.name for o in options if ctx.get_parameter_source(o.name).name not in ("DEFAULT", "DEFAULT_MAP")}
         run, preset, device, as_json = (values.pop(k) for k in ("out", "preset", "device", "as_json"))
+        values.update({o.name: str(values[o.name]) if o.name in given else o.default for o in options if o.path})
         try:
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
@@ -184,7 +189,7 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
 
     command.__signature__ = inspect.Signature(params)
     command.__annotations__ = {}
-    app = typer.Typer()
+    app = typer.Typer(add_completion=False)
     app.command(name, help=trainer.help)(command)
     return typer.main.get_command(app)
 
@@ -194,6 +199,7 @@ def lazy_trainer_group(trainers: dict[str, Trainer]) -> type[TyperGroup]:
 
     class TrainerGroup(TyperGroup):
         _listing = False
+        registry = trainers
 
         def list_commands(self, ctx: typer.Context) -> list[str]:
             return [*super().list_commands(ctx), *trainers]

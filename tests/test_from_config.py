@@ -1,0 +1,125 @@
+"""The trainer commands are generated from their configs: their defaults are the configs' own,
+and the options every command shares mean the same thing everywhere (docs/cli.md)."""
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pytest
+import typer
+
+from ralm.cli import app
+from ralm.commands.from_config import config_options, trainer_command
+from ralm.commands.lm import lm_app, retro_app
+from ralm.commands.train import TRAINERS
+from ralm.configs import DTYPE_HELP, preset_values, with_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL_TRAINERS = {**TRAINERS, "lm train": lm_app.info.cls.registry["train"],
+                "retro train": retro_app.info.cls.registry["train"]}
+REQUIRED = {"corpus": "c.jsonl", "questions": "q.jsonl", "index": "idx", "text": "t.txt", "db": "db"}
+
+
+def _params(command) -> dict[str, object]:
+    return {p.name: p for p in command.params}
+
+
+def _commands(group, ctx, prefix=()):
+    """(name path, click command) of every command under a group, the lazy trainers included."""
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if hasattr(cmd, "list_commands"):
+            yield from _commands(cmd, typer.Context(cmd, parent=ctx, info_name=name), (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+@pytest.mark.parametrize("name", list(ALL_TRAINERS))
+def test_every_trainer_option_defaults_to_its_config_field(name):
+    trainer = ALL_TRAINERS[name]
+    config_cls, _ = trainer.load()
+    command = trainer_command(name.split()[-1], trainer)
+    params = _params(command)
+    options = config_options(config_cls)
+    required = {f.name: REQUIRED[f.name] for f in dataclasses.fields(config_cls)
+                if (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                or f.metadata.get("required")}
+    cfg = config_cls(**required)  # the library's defaults, built as a Python user builds them
+    for o in options:
+        param = params[o.name]
+        want = getattr(getattr(cfg, o.parent) if o.parent else cfg, o.name)
+        assert o.help, f"{name} {o.flag}: no help text"
+        if param.required:
+            assert o.name in REQUIRED or want in ("", None), f"{name} {o.flag} is required but has a default {want!r}"
+            continue
+        got = param.default
+        assert (str(got) if o.path and got is not None else got) == want, f"{name} {o.flag}: CLI {got!r}, config {want!r}"
+        assert param.show_default != "default" and not (param.show_default is True and got == "default")
+    # every field a user can set from Python is on the command line, and nothing else is
+    flat = {f.name for f in dataclasses.fields(config_cls)} | {o.name for o in options if o.parent}
+    hidden = {f.name for f in dataclasses.fields(config_cls) if not f.metadata.get("cli", True)}
+    assert {o.name for o in options} >= flat - hidden - {o.parent for o in options if o.parent}
+    assert set(params) == {o.name for o in options} | {"out", "preset", "device", "as_json"}
+
+
+def test_presets_only_name_fields_and_validate_like_any_config():
+    for trainer in ALL_TRAINERS.values():
+        config_cls, _ = trainer.load()
+        fields = {f.name for f in dataclasses.fields(config_cls)}
+        assert set(preset_values(config_cls, "cpu")) <= fields
+        assert preset_values(config_cls, "gpu") == {}
+    from ralm.train.ict import IctConfig
+
+    cpu = with_preset(IctConfig, "cpu", "c.jsonl", steps=7)
+    assert (cpu.steps, cpu.batch_size) == (7, preset_values(IctConfig, "cpu")["batch_size"])
+    with pytest.raises(Exception, match="preset must be one of gpu, cpu; got 'tpu'"):
+        with_preset(IctConfig, "tpu", "c.jsonl")
+
+
+def _base_type(param) -> type:
+    """The Python type typer parses an option into (Optional[T] -> T)."""
+    annotation = param.type_descriptor.annotation
+    return next((a for a in typing.get_args(annotation) if a is not type(None)), annotation)
+
+
+def _docs_table() -> dict[str, str]:
+    """{option spelling: meaning} from the table of common options in docs/cli.md."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    rows = re.findall(r"^\| (`[^|]+) \| ([^|]+) \|", text, flags=re.M)
+    return {flag.split()[0]: meaning.strip() for spellings, meaning in rows for flag in re.findall(r"`([^`]+)`", spellings)}
+
+
+def test_common_options_mean_the_same_thing_in_every_command():
+    root = typer.main.get_command(app)
+    ctx = typer.Context(root, info_name="ralm")
+    commands = dict(_commands(root, ctx))
+    assert ("ict",) in commands and ("retro", "train") in commands and ("search",) in commands
+    documented = _docs_table()
+    for flag in ("--index", "--corpus", "--questions", "--model", "-k", "--out", "--device", "--dtype", "--json", "--preset"):
+        assert flag in documented, f"docs/cli.md has no row for {flag}"
+    seen = {}
+    for path, cmd in commands.items():
+        by_flag = {opt: p for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
+        where = "ralm " + " ".join(path)
+        if "--json" in by_flag:
+            assert by_flag["--json"].is_flag and by_flag["--json"].default is False, where
+        if "--device" in by_flag:
+            assert by_flag["--device"].default == "auto", where
+        if "--dtype" in by_flag:
+            assert by_flag["--dtype"].default == "auto" and by_flag["--dtype"].help == DTYPE_HELP, where
+        if "-k" in by_flag or "--k" in by_flag:  # how many retrieved items per query, a positive count
+            assert by_flag.get("-k") is by_flag.get("--k"), f"{where}: -k and --k must be one option"
+            assert _base_type(by_flag["-k"]) is int, where
+        for flag in ("--index", "--corpus", "--questions", "--out"):  # files and folders, never free text
+            if flag in by_flag:
+                assert _base_type(by_flag[flag]) is Path, f"{where} {flag}"
+        if "--out" in by_flag:
+            assert by_flag["--out"].required, where
+        for flag in by_flag:
+            seen.setdefault(flag, []).append(where)
+        # positional arguments are the command's subject: a query, a question, a prompt, a corpus or index
+        for p in cmd.params:
+            if p.param_type_name == "argument":
+                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src"), f"{where}: {p.name}"
+    assert len(seen["--json"]) >= 20  # every command that reports a result can print it as JSON
