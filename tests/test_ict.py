@@ -60,7 +60,7 @@ def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_fil
 
 
 def test_ict_config_errors():
-    with pytest.raises(RalmError, match="batch_size >= 2"):
+    with pytest.raises(RalmError, match="batch_size must be at least 2"):
         IctConfig("c.jsonl", batch_size=1)
     with pytest.raises(RalmError, match="steps must be positive"):
         IctConfig("c.jsonl", steps=0)

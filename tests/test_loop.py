@@ -3,8 +3,13 @@ the loop logs window means and a resumed run reproduces an uninterrupted one."""
 
 import json
 import os
+import re
+import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -171,3 +176,80 @@ def test_the_loop_logs_window_means_and_a_resumed_run_matches_an_uninterrupted_o
     torch.testing.assert_close(other.weight, model.weight, rtol=0, atol=0)
     again = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in again] == [r["loss"] for r in rows]
+
+
+def _lm_args(text, run, steps, tokenizer) -> list[str]:
+    """A tiny `ralm lm train`: a step takes milliseconds on a CPU."""
+    return [str(a) for a in ("lm", "train", "--text", text, "--out", run, "--tokenizer", tokenizer, "--dim", 16, "--layers", 1,
+                             "--heads", 2, "--seq-len", 8, "--batch-size", 2, "--warmup", 2, "--lr", 1e-2, "--steps", steps,
+                             "--save-every", 100_000, "--log-every", 1, "--device", "cpu", "--dtype", "fp32")]
+
+
+def _ict_args(corpus, run, steps, model) -> list[str]:
+    """A tiny `ralm ict` (its learning rate does not depend on `steps`, so a run resumed with
+    fewer steps matches one started with them)."""
+    return [str(a) for a in ("ict", "--corpus", corpus, "--out", run, "--model", model, "--dim", 16, "--batch-size", 4,
+                             "--warmup", 1, "--steps", steps, "--save-every", 100_000, "--log-every", 1, "--device", "cpu",
+                             "--dtype", "fp32")]
+
+
+def _exported(run):
+    from safetensors.torch import load_file
+
+    return {f"{f.name}/{k}": v for f in sorted((run / "final" / "retriever").rglob("*.safetensors"))
+            for k, v in load_file(str(f)).items()}
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_command_it_prints_resumes_the_run(tmp_path, tiny_bert, corpus_file, ralm):
+    """SIGINT mid-run (no periodic checkpoint yet): the step finishes, a checkpoint is saved, the
+    resume command is printed, and that command resumes to the weights of an uninterrupted run."""
+    run = tmp_path / "run"
+    args = _ict_args(corpus_file, run, 100_000, tiny_bert)
+    proc = subprocess.Popen([sys.executable, "-m", "ralm", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RALM_NO_PROGRESS": "1"})
+    deadline = time.monotonic() + 180
+    while not ((run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    step = int(re.search(r"interrupted at step (\d+)", err).group(1))
+    assert step >= 3 and (run / "checkpoints" / f"step-{step:06d}" / "model.safetensors").is_file()
+    resume = shlex.split(re.search(r"resume with: (.*)", err).group(1))
+    assert resume == ["ralm", *args]
+
+    more = [a if a != "100000" else str(step + 2) for a in resume[1:]]  # the same command, told to stop 2 steps later
+    code, out, err = ralm(*more, "--json")
+    assert code == 0 and f"resuming from step {step}" in err, err
+    assert json.loads(out)["steps"] == step + 2
+    code, _, err = ralm(*_ict_args(corpus_file, tmp_path / "straight", step + 2, tiny_bert))
+    assert code == 0, err
+    straight, resumed = _exported(tmp_path / "straight"), _exported(run)
+    assert straight.keys() == resumed.keys() and straight
+    for name in straight:
+        torch.testing.assert_close(resumed[name], straight[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_resumes_from_another_folder_and_from_a_copy_of_its_corpus(tmp_path, tiny_bert, corpus_file, ralm,
+                                                                         monkeypatch):
+    """Paths are compared by what they name: a relative corpus path from another folder, or a
+    copy of the corpus, resumes the run; the same path with other content is refused."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    shutil.copy(corpus_file, first / "corpus.jsonl")
+    monkeypatch.chdir(first)
+    code, _, err = ralm(*_lm_args("corpus.jsonl", "run", 2, tiny_bert))
+    assert code == 0, err
+    monkeypatch.chdir(second)
+    code, out, err = ralm(*_lm_args("../a/corpus.jsonl", "../a/run", 4, tiny_bert), "--json")
+    assert code == 0 and "resuming from step 2" in err, err
+    assert json.loads(out)["steps"] == 4
+    shutil.copy(first / "corpus.jsonl", second / "copy.jsonl")
+    code, _, err = ralm(*_lm_args("copy.jsonl", "../a/run", 5, tiny_bert))
+    assert code == 0 and "resuming from step 4" in err, err
+    with open(second / "copy.jsonl", "a") as f:
+        f.write('{"id": "extra", "title": "Extra", "text": "One more document."}\n')
+    code, _, err = ralm(*_lm_args("copy.jsonl", "../a/run", 6, tiny_bert))
+    assert code == 2 and "text copy.jsonl named other content" in err, err
