@@ -23,9 +23,9 @@ from safetensors.torch import load_file, save_file
 
 from ralm.atomic import atomic_path, read_json, remove_stale_temps, write_json, write_text
 from ralm.configs import PATH_KINDS, path_fields
+from ralm.data.corpus import corpus_fingerprint
 from ralm.distributed import dist_env
 from ralm.errors import RalmError
-from ralm.fingerprints import fingerprint
 from ralm.rundir import checkpoints_dir, config_file, inputs_file
 
 # Options a user may change when resuming (train longer, save more often).
@@ -130,7 +130,7 @@ def run_inputs(config) -> dict[str, dict]:
             path = Path(value)
             entry = {"kind": kind, "path": str(path.resolve()) if path.exists() else value}
             if kind == "content":
-                entry["fingerprint"] = fingerprint(path)
+                entry["fingerprint"] = corpus_fingerprint(path) if path.exists() else None
             found[name] = entry
     return found
 
