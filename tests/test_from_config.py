@@ -123,3 +123,32 @@ def test_common_options_mean_the_same_thing_in_every_command():
             if p.param_type_name == "argument":
                 assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src"), f"{where}: {p.name}"
     assert len(seen["--json"]) >= 20  # every command that reports a result can print it as JSON
+
+
+def test_a_config_error_is_reported_under_its_flag(ralm, tmp_path):
+    code, _, err = ralm("lm", "train", "--text", "t.txt", "--out", tmp_path / "r", "--seq-len", 0)
+    assert code == 2 and "--seq-len must be positive, got 0" in err  # LMConfig.max_len, spelled as the CLI spells it
+    code, _, err = ralm("ict", "--corpus", "c.jsonl", "--out", tmp_path / "r", "--batch-size", 1)
+    assert code == 2 and "--batch-size must be at least 2" in err
+    code, _, err = ralm("ict", "--corpus", "c.jsonl", "--out", tmp_path / "r", "--preset", "tpu")
+    assert code == 2 and "--preset must be one of gpu, cpu" in err
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
+def test_preset_cpu_sets_what_the_command_line_leaves_unset(ralm, tmp_path, corpus_file, tiny_bert):
+    import json
+
+    from ralm.train.lm import LMTrainConfig
+
+    code, _, err = ralm("lm", "train", "--text", corpus_file, "--out", tmp_path / "r", "--tokenizer", tiny_bert, "--dim", 16,
+                        "--layers", 1, "--heads", 2, "--seq-len", 8, "--steps", 2, "--preset", "cpu", "--device", "cpu")
+    assert code == 0, err
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    cpu = preset_values(LMTrainConfig, "cpu")
+    assert saved["steps"] == 2 and saved["batch_size"] == cpu["batch_size"] != LMTrainConfig.batch_size
+    assert saved["model"]["dim"] == 16 and saved["text"] == str(corpus_file)
+    assert "s/step over the first steps" not in err  # 2 steps: nothing left to estimate
+    code, _, err = ralm("lm", "train", "--text", corpus_file, "--out", tmp_path / "g", "--tokenizer", tiny_bert, "--dim", 16,
+                        "--layers", 1, "--heads", 2, "--seq-len", 8, "--steps", 8, "--log-every", 4, "--device", "cpu")
+    err = " ".join(err.split())  # rich wraps long lines
+    assert code == 0 and "--preset cpu sizes the run for a CPU" in err and "s/step over the first steps: about" in err, err

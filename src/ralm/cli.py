@@ -26,6 +26,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt
                                   refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_reliability
+from ralm.configs import ConfigError
 from ralm.defaults import READ_K
 from ralm.errors import RalmError, RalmWarning
 
@@ -214,6 +215,7 @@ def main() -> None:
         warnings.showwarning = _show_warning
         try:
             app()
-        except RalmError as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        except RalmError as e:  # a config field's error under its flag (the trainers map their own spellings)
+            message = f"--{e.field.replace('_', '-')} {e.problem}" if isinstance(e, ConfigError) else str(e)
+            err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
             sys.exit(2)

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-from ralm.errors import RalmError
+from ralm.configs import ConfigError
 
 DTYPES = ("auto", "fp32", "bf16")
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -43,9 +43,9 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
         return torch.float32
     if name == "bf16":
         if device.type == "cpu" and not cpu_has_bf16():
-            raise RalmError("--dtype bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use --dtype fp32 or auto")
+            raise ConfigError("dtype", "bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use fp32 or auto")
         return torch.bfloat16
-    raise RalmError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}")
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

@@ -177,8 +177,8 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
             cfg = (trainer.build or build_config)(config_cls, values, given)
             dev = torch_device(device)
             if dev.type == "cpu" and preset is None and preset_values(config_cls, "cpu"):
-                notify(f"note: training on the CPU with the config's defaults ({cfg.steps} steps); "
-                       "--preset cpu sizes the run for a CPU")
+                notify("note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU "
+                       "(the options given still win)")
             result = train(cfg, run, dev, notify=notify, on_metrics=print_train_metrics)
         except ConfigError as e:
             raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ralm.atomic import read_json, write_json
+from ralm.configs import ConfigError
 from ralm.errors import RalmError
 from ralm.rundir import final_dir
 
@@ -340,7 +341,7 @@ def convert_hf_realm(src: str | os.PathLike, run: str | os.PathLike, doc_embedde
     ckpt = read_checkpoint(src)
     plan = source_prefixes(ckpt)
     if doc_embedder is not None and plan.get("retriever", (None, ""))[1] is not None:
-        raise RalmError(f"--doc-embedder applies to RealmForOpenQA checkpoints only; {ckpt.path} is a {ckpt.architecture}")
+        raise ConfigError("doc_embedder", f"applies to RealmForOpenQA checkpoints only; {ckpt.path} is a {ckpt.architecture}")
     # Check the names before building anything: every tensor must land somewhere.
     used: set[str] = set()
     for name, prefixes in plan.items():

@@ -37,7 +37,7 @@ class PartialBuild:
     def __init__(self, out: str | os.PathLike, signature: dict):
         self.out = Path(out)
         if self.out.exists():
-            raise RalmError(f"{self.out} already exists; choose a new --out or remove it")
+            raise RalmError(f"{self.out} already exists; choose a new output directory or remove it")
         self.path = partial_path(self.out)
         sig = self.path / "signature.json"
         if self.path.is_dir() and (not sig.is_file() or read_json(sig) != json.loads(json.dumps(signature))):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ralm.atomic import atomic_path, read_manifest, read_npy
+from ralm.configs import ConfigError
 from ralm.data.blocks import tokenizer_fingerprint
 from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, separator_doc_starts, tokenize_text
 from ralm.data.corpus import corpus_fingerprint
@@ -64,7 +65,7 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
     """Tokenize, chunk and embed `corpus` into the chunk DB `out`. Resumable: a rerun after a
     crash keeps the finished blocks of `block_rows` keys; the DB appears at `out` only when complete."""
     if chunk_len <= 1:
-        raise RalmError(f"--chunk-len must be at least 2, got {chunk_len}")
+        raise ConfigError("chunk_len", f"must be at least 2, got {chunk_len}")
     device = device or torch.device("cpu")
     tower, tokenizer, fingerprint = load_chunk_encoder(model)
     tower.to(device)
