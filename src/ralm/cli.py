@@ -145,7 +145,7 @@ def eval_qa(
 
 @app.command()
 def ask(
-    question: str = typer.Argument(...),
+    question: str = typer.Argument(..., help="the question, in natural language"),
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
@@ -173,7 +173,7 @@ def serve(
     model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),

@@ -28,7 +28,7 @@ def index_build(
     faiss: Optional[str] = typer.Option(None, "--faiss", help="also build a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
     dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
                             "N: a fresh PCA-initialised projection to N (REALM's 128)"),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -51,7 +51,7 @@ def index_build(
 
 def search(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
-    query: str = typer.Argument(...),
+    query: str = typer.Argument(..., help="free text"),
     k: int = typer.Option(5, "-k", "--k", help="number of passages"),
     retriever: Optional[str] = RetrieverOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
@@ -77,7 +77,7 @@ def search(
 
 
 def eval_retrieval(
-    index_dir: Path = typer.Option(..., "--index"),
+    index_dir: Path = typer.Option(..., "--index", help="index directory from `ralm index build`"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
     ks: str = typer.Option("1,5,20,100", "--ks", help="comma-separated cut-offs"),
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
