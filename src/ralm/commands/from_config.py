@@ -90,7 +90,7 @@ def config_options(config_cls: type) -> list[ConfigOption]:
 
     def walk(cls: type, defaults: Any, parent: str | None) -> None:
         hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
+        for f in sorted(dataclasses.fields(cls), key=lambda f: f.kw_only):  # the shared keyword-only fields last
             meta = f.metadata
             if not meta.get("cli", True):
                 continue

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from ralm.atomic import atomic_path
-from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, SEED_HELP,
-                          WARMUP_HELP, option)
+from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
@@ -34,12 +33,12 @@ from ralm.retrieval.towers.encoding import pad_rows
 from ralm.retrieval.towers.projection import init_projection
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
-from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, start_run
 
 
 @dataclass
-class DPRConfig:
+class DPRConfig(RunOptions):
     questions: str = option(help=QUESTIONS_HELP, path="content")
     corpus: str = option(help="the evidence corpus (positives and negatives are mined from it with BM25): " + CORPUS_HELP,
                          path="content")
@@ -52,10 +51,7 @@ class DPRConfig:
     lr: float = option(2e-5, "learning rate")
     warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
     limit: int | None = option(None, LIMIT_HELP)
-    seed: int = option(0, SEED_HELP)
     save_every: int = option(200, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 8, "warmup": 20, "save_every": 50}}
 
     def __post_init__(self):

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, option
+from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.qa import Question, read_questions
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
@@ -30,12 +30,12 @@ from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
-from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
 from ralm.train.parallel import global_mean, rank_batch, search_rank_queries, start_run
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(RunOptions):
     questions: str = option(help=QUESTIONS_HELP, path="content")
     index: str = option(help="dense or BM25 index over the evidence corpus (kept fixed)", path="location")
     init: str | None = option(None, "ICT/pre-training run, retriever checkpoint, reader, or HF encoder directory",
@@ -52,10 +52,7 @@ class FinetuneConfig:
     trainable_layers: int | None = option(None, "train only the reader's top N layers and span scorer (small checkpoints, "
                                                 "faster on CPU)", shown="all")
     limit: int | None = option(None, LIMIT_HELP)
-    seed: int = option(0, SEED_HELP)
     save_every: int = option(200, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "warmup": 20, "trainable_layers": 2,
                                                   "save_every": 50}}
 

@@ -17,7 +17,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
+from ralm.configs import CORPUS_HELP, SAVE_EVERY_HELP, WARMUP_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
@@ -26,12 +26,12 @@ from ralm.retrieval.towers.encoding import pad_rows
 from ralm.retrieval.towers.projection import init_projection
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
-from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_constant
+from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_constant
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, rank_slice, start_run
 
 
 @dataclass
-class IctConfig:
+class IctConfig(RunOptions):
     corpus: str = option(help=CORPUS_HELP, path="content")
     model: str = option("default", "retriever checkpoint or HF BERT directory both towers start from", shown="bundled MiniLM",
                         path="location")
@@ -44,9 +44,6 @@ class IctConfig:
     max_query_len: int = option(64, "wordpieces per pseudo-query")
     block_len: int = option(288, "wordpieces per evidence block ([CLS] title [SEP] body [SEP])")
     save_every: int = option(200, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    seed: int = option(0, SEED_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 16, "warmup": 20, "save_every": 50}}
 
     def __post_init__(self):

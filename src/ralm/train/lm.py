@@ -21,33 +21,29 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import (DTYPE_HELP, LIMIT_TOKENS_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, TEXT_HELP, WARMUP_HELP,
-                          option)
+from ralm.configs import LIMIT_TOKENS_HELP, SAVE_EVERY_HELP, TEXT_HELP, WARMUP_HELP, option
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
 from ralm.retrieval.towers.loading import default_model_path
 from ralm.runtime import seed_everything
-from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_cosine
+from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_cosine
 from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(RunOptions):
     """What both trainers share (flat in config.json, so steps/save_every/log_every may change on resume)."""
 
     steps: int = option(2000, "training steps")
     batch_size: int = option(16, "sequences per step and rank (under torchrun)")
+    limit_tokens: int | None = option(None, LIMIT_TOKENS_HELP)
     lr: float = option(1e-3, "peak learning rate (cosine decay after the warm-up)")
     warmup: int = option(100, WARMUP_HELP)
     weight_decay: float = option(0.1, "AdamW weight decay (not on biases and norms)")
     grad_clip: float = option(1.0, "gradient-norm clipping")
-    seed: int = option(0, SEED_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
     save_every: int = option(200, SAVE_EVERY_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
-    limit_tokens: int | None = option(None, LIMIT_TOKENS_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
-from ralm.configs import ConfigError
+from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SEED_HELP, ConfigError, option
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import DTYPES, autocast
@@ -57,6 +57,16 @@ class LoopFields(Protocol):
 
 
 # -- options --------------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """The fields every trainer config has with the same default (keyword-only, so each config
+    keeps its own required fields first)."""
+
+    log_every: int = option(10, LOG_EVERY_HELP)
+    seed: int = option(0, SEED_HELP)
+    dtype: str = option("auto", DTYPE_HELP)  # compute dtype (runtime.resolve_dtype); weights stay fp32
+
 
 def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
                   fractions: Iterable[str] = ()) -> None:

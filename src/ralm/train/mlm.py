@@ -34,20 +34,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, MASKING_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP,
-                          option)
+from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
-from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
+from ralm.train.loop import RunOptions, Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
 
 @dataclass
-class MlmConfig:
+class MlmConfig(RunOptions):
     corpus: str = option(help="the pre-training corpus: " + CORPUS_HELP, path="content")
     model: str = option("default", "HF BERT directory (with or without an MLM head)", shown="bundled MiniLM", path="location")
     steps: int = option(300, "training steps, the head-only ones included")
@@ -63,9 +62,6 @@ class MlmConfig:
     max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
     block_len: int = option(288, "wordpieces per block")
     save_every: int = option(100, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    seed: int = option(0, SEED_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 100, "head_steps": 30, "batch_size": 8, "warmup": 10,
                                                   "save_every": 50}}
 

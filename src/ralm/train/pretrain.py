@@ -29,8 +29,7 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import (CORPUS_HELP, DTYPE_HELP, LOG_EVERY_HELP, MASKING_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP,
-                          ConfigError, option)
+from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, WARMUP_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
@@ -42,7 +41,7 @@ from ralm.retrieval.search.searcher import load_version
 from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.rundir import final_dir, find_model
 from ralm.runtime import dtype_name
-from ralm.train.loop import Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
+from ralm.train.loop import RunOptions, Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries, start_run
 
@@ -50,7 +49,7 @@ REFRESH_MODES = ("async", "sync", "none")
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(RunOptions):
     corpus: str = option(help="the pre-training corpus (also the retrieval corpus): " + CORPUS_HELP, path="content")
     init: str | None = option(None, "an ICT run (its final/retriever) or a retriever checkpoint to start both towers from",
                               path="location")
@@ -81,9 +80,6 @@ class PretrainConfig:
     max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
     block_len: int = option(288, "wordpieces per evidence block (an index must have been built with the same)")
     save_every: int = option(200, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    seed: int = option(0, SEED_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "mlm_warmup": 60, "warmup": 20,
                                                   "retriever_warmup": 40, "refresh_every": 50, "save_every": 50}}
 

@@ -27,7 +27,7 @@ from typing import Callable, ClassVar, Sequence
 
 import torch
 
-from ralm.configs import DTYPE_HELP, LIMIT_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, option
+from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, answer_occurrences, read_questions
 from ralm.errors import RalmError
@@ -35,12 +35,12 @@ from ralm.models.reader import Reader, ReaderBatch, best_spans, marginal_nll, va
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
-from ralm.train.loop import TrainLoop, TrainResult, check_options, warmup_linear_decay
+from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
 from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
 
 
 @dataclass
-class ReaderTrainConfig:
+class ReaderTrainConfig(RunOptions):
     questions: str = option(help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with corpus", path="content")
     corpus: str | None = option(None, "the corpus the questions' doc_id refer to (else each question carries a 'context')",
                                 path="content")
@@ -53,10 +53,7 @@ class ReaderTrainConfig:
     stride: int = option(128, "wordpieces between the starts of a passage's windows")
     trainable_layers: int | None = option(None, "train only the top N layers", shown="all")
     limit: int | None = option(None, LIMIT_HELP)
-    seed: int = option(0, SEED_HELP)
     save_every: int = option(500, SAVE_EVERY_HELP)
-    log_every: int = option(10, LOG_EVERY_HELP)
-    dtype: str = option("auto", DTYPE_HELP)
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):
