@@ -1,9 +1,9 @@
 """The `ralm` command line: parse options, call the library, print. Nothing else lives here.
 
 The command groups are in ralm/commands/ (index and search, language models, conversion, the
-trainers generated from their configs); the question-answering and serving commands are below. Input errors (`RalmError`) print
-one line and exit with code 2; warnings about accepted input (`RalmWarning`) print one
-`warning:` line.
+trainers generated from their configs); the question-answering and serving commands are below.
+Input errors (`RalmError`) print one line and exit with code 2, a config field's error under
+its flag; warnings about accepted input (`RalmWarning`) print one `warning:` line.
 """
 
 from __future__ import annotations

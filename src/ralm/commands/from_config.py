@@ -145,6 +145,16 @@ def _typer_option(o: ConfigOption):
     return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
 
 
+def _after(notes: list[str], show: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`show`, printing the pending `notes` first: a note about the run waits until the trainer
+    has checked its inputs and speaks, so an input error stays one line."""
+    def shown(message) -> None:
+        while notes:
+            notify(notes.pop(0))
+        show(message)
+    return shown
+
+
 def _resume_line(e) -> str:
     return (f"interrupted at step {e.step}; checkpoint {e.checkpoint}\nresume with: "
             + shlex.join(["ralm", *sys.argv[1:]]))
@@ -176,10 +186,9 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
             dev = torch_device(device)
-            if dev.type == "cpu" and preset is None and preset_values(config_cls, "cpu"):
-                notify("note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU "
-                       "(the options given still win)")
-            result = train(cfg, run, dev, notify=notify, on_metrics=print_train_metrics)
+            notes = ["note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU (the "
+                     "options given still win)"] if dev.type == "cpu" and preset is None and preset_values(config_cls, "cpu") else []
+            result = train(cfg, run, dev, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics))
         except ConfigError as e:
             raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
         except TrainingInterrupted as e:
