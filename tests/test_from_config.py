@@ -114,15 +114,15 @@ def test_common_options_mean_the_same_thing_in_every_command():
         for flag in ("--index", "--corpus", "--questions", "--out"):  # files and folders, never free text
             if flag in by_flag:
                 assert _base_type(by_flag[flag]) is Path, f"{where} {flag}"
-        if "--out" in by_flag:
+        if "--out" in by_flag and path[-1] != "qa":  # eval qa: where a calibrated copy goes, when asked for one
             assert by_flag["--out"].required, where
         for flag in by_flag:
             seen.setdefault(flag, []).append(where)
-        # positional arguments are the command's subject: a query, a question, a prompt, a corpus or index
+        # positional arguments are the command's subject: a query, a question, a prompt, a corpus, an index, ids
         for p in cmd.params:
             assert p.help or p.hidden, f"{where} {p.name}: no help text"
             if p.param_type_name == "argument":
-                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src"), f"{where}: {p.name}"
+                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src", "ids"), f"{where}: {p.name}"
     assert len(seen["--json"]) >= 20  # every command that reports a result can print it as JSON
 
 

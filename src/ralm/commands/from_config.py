@@ -141,7 +141,7 @@ def flag_of(options: list[ConfigOption], field: str) -> str:
 def _typer_option(o: ConfigOption):
     if o.required:
         return typer.Option(..., *o.decls, help=o.help)
-    shown = o.shown if o.shown is not None else (o.default is not None)
+    shown = o.shown if o.shown is not None else o.default not in (None, "")
     return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
 
 

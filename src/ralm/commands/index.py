@@ -127,10 +127,10 @@ def index_upgrade(
     index_dir: Path = typer.Argument(..., help="an index directory (e.g. a dense index built before indexes were hybrid)"),
     retriever: str = typer.Option("hybrid", "--retriever", help="the kind to upgrade to (hybrid: add the missing side)"),
     model: Optional[str] = typer.Option(None, "--model", help="encoder for a dense side added to a BM25 index (default: bundled MiniLM)"),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
     from ralm.retrieval.index.build import upgrade_index
@@ -150,7 +150,7 @@ def index_add(
     corpus: Path = typer.Argument(..., help="documents to add or replace: JSONL {id,title,text}, TSV with a header, or a folder of .txt"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Add or replace documents (every side of the index), durably, through the index's update log; no server needed."""
     from ralm.data.corpus import read_corpus
@@ -169,7 +169,7 @@ def index_add(
 def index_delete(
     index_dir: Path = typer.Argument(..., help="index directory"),
     ids: list[str] = typer.Argument(..., help="document ids"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Delete documents by id (every side of the index), durably, through the index's update log."""
     from ralm.retrieval.search.live import LiveSearcher

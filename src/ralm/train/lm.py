@@ -65,7 +65,8 @@ class RetroTrainConfig(OptimConfig):
     exclude_same_document: bool = option(True, "drop neighbours from the training chunk's own article",
                                          flag="--exclude-same-doc/--keep-same-doc")
     retrofit: str = option("", "start from a `ralm lm train` model and train only the CCA layers and neighbour encoder "
-                               "(its decoder stays frozen; sizes come from it)", path="location")
+                               "(its decoder stays frozen; dim, layers, heads and mlp_ratio come from it unless given)",
+                         path="location")
 
 
 @dataclass
