@@ -20,7 +20,7 @@ def test_index_build_search_and_eval_retrieval(ralm, tiny_bert, corpus_file, tmp
     rc, out, err = ralm("search", tmp_path / "idx", "capital of Japan", "-k", 2, "--json")
     assert rc == 0, err
     hits = json.loads(out)
-    assert len(hits) == 2 and set(hits[0]) == {"id", "title", "score", "text"}
+    assert len(hits) == 2 and set(hits[0]) == {"id", "title", "score", "text", "found_by"}
 
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"id": "q1", "question": "Who created Python?", "answers": ["Guido van Rossum"]}) + "\n"

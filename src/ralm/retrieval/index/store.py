@@ -56,16 +56,16 @@ class IndexDir:
         sides_of(kind)
         root = Path(root)
         if root.exists() and not root.is_dir():
-            raise RalmError(f"--out {root} is a file; choose a directory (new, empty, or an index of the same kind)")
+            raise RalmError(f"{root} is a file; an index is a directory (new, empty, or an index of the same kind)")
         if manifest_file(root).is_file():
             index = cls(root)
             if index.kind != kind:
                 hint = (f"; `ralm index upgrade {root}` adds the sides it lacks" if set(index.sides) < set(sides_of(kind))
-                        else " (use another --out)")
+                        else " (choose another directory)")
                 raise RalmError(f"{root} holds a {index.kind} index; cannot add a {kind} version{hint}")
             return index
         if root.exists() and any(root.iterdir()):
-            raise RalmError(f"{root} exists and is not an index directory; choose an empty or new --out")
+            raise RalmError(f"{root} exists and is not an index directory; choose an empty or new directory")
         root.mkdir(parents=True, exist_ok=True)
         write_json(manifest_file(root), {"format": FORMAT, "retriever": kind})
         return cls(root)
