@@ -8,7 +8,6 @@ one line and exit with code 2; warnings about accepted input (`RalmWarning`) pri
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import warnings
@@ -23,7 +22,7 @@ from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOpt, TextHelp, WarmupHelp, positive,
                                   quiet_libraries, runtime, token_limit, torch_device)
-from ralm.console import (err, notify, out, print_answer, print_lm_train, print_reliability, print_train_metrics,
+from ralm.console import (err, notify, out, print_answer, print_json, print_lm_train, print_reliability, print_train_metrics,
                           print_train_summary)
 from ralm.defaults import HYBRID_ALPHA, READ_K
 from ralm.errors import RalmError, RalmWarning
@@ -52,8 +51,8 @@ def demo(
     start = time.perf_counter()
     path, built, results = run_demo(*runtime(device, dtype), positive("-k", k), rebuild, min_confidence=min_confidence)
     if as_json:
-        print(json.dumps([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
-                                                                             for e in a.evidence]} for q, a in results], ensure_ascii=False))
+        print_json([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
+                                                                        for e in a.evidence]} for q, a in results], ensure_ascii=False)
         return
     err.print(f"{'built' if built else 'reusing cached'} demo index at {path} ({time.perf_counter() - start:.1f} s)")
     for _, answer in results:
@@ -407,7 +406,7 @@ def eval_qa(
         write_calibration(resolve_reader(model), qa.calibration.to_json())
         result["calibration"] = str(resolve_reader(model) / "config.json")
     if as_json:
-        print(json.dumps(result))
+        print_json(result)
         return
     table = Table(title=f"open-domain QA on {questions.name} ({result['questions']} questions, top-{k} read)")
     for key in ("em", "f1", "recall@1", "recall@5", "recall@20"):
@@ -440,7 +439,7 @@ def ask(
         raise RalmError("the question is empty")
     answer = _open_qa(model, index_dir, k, hybrid, alpha, device, dtype, min_confidence).answer([question])[0]
     if as_json:
-        print(json.dumps(answer.to_json(), ensure_ascii=False))
+        print_json(answer.to_json(), ensure_ascii=False)
         return
     print_answer(answer)
 

@@ -3,7 +3,6 @@ datastore, perplexity and generation (training is in cli.py, beside the other tr
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,7 +11,7 @@ import typer
 
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
                                   runtime, token_limit, torch_device)
-from ralm.console import out, print_perplexity, print_summary
+from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.errors import RalmError
 
 lm_app = typer.Typer(no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
@@ -124,7 +123,7 @@ def retro_generate(
     text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
                           top_p, temperature, torch.Generator().manual_seed(seed), dev)
     if as_json:
-        print(json.dumps({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False))
+        print_json({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False)
         return
     out.print(f"[bold]{prompt}[/bold] {text}")
     for i, u in enumerate(used):

@@ -29,6 +29,7 @@ import numpy as np
 from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
+from ralm.retrieval.index.verify import FILES, inventory, used_folders
 
 FORMAT = "ralm.index/1"
 _VERSION = re.compile(r"^v(\d{6})$")
@@ -43,6 +44,8 @@ class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.manifest = read_manifest(self.root, FORMAT, "index directory", "; build one with `ralm index build`")
+        if not isinstance(self.manifest.get("retriever"), str):
+            raise RalmError(f"{self.root / 'manifest.json'} is damaged (no \"retriever\" key); rebuild the index")
 
     @classmethod
     def create(cls, root: str | os.PathLike, retriever: str) -> "IndexDir":
@@ -112,6 +115,7 @@ class IndexDir:
         tmp = temp_dir(vdir, "building")
         try:
             manifest = write(tmp)
+            manifest = {**manifest, FILES: inventory(tmp, used_folders(self.root, manifest))}  # see verify.py
             fsync_tree(tmp)
             while True:
                 existing = self.versions()

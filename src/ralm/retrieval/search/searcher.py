@@ -22,6 +22,7 @@ from ralm.retrieval.backends.exact import ExactIndex, check_k
 from ralm.retrieval.backends.faiss_index import FaissIndex
 from ralm.retrieval.backends.sharded import ShardedExactIndex
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.verify import check_open
 from ralm.runtime import resolve_dtype
 
 
@@ -51,6 +52,7 @@ def load_version(index: IndexDir, name: str, device: torch.device | None = None,
                  dtype: torch.dtype | None = None) -> LoadedVersion:
     manifest = index.version_manifest(name)
     path = index.version_path(name)
+    check_open(path, manifest)  # sizes, shapes, dtypes of every file it uses (verify.py)
     blocks = index.blocks(manifest["blocks"])
     if len(blocks) != manifest["count"]:
         raise RalmError(f"{path}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")
