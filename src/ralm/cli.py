@@ -8,6 +8,7 @@ one line and exit with code 2; warnings about accepted input (`RalmWarning`) pri
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ralm.commands.convert import convert_app
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOpt, TextHelp, WarmupHelp, positive,
-                                  quiet_libraries, runtime, token_limit, torch_device)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOpt, TextHelp, WarmupHelp, finite_floats,
+                                  os_error_line, positive, quiet_libraries, runtime, token_limit, torch_device)
 from ralm.console import (err, notify, out, print_answer, print_json, print_lm_train, print_reliability, print_train_metrics,
                           print_train_summary)
 from ralm.defaults import HYBRID_ALPHA, READ_K
@@ -486,11 +488,28 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def _fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """The one error boundary: bad input (RalmError) and the filesystem (OSError) are one line
+    and exit code 2; anything else is a bug, one line and exit code 1. RALM_DEBUG=1 shows
+    the traceback of every error instead."""
+    command = finite_floats(typer.main.get_command(app))
+    debug = os.environ.get("RALM_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
-            app()
-        except RalmError as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            command(prog_name="ralm")
+        except Exception as e:
+            if debug:
+                raise
+            if isinstance(e, RalmError):
+                _fail(escape(str(e)), 2)
+            if isinstance(e, OSError):
+                _fail(escape(os_error_line(e)), 2)
+            _fail(escape(f"internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); this is a bug in "
+                         "ralm: RALM_DEBUG=1 shows the traceback"), 1)
+

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ralm.commands.shared import DeviceOpt, DtypeOpt, main_rank, positive, quiet_libraries, runtime
+from ralm.commands.shared import DeviceOpt, DtypeOpt, main_rank, positive, quiet_libraries, removed_on_error, runtime
 from ralm.console import out, print_hits, print_json, print_summary
 from ralm.errors import RalmError
 
@@ -32,14 +32,18 @@ def index_build(
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Split a corpus into REALM blocks and index them (dense embeddings or BM25)."""
+    from ralm.retrieval.backends.faiss_index import FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
 
     quiet_libraries()
     start = time.perf_counter()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
     dev, dt = runtime(device, dtype)
-    index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
-                                 batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
+    if faiss:
+        check_spec(faiss, (dim,) if dim > 0 else FACTORY_DIMS)
+    with removed_on_error(out_dir):
+        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
+                                     batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}

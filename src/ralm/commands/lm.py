@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries, removed_on_error,
                                   runtime, token_limit, torch_device)
 from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.errors import RalmError
@@ -63,8 +63,9 @@ def retro_build_db(
     quiet_libraries()
     dev, dt = runtime(device, dtype)
     start = time.perf_counter()
-    path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
-                          batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+    with removed_on_error(db):
+        path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
+                              batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
                   f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
@@ -156,9 +157,10 @@ def knnlm_build(
     start = time.perf_counter()
     dev, dt = runtime(device, dtype)
     lm, tok = load_lm(model)
-    path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
-                           optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
-                           positive("--batch-size", batch_size), dev, dtype=dt)
+    with removed_on_error(store):
+        path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
+                               optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
+                               positive("--batch-size", batch_size), dev, dtype=dt)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")

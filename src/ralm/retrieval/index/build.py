@@ -120,7 +120,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = "dense", mod
             return manifest
         ann = FaissIndex.build(read_npy(embeddings_file(tmp)), faiss_spec)
         ann.save(tmp / "faiss.index")
-        return {**manifest, "faiss_params": ann.default_search_params()}
+        return {**manifest, "faiss": ann.spec, "faiss_params": ann.default_search_params()}
 
     if pooled is not None and not env.active:  # small corpus: every block was pooled for the PCA
         def write_projected(tmp: Path) -> dict:

@@ -77,7 +77,7 @@ def _record(line: bytes) -> dict | None:
     """A log line's update record, or None when it is not one."""
     try:
         e = json.loads(line)
-    except ValueError:  # also a UnicodeDecodeError
+    except (ValueError, RecursionError):  # also a UnicodeDecodeError; nested too deeply
         return None
     add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
     ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")
