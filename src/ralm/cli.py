@@ -461,10 +461,8 @@ def serve(
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
-    import uvicorn
-
     from ralm.pipeline import resolve_reader
-    from ralm.serve.app import create_app
+    from ralm.serve.app import serve_forever
     from ralm.serve.service import ServeConfig, Service
 
     quiet_libraries()
@@ -473,9 +471,9 @@ def serve(
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)), bm25=str(bm25) if bm25 else None,
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
                   *runtime(device, dtype))
-    err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
-              f", reader {svc.cfg.model}) on http://{host}:{port}")
-    uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")
+    serve_forever(svc, host, port, announce=lambda: err.print(
+        f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
+        f", reader {svc.cfg.model}) on http://{host}:{port}"))
 
 
 app.add_typer(convert_app, name="convert")

@@ -47,8 +47,8 @@ def visible(text: str) -> str:
 
 
 def check_unicode(value: str, where: str, key: str) -> None:
-    """A lone surrogate (JSON allows "\\ud800") is not Unicode text: it cannot be written as
-    UTF-8, so it is refused where it is read, naming the field."""
+    """A lone surrogate (JSON allows "\\ud800") cannot be written as UTF-8: it is refused where
+    it is read, naming the field, not when it is first written."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
