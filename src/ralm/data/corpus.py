@@ -58,9 +58,12 @@ def check_unicode(value: str, where: str, key: str) -> None:
 
 def id_problem(doc_id: str) -> str | None:
     """Why `doc_id` cannot name a document, or None. Ids travel in URLs (DELETE /documents/ID),
-    logs and JSON lines: no control characters (newline, NUL, tab) and not invisible."""
+    logs and JSON lines: no control characters (newline, NUL, tab), not invisible, and not
+    "." or ".." (URL clients resolve those path segments away)."""
     if not visible(doc_id):
         return "is empty"
+    if doc_id.strip() in (".", ".."):
+        return f"is {doc_id.strip()!r}, which a URL cannot name"
     bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
     return f"holds a control character ({bad!r}); ids must be printable" if bad else None
 

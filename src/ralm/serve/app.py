@@ -43,10 +43,11 @@ def _not_blank(v: str) -> str:
 
 
 def _document_id(v: str) -> str:
-    """As a corpus file's ids (data/corpus.py): printable, so that DELETE /documents/ID can name it."""
+    """As a corpus file's ids (data/corpus.py): printable, so that DELETE /documents/ID can name
+    it, and kept verbatim (not stripped), so that the id a client sent is the one it deletes."""
     if (problem := id_problem(v)) is not None:
         raise ValueError(problem)
-    return _not_blank(v)
+    return v
 
 
 # Not only whitespace; the schema says so with a pattern (JSON Schema patterns search, unanchored).
