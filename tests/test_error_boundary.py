@@ -141,3 +141,16 @@ def test_invisible_only_text_counts_as_empty_and_ids_keep_unicode(tmp_path):
         docs = list(read_corpus(path))
     assert [d.id for d in docs] == ["paris", "Zürich\u00a0\u4e1c", "12345678901234567890"]
     assert docs[1] == Document("Zürich\u00a0\u4e1c", "", "a city")
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path):
+    import errno
+
+    from ralm.atomic import atomic_path
+    from ralm.commands.shared import os_error_line
+
+    with pytest.raises(OSError) as e:
+        with atomic_path(tmp_path / "out.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")  # what a write on a full disk raises: no file name
+    assert os_error_line(e.value) == f"{tmp_path / 'out.json'}: No space left on device; free some space and run it again"
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left

@@ -99,7 +99,12 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     # mkdtemp made a directory; callers writing a file get the path of a file inside it.
     inner = tmp / target.name
     try:
-        yield inner
+        try:
+            yield inner
+        except OSError as e:  # a full disk names no file: name the target, for the one-line error
+            if e.filename is None and e.errno is not None:
+                raise OSError(e.errno, e.strerror, str(target)) from e
+            raise
         if not inner.exists():
             raise FileNotFoundError(f"nothing was written to {inner}")
         fsync_tree(inner)
