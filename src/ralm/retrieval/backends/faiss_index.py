@@ -45,15 +45,15 @@ def _faiss_message(e: RuntimeError) -> str:
 
 
 def fit_spec(spec: str, n: int) -> str:
-    """`spec` with its IVF cluster count cut to what `n` vectors can train (IVF1024 on 284
-    blocks would fail after the whole corpus was encoded); a warning says so."""
-    clusters = max(1, n // POINTS_PER_CLUSTER)
+    """`spec` with an IVF cluster count that `n` vectors can train: faiss refuses more clusters
+    than points (IVF1024 on 284 blocks would fail after the whole corpus was encoded), so such
+    a count is cut to n / 39 (faiss's advice: 39 points per centroid), and a warning says so."""
     m = _IVF.search(spec)
-    if not m or int(m.group(1)) <= clusters:
+    if not m or int(m.group(1)) <= n:
         return spec
-    fitted = f"{spec[:m.start()]}IVF{clusters}{spec[m.end():]}"
-    warnings.warn(RalmWarning(f"--faiss {spec!r}: {n} blocks train at most {clusters} clusters "
-                              f"({POINTS_PER_CLUSTER} points each); building {fitted!r}"), stacklevel=2)
+    fitted = f"{spec[:m.start()]}IVF{max(1, n // POINTS_PER_CLUSTER)}{spec[m.end():]}"
+    warnings.warn(RalmWarning(f"--faiss {spec!r}: {n} blocks cannot train {m.group(1)} clusters; building {fitted!r} "
+                              f"({POINTS_PER_CLUSTER} points per cluster)"), stacklevel=2)
     return fitted
 
 
