@@ -3,16 +3,15 @@ datastore, perplexity and generation (training is in cli.py, beside the other tr
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries,
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, TextHelp, optional_positive, positive, quiet_libraries, removed_on_error,
                                   runtime, token_limit, torch_device)
-from ralm.console import out, print_perplexity, print_summary
+from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.errors import RalmError
 
 lm_app = typer.Typer(no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
@@ -64,8 +63,9 @@ def retro_build_db(
     quiet_libraries()
     dev, dt = runtime(device, dtype)
     start = time.perf_counter()
-    path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
-                          batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+    with removed_on_error(db):
+        path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
+                              batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
                   f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
@@ -124,7 +124,7 @@ def retro_generate(
     text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
                           top_p, temperature, torch.Generator().manual_seed(seed), dev)
     if as_json:
-        print(json.dumps({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False))
+        print_json({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False)
         return
     out.print(f"[bold]{prompt}[/bold] {text}")
     for i, u in enumerate(used):
@@ -157,9 +157,10 @@ def knnlm_build(
     start = time.perf_counter()
     dev, dt = runtime(device, dtype)
     lm, tok = load_lm(model)
-    path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
-                           optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
-                           positive("--batch-size", batch_size), dev, dtype=dt)
+    with removed_on_error(store):
+        path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
+                               optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
+                               positive("--batch-size", batch_size), dev, dtype=dt)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")
