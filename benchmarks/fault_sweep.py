@@ -339,7 +339,7 @@ def boundary_cases(tmp: Path, d: dict) -> list[Case]:
              "--retriever-lr", cls=c),
         Case("pretrain --index of a BM25 index", [*pre, "--index", tmp / "bm25", "--out", run("b11")], "dense", cls=c),
         Case("knnlm eval --lmbda nan", ["knnlm", "eval", "--model", tmp / "missing", "--store", tmp / "missing", "--text", corpus,
-                                        "--lmbda", "nan"], "--lmbda", cls=c),
+                                        "--lmbda", "nan"], "lmbda", cls=c),
         Case("serve on a port already taken", ["serve", "--index", tmp / "bm25", "--port", d["taken_port"]], "cannot listen", cls=c,
              timeout=60),
         Case("serve with updates.jsonl a folder", ["serve", "--index", d["updates_dir_index"], "--port", free_port()],
