@@ -1,5 +1,7 @@
 """What every `ralm` command shares: the --device and --dtype options, the torchrun rank that
-prints, and the checks that name a flag."""
+prints, the checks that name a flag, and what the CLI's error boundary (cli.main) needs: NaN/inf
+refused for every float option, filesystem errors as one line, builds that clean up after a
+failure."""
 
 from __future__ import annotations
 
