@@ -6,12 +6,16 @@ Builds tiny data in a temporary folder (a random 2-layer BERT with the bundled w
 six-document corpus, dense and BM25 indexes, a RETRO chunk DB), then
   - runs every bad CLI input as its own process. Handled: exit code 2, one line on stderr,
     no traceback, and that line names the fault. Inputs that are accepted with a warning
-    (empty documents, an index of another corpus) count when they exit 0 with a `warning:` line;
+    (empty documents, an index of another corpus) count when they exit 0 with a `warning:` line,
+    and inputs with a correct result (a sound index checked) when they exit 0 with it;
   - kills index builds and training runs with SIGKILL mid-way and runs them again. Recovered:
     the rerun succeeds (a training run resumes from its checkpoint) and leaves no temp folder;
   - with --http, sends bad requests to `ralm serve` on 127.0.0.1. Handled: a 4xx with a JSON
-    {"error"} body, and the server still answers /health afterwards.
-Prints one JSON summary on stdout; progress goes to stderr. A few minutes on 2 CPU cores.
+    {"error"} body, and the server still answers /health afterwards; then races DELETEs,
+    stalls headers and bodies, loads /docs' assets, and reads the server's log.
+The summary counts the cases of each class of issue 33 (1 verified index files, 2 error
+boundary, 3 corpus and text, 4 server) beside those of the earlier sweeps.
+Prints one JSON summary on stdout; progress goes to stderr. About ten minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from conftest import DOCS, make_tiny_bert  # noqa: E402  (the tests' tiny model 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RALM_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1",
        "OMP_NUM_THREADS": "2"}
-LR = r"--lr|learning rate"
+LR = r"--lr|learning rate|\blr\b"  # trainer configs name their field (lr), as library errors do
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Case:
     needle: str = ""  # a regex the error line must match (the fault it names)
     warn: bool = False  # accepted with a `warning:` line instead of refused
     timeout: float | None = None  # seconds, when shorter than --timeout (a server that wrongly starts)
+    cls: str = "earlier sweeps"  # the class of fault (issue 33's items 1-4) the summary counts it under
+    ok: bool = False  # a correct result: exit 0, and stdout matches `needle`
+    gone: Path | None = None  # a folder the failed command must not leave behind
 
 
 def ralm(*args, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -63,6 +70,12 @@ def check(case: Case, timeout: float) -> str | None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     if "Traceback" in proc.stderr:
         return f"traceback (exit {proc.returncode}): {lines[-1] if lines else ''}"
+    if case.gone is not None and case.gone.exists():
+        return f"left {case.gone} behind"
+    if case.ok:
+        if proc.returncode != 0 or not re.search(case.needle, proc.stdout) or "NaN" in proc.stdout:
+            return f"exit {proc.returncode}, not the expected result: {(proc.stdout or ' | '.join(lines))[:300]}"
+        return None
     if case.warn:
         found = [line for line in lines if line.startswith("warning:")]
         if proc.returncode != 0 or not found or not re.search(case.needle, found[0]):
@@ -99,13 +112,19 @@ def make_data(tmp: Path) -> dict:
     for args in (["index", "build", corpus, "--out", tmp / "dense", "--model", bert, "--dim", 16],
                  ["index", "build", corpus, "--out", tmp / "dense-other", "--model", other, "--dim", 16],
                  ["index", "build", corpus, "--out", tmp / "bm25", "--retriever", "bm25"],
+                 ["index", "build", corpus, "--out", tmp / "dense-faiss", "--model", bert, "--dim", 16, "--faiss", "Flat"],
                  ["retro", "build-db", corpus, "--out", tmp / "db", "--model", bert, "--chunk-len", 16]):
         proc = ralm(*args)
         if proc.returncode:
             sys.exit(f"setup failed: ralm {' '.join(map(str, args))}\n{proc.stderr}")
     (tmp / "a_file").write_text("not a directory\n")
     other_retriever = next((tmp / "dense-other" / "retriever").iterdir())
-    return {"bert": bert, "other_retriever": other_retriever, "corpus": corpus, "questions": questions}
+    taken = socket.create_server(("127.0.0.1", 0))  # held for the whole sweep: `serve` must refuse its port
+    updates_dir = tmp / "bm25-updates-dir"
+    shutil.copytree(tmp / "bm25", updates_dir)
+    (updates_dir / "updates.jsonl").mkdir()
+    return {"bert": bert, "other_retriever": other_retriever, "corpus": corpus, "questions": questions, "taken": taken,
+            "taken_port": taken.getsockname()[1], "updates_dir_index": updates_dir}
 
 
 def damaged(tmp: Path, name: str, src: str, damage) -> Path:
@@ -164,7 +183,7 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
         Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found"),
         Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--retriever", "bm25"], "a_file"),
         Case("index build: --out another kind", ["index", "build", corpus, "--out", bm25, "--model", bert, "--dim", 16], "bm25"),
-        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "--retriever"),
+        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "retriever"),
         Case("index build: --batch-size 0", ["index", "build", corpus, "--out", run("i13"), "--batch-size", 0], "--batch-size"),
         Case("index build: --dim -4", ["index", "build", corpus, "--out", run("i14"), "--model", bert, "--dim", -4], "dim"),
         Case("search: -k 0", ["search", bm25, "capital", "-k", 0], "-k"),
@@ -229,6 +248,138 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
         path = damaged(tmp, f"updates_{name.replace(' ', '_')}", "bm25", lambda v, b, r, line=line: (r / "updates.jsonl").write_text(
             json.dumps({"op": "add", "id": "ok", "title": "", "text": "fine"}) + "\n" + line + "\n"))
         cases.append(Case(f"updates.jsonl: {name}", ["serve", "--index", path, "--port", free_port()], r"updates\.jsonl:2", timeout=60))
+    return cases + verify_cases(tmp) + boundary_cases(tmp, d) + text_cases(tmp, d)
+
+
+# -- issue 33: whole classes of faults -------------------------------------------------------
+
+def _nan_embeddings(v: Path) -> None:
+    import numpy as np
+
+    emb = np.load(v / "embeddings.npy")
+    emb[:] = np.nan
+    np.save(v / "embeddings.npy", emb)  # same size, shape and dtype
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _drop_key(path: Path, key: str) -> None:
+    m = json.loads(path.read_text())
+    m.pop(key)
+    path.write_text(json.dumps(m))
+
+
+def verify_cases(tmp: Path) -> list[Case]:
+    """Item 1: damaged files of every index kind, found when a version opens (sizes, shapes,
+    dtypes) or by `ralm index check` (checksums, NaN/inf)."""
+    c = "1 verified index files"
+    damages = {  # name: (index, damage(version, blocks, root), the file named, found on open)
+        "bm25 array truncated": ("bm25", lambda v, b, r: truncate(sorted((v / "bm25").glob("*.npy"))[0], 100), r"bm25/", True),
+        "bm25 array one byte flipped": ("bm25", lambda v, b, r: _flip_byte(sorted((v / "bm25").glob("*.npy"))[-1]), r"bm25/", False),
+        "bm25 vocabulary json truncated": ("bm25", lambda v, b, r: truncate(next((v / "bm25").glob("vocab*.json")), 5), r"vocab", True),
+        "model.safetensors truncated": ("dense", lambda v, b, r: truncate(next(r.glob("retriever/*/model.safetensors")), 300),
+                                        "model.safetensors", True),
+        "model.safetensors one byte flipped": ("dense", lambda v, b, r: _flip_byte(next(r.glob("retriever/*/model.safetensors"))),
+                                               "model.safetensors", False),
+        "index manifest without 'retriever'": ("dense", lambda v, b, r: _drop_key(r / "manifest.json", "retriever"), "retriever", True),
+        "NaN embeddings": ("dense", lambda v, b, r: _nan_embeddings(v), "embeddings.npy", False),
+        "token values one byte flipped": ("dense", lambda v, b, r: _flip_byte(b / "tokens" / "values.bin"), "values.bin", False),
+        "faiss index truncated": ("dense-faiss", lambda v, b, r: truncate(v / "faiss.index", 64), "faiss.index", True),
+    }
+    cases = []
+    for name, (src, damage, needle, on_open) in damages.items():
+        path = damaged(tmp, "v_" + re.sub(r"\W+", "_", name), src, damage)
+        cases.append(Case(f"index check: {name}", ["index", "check", path, "--json"], re.escape(needle), cls=c))
+        if on_open:
+            cases.append(Case(f"search: {name}", ["search", path, "capital", "-k", 2, "--json"], re.escape(needle), cls=c))
+    nan = damaged(tmp, "v_nan_search", "dense", lambda v, b, r: _nan_embeddings(v))
+    cases.append(Case("search --json over NaN embeddings: no bare NaN", ["search", nan, "capital", "-k", 2, "--json"], "index check", cls=c))
+    for kind in ("dense", "bm25", "dense-faiss"):
+        cases.append(Case(f"index check: a sound {kind} index", ["index", "check", tmp / kind, "--json"], r'"sound": true', cls=c, ok=True))
+    return cases
+
+
+def boundary_cases(tmp: Path, d: dict) -> list[Case]:
+    """Item 2: the filesystem and options checked before slow work."""
+    c = "2 error boundary"
+    bert, corpus, q = d["bert"], d["corpus"], d["questions"]
+    afile, fifo = tmp / "a_file", tmp / "fifo.jsonl"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    stop = write_jsonl(tmp / "bad" / "stop_words.jsonl", [{"id": "a", "title": "", "text": "the a of it is"}, {"id": "b", "text": "x y z"}])
+    run = lambda name: tmp / "runs" / name  # noqa: E731
+    tiny_ict = ["ict", "--corpus", corpus, "--model", bert, "--dim", 16, "--batch-size", 2, "--steps", 2]
+    pre = ["pretrain", "--corpus", corpus, "--model", bert, "--steps", 2, "--refresh", "none", "--masking", "random", "-k", 2]
+    return [
+        Case("--out below a file", ["index", "build", corpus, "--out", afile / "sub", "--retriever", "bm25"], "a_file", cls=c),
+        Case("--out in /proc", ["index", "build", corpus, "--out", "/proc/ralm-sweep/x", "--retriever", "bm25"], "/proc/ralm-sweep", cls=c),
+        Case("--predictions is a folder", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", q, "--predictions", tmp / "bad"],
+             "bad", cls=c),
+        Case("a FIFO as the corpus", ["index", "build", fifo, "--out", run("b1"), "--retriever", "bm25"], "not a regular file", cls=c,
+             timeout=60),
+        Case("a FIFO as the questions", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", fifo], "not a regular file", cls=c,
+             timeout=60),
+        Case("a failed build removes its --out", ["index", "build", stop, "--out", run("b2"), "--retriever", "bm25"], "stop word",
+             cls=c, gone=run("b2")),
+        Case("--device cuda without CUDA", ["index", "build", corpus, "--out", run("b3"), "--device", "cuda"], "CUDA", cls=c),
+        Case("--device unknown", ["search", tmp / "bm25", "capital", "--device", "tpu7"], "--device", cls=c),
+        Case("--faiss unparsable", ["index", "build", corpus, "--out", run("b4"), "--model", bert, "--dim", 16, "--faiss", "IVFxx,Flat"],
+             "IVFxx", cls=c),
+        Case("--faiss IVF1024 on 6 blocks: fitted", ["index", "build", corpus, "--out", run("b5"), "--model", bert, "--dim", 16,
+                                                      "--faiss", "IVF1024,Flat"], "IVF1024", warn=True, cls=c),
+        Case("ict --lr inf", [*tiny_ict, "--out", run("b6"), "--lr", "inf"], "--lr", cls=c),
+        Case("ict --lr nan", [*tiny_ict, "--out", run("b7"), "--lr", "nan"], "--lr", cls=c),
+        Case("ict --keep-sentence nan", [*tiny_ict, "--out", run("b8"), "--keep-sentence", "nan"], "--keep-sentence", cls=c),
+        Case("ict --block-len 100000", [*tiny_ict, "--out", run("b9"), "--block-len", 100000], "block_len", cls=c),
+        Case("pretrain --retriever-lr inf", [*pre, "--index", tmp / "dense", "--out", run("b10"), "--retriever-lr", "inf"],
+             "--retriever-lr", cls=c),
+        Case("pretrain --index of a BM25 index", [*pre, "--index", tmp / "bm25", "--out", run("b11")], "dense", cls=c),
+        Case("knnlm eval --lmbda nan", ["knnlm", "eval", "--model", tmp / "missing", "--store", tmp / "missing", "--text", corpus,
+                                        "--lmbda", "nan"], "lmbda", cls=c),
+        Case("serve on a port already taken", ["serve", "--index", tmp / "bm25", "--port", d["taken_port"]], "cannot listen", cls=c,
+             timeout=60),
+        Case("serve with updates.jsonl a folder", ["serve", "--index", d["updates_dir_index"], "--port", free_port()],
+             "not a regular file", cls=c, timeout=60),
+    ]
+
+
+def text_cases(tmp: Path, d: dict) -> list[Case]:
+    """Item 3: corpus and text edge cases."""
+    c = "3 corpus and text"
+    bad = tmp / "bad"
+    lines = {
+        "a lone surrogate in the text": '{"id": "s", "text": "x \\ud800 y"}',
+        "a lone surrogate in the title": '{"id": "s", "title": "\\udfff", "text": "x"}',
+        "an id with a newline": json.dumps({"id": "a\nb", "text": "x"}),
+        "an id with NUL": json.dumps({"id": "a\u0000b", "text": "x"}),
+        "an id of zero-width spaces": json.dumps({"id": "\u200b\u200b", "text": "x"}),
+        "an id '..'": json.dumps({"id": "..", "text": "x"}),
+        "JSON nested 100000 deep": "[" * 100_000 + "]" * 100_000,
+        "an integer of 5000 digits": '{"id": ' + "7" * 5000 + ', "text": "x"}',
+    }
+    cases = []
+    for i, (name, line) in enumerate(lines.items()):
+        path = bad / f"text_{i}.jsonl"
+        path.write_text(json.dumps(DOCS[0]) + "\n" + line + "\n")
+        cases.append(Case(f"corpus: {name}", ["index", "build", path, "--out", tmp / "runs" / f"x{i}", "--retriever", "bm25"],
+                          rf"text_{i}\.jsonl:2", cls=c, gone=tmp / "runs" / f"x{i}"))
+    zw = write_jsonl(bad / "zero_width.jsonl", [{"id": "z", "text": "\u200b\u200b \ufeff"}])
+    single = write_jsonl(bad / "single_letters.jsonl", [{"id": "s", "text": "a b c d e f g"}])
+    qs = bad / "q_surrogate.jsonl"
+    qs.write_text('{"question": "who \\ud800?", "answers": ["x"]}\n')
+    cases += [
+        Case("corpus: text of only zero-width spaces", ["index", "build", zw, "--out", tmp / "runs" / "z1", "--retriever", "bm25"],
+             "empty", cls=c),
+        Case("bm25 corpus: single letters only", ["index", "build", single, "--out", tmp / "runs" / "z2", "--retriever", "bm25"],
+             "single character", cls=c, gone=tmp / "runs" / "z2"),
+        Case("questions: a lone surrogate", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", qs], r"q_surrogate\.jsonl:1",
+             cls=c),
+        Case("search: a query of zero-width spaces", ["search", tmp / "bm25", "\u200b\u200b", "--json"], r"^\[", ok=True, cls=c),
+    ]
     return cases
 
 
@@ -366,6 +517,14 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             ("documents: empty text", "POST", "/documents", j({"documents": [{"id": "a", "text": " "}]}), key),
             ("documents: empty id", "POST", "/documents", j({"documents": [{"id": "", "text": "b"}]}), key),
             ("documents: delete unknown id", "DELETE", "/documents/no-such-doc", None, key),
+            # issue 33, item 4
+            (f"{C4}: documents: a non-ASCII API key", "POST", "/documents", j({"documents": [{"id": "a", "text": "b"}]}),
+             {"X-API-Key": "s\u00e9cret".encode()}),
+            (f"{C4}: documents: an id with a newline", "POST", "/documents", j({"documents": [{"id": "a\nb", "text": "b"}]}), key),
+            (f"{C4}: documents: an id with NUL", "POST", "/documents", j({"documents": [{"id": "a\u0000b", "text": "b"}]}), key),
+            (f"{C4}: documents: a lone surrogate", "POST", "/documents", b'{"documents": [{"id": "a", "text": "\\ud800"}]}', key),
+            (f"{C4}: search: JSON nested 100000 deep", "POST", "/search", b"[" * 100_000 + b"]" * 100_000, None),
+            (f"{C4}: search: k of 5000 digits", "POST", "/search", b'{"query": "x", "k": ' + b"9" * 5000 + b"}", None),
             ("unknown path", "GET", "/no-such-page", None, None),
             ("wrong method", "GET", "/search", None, None),
         ]
@@ -381,8 +540,12 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             except ValueError:
                 has_error = False
             results.append((name, None if 400 <= status < 500 and has_error else f"status {status}: {raw[:200]!r}"))
+        results += [(f"{C4}: {name}", why) for name, why in server_faults(port, key)]
         alive = server.poll() is None and request(port, "GET", "/health")[0] == 200
         results.append(("server alive after the bad requests", None if alive else "the server stopped answering"))
+        server.terminate()
+        logged = server.communicate(timeout=30)[1]
+        results.append((f"{C4}: deletions are logged", None if "deleted document" in logged else f"not in the log: {logged[-300:]}"))
         return results
     finally:
         server.terminate()  # only the server this sweep started
@@ -393,6 +556,38 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             server.wait()
 
 
+C4 = "4 server"
+
+
+def server_faults(port: int, key: dict) -> list[tuple[str, str | None]]:
+    """Item 4's cases that are not one request: a race, stalled clients, offline /docs."""
+    import concurrent.futures
+
+    results = []
+    status, _ = request(port, "POST", "/documents", json.dumps({"documents": [{"id": "race", "text": "a race"}]}).encode(), key)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = sorted(pool.map(lambda _: request(port, "DELETE", "/documents/race", None, key)[0], range(8)))
+    results.append(("8 concurrent DELETEs of one id", None if status == 200 and statuses == [200] + [404] * 7 else f"statuses {statuses}"))
+
+    def silent_after(data: bytes, limit: float) -> str | None:
+        with socket.create_connection(("127.0.0.1", port), timeout=limit) as s:
+            s.sendall(data)
+            try:
+                answer = s.recv(4096)
+            except socket.timeout:
+                return f"still open after {limit} s"
+        return None if answer in (b"",) or b" 408 " in answer.split(b"\r\n")[0] else f"answered {answer[:60]!r}"
+
+    results.append(("half-sent headers are cut off", silent_after(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n", 40)))
+    results.append(("a half-sent body times out (408)", silent_after(
+        b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"query\"", 60)))
+    status, page = request(port, "GET", "/docs")
+    assets = re.findall(rb'(?:src|href)="([^"]+\.(?:js|css))"', page)
+    offline = status == 200 and assets and all(a.startswith(b"/") and request(port, "GET", a.decode())[0] == 200 for a in assets)
+    results.append(("/docs works offline", None if offline else f"status {status}, assets {assets}"))
+    return results
+
+
 # -- main ----------------------------------------------------------------------------------
 
 def main() -> None:
@@ -400,6 +595,8 @@ def main() -> None:
     p.add_argument("--http", action="store_true", help="also send bad HTTP requests to `ralm serve` on 127.0.0.1")
     p.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder, removed)")
     p.add_argument("--timeout", type=float, default=180, help="seconds one command may take")
+    p.add_argument("--classes", default="earlier,1,2,3,4,kill", help="comma-separated classes to run: earlier (the earlier "
+                   "sweeps' inputs), 1-4 (issue 33's items), kill (kill -9 and rerun); default: all")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ralm-fault-sweep-")) if args.keep is None else args.keep
     tmp.mkdir(parents=True, exist_ok=True)
@@ -408,7 +605,8 @@ def main() -> None:
     try:
         print(f"tiny data in {tmp}", file=sys.stderr)
         data = make_data(tmp)
-        cases = cli_cases(tmp, data)
+        classes = set(args.classes.split(","))
+        cases = [c for c in cli_cases(tmp, data) if c.cls.split()[0] in classes]
         handled = 0
         for case in cases:
             why = check(case, args.timeout)
@@ -416,14 +614,22 @@ def main() -> None:
             print(f"{'ok  ' if why is None else 'FAIL'} {case.name}{'' if why is None else ': ' + why}", file=sys.stderr)
             if why:
                 failures.append({"kind": "cli", "case": case.name, "why": why})
-        kills = kill_faults(tmp, data, args.timeout)
+        kills = kill_faults(tmp, data, args.timeout) if "kill" in classes else []
         http = http_faults(tmp, args.timeout) if args.http else []
         for kind, results in (("kill", kills), ("http", http)):
             for name, why in results:
                 print(f"{'ok  ' if why is None else 'FAIL'} {name}{'' if why is None else ': ' + why}", file=sys.stderr)
                 if why:
                     failures.append({"kind": kind, "case": name, "why": why})
+        by_class = {}
+        for case in cases:
+            tried, ok = by_class.get(case.cls, (0, 0))
+            by_class[case.cls] = (tried + 1, ok + all(f["case"] != case.name for f in failures))
+        server = [(n, why) for n, why in http if n.startswith(C4)]
+        if server:
+            by_class[C4] = (len(server), sum(why is None for _, why in server))
         summary = {"cli_inputs_tried": len(cases), "cli_handled": handled,
+                   "by_class": {name: {"tried": t, "handled": h} for name, (t, h) in sorted(by_class.items())},
                    "kills": len(kills), "kills_recovered": sum(why is None for _, why in kills),
                    "http_tried": len(http), "http_handled": sum(why is None for _, why in http),
                    "seconds": round(time.time() - start), "failures": failures}

@@ -113,6 +113,7 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="ralm-kill-"))
+    work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
     demo = (ROOT / "src" / "ralm" / "data" / "demo" / "corpus.jsonl").read_text().splitlines(keepends=True)
     corpus.write_text("".join(demo[:40]))

@@ -92,8 +92,11 @@ def _trainer_configs():
 @pytest.mark.parametrize("make, args", _trainer_configs(), ids=lambda x: getattr(x, "__name__", ""))
 def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dtype(make, args):
     """A negative learning rate is gradient ascent: it must stop the run before anything loads."""
-    for bad in (-1e-3, 0.0, float("nan")):
+    for bad in (-1e-3, 0.0):
         with pytest.raises(RalmError, match="lr must be positive"):
+            make(*args, lr=bad)
+    for bad in (float("nan"), float("inf")):  # inf passes `> 0` and trains NaN weights
+        with pytest.raises(RalmError, match="lr must be a finite number"):
             make(*args, lr=bad)
     with pytest.raises(RalmError, match="dtype must be one of auto, fp32, bf16"):
         make(*args, dtype="fp16")

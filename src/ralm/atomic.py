@@ -99,7 +99,12 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     # mkdtemp made a directory; callers writing a file get the path of a file inside it.
     inner = tmp / target.name
     try:
-        yield inner
+        try:
+            yield inner
+        except OSError as e:  # a full disk names no file: name the target, for the one-line error
+            if e.filename is None and e.errno is not None:
+                raise OSError(e.errno, e.strerror, str(target)) from e
+            raise
         if not inner.exists():
             raise FileNotFoundError(f"nothing was written to {inner}")
         fsync_tree(inner)
@@ -141,6 +146,7 @@ def read_weights(model_dir: str | os.PathLike) -> dict:
     """The tensors of a model directory: model.safetensors, or its shards
     model-0000K-of-0000N.safetensors (Hugging Face's naming). The reader shipped in the package
     is stored in two shards so that no file in the repository passes 30 MB."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
@@ -150,7 +156,10 @@ def read_weights(model_dir: str | os.PathLike) -> dict:
         raise RalmError(f"{model_dir}: no model.safetensors")
     state = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except SafetensorError as e:  # truncated or overwritten
+            raise RalmError(f"{f} is damaged ({e}); restore or re-export the model") from None
     return state
 
 

@@ -8,7 +8,7 @@ its flag; warnings about accepted input (`RalmWarning`) print one `warning:` lin
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 import time
 import warnings
@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ralm.commands.convert import convert_app
 from ralm.commands.from_config import lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, positive, quiet_libraries,
-                                  refuse_second_index, runtime)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, finite_floats, os_error_line,
+                                  positive, quiet_libraries, refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
-from ralm.console import err, out, print_answer, print_reliability
+from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError
 from ralm.defaults import READ_K
 from ralm.errors import RalmError, RalmWarning
@@ -54,8 +55,8 @@ def demo(
     start = time.perf_counter()
     path, built, results = run_demo(*runtime(device, dtype), positive("-k", k), rebuild, min_confidence=min_confidence)
     if as_json:
-        print(json.dumps([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
-                                                                             for e in a.evidence]} for q, a in results], ensure_ascii=False))
+        print_json([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
+                                                                        for e in a.evidence]} for q, a in results], ensure_ascii=False)
         return
     err.print(f"{'built' if built else 'reusing cached'} demo index at {path} ({time.perf_counter() - start:.1f} s)")
     for _, answer in results:
@@ -129,7 +130,7 @@ def eval_qa(
         save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())
         result["calibration"] = str(calibrated_out)
     if as_json:
-        print(json.dumps(result))
+        print_json(result)
         return
     table = Table(title=f"open-domain QA on {questions.name} ({result['questions']} questions, top-{k} read)")
     for key in ("em", "f1", "recall@1", "recall@5", "recall@20"):
@@ -162,7 +163,7 @@ def ask(
         raise RalmError("the question is empty")
     answer = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid).answer([question])[0]
     if as_json:
-        print(json.dumps(answer.to_json(), ensure_ascii=False))
+        print_json(answer.to_json(), ensure_ascii=False)
         return
     print_answer(answer)
 
@@ -182,10 +183,8 @@ def serve(
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
-    import uvicorn
-
     from ralm.pipeline import resolve_reader
-    from ralm.serve.app import create_app
+    from ralm.serve.app import serve_forever
     from ralm.serve.service import ServeConfig, Service
 
     quiet_libraries()
@@ -195,9 +194,9 @@ def serve(
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
                   *runtime(device, dtype))
-    err.print(f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
-              f", reader {svc.cfg.model}) on http://{host}:{port}")
-    uvicorn.run(create_app(svc), host=host, port=port, log_level="warning")
+    serve_forever(svc, host, port, announce=lambda: err.print(
+        f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
+        f", reader {svc.cfg.model}) on http://{host}:{port}"))
 
 
 app.add_typer(convert_app, name="convert")
@@ -210,12 +209,30 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         (file or sys.stderr).write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def _fail(message: str, code: int) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
+    """The one error boundary: bad input (RalmError) and the filesystem (OSError) are one line
+    and exit code 2; anything else is a bug, one line and exit code 1. RALM_DEBUG=1 shows
+    the traceback of every error instead."""
+    command = finite_floats(typer.main.get_command(app))
+    debug = os.environ.get("RALM_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
-            app()
-        except RalmError as e:  # a config field's error under its flag (the trainers map their own spellings)
-            message = f"--{e.field.replace('_', '-')} {e.problem}" if isinstance(e, ConfigError) else str(e)
-            err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
-            sys.exit(2)
+            command(prog_name="ralm")
+        except Exception as e:
+            if debug:
+                raise
+            if isinstance(e, ConfigError):  # a config field's error under its flag (the trainers map their own spellings)
+                _fail(escape(f"--{e.field.replace('_', '-')} {e.problem}"), 2)
+            if isinstance(e, RalmError):
+                _fail(escape(str(e)), 2)
+            if isinstance(e, OSError):
+                _fail(escape(os_error_line(e)), 2)
+            _fail(escape(f"internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); this is a bug in "
+                         "ralm: RALM_DEBUG=1 shows the traceback"), 1)
+

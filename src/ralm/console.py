@@ -8,14 +8,27 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from ralm.errors import RalmError
+
 out = Console()
 err = Console(stderr=True)
+
+
+def print_json(obj, ensure_ascii: bool = True) -> None:
+    """`obj` as one JSON line on stdout. NaN and inf are not JSON: a result holding one comes
+    from damaged weights or embeddings, and is refused rather than printed as a bare `NaN`."""
+    try:
+        line = json.dumps(obj, ensure_ascii=ensure_ascii, allow_nan=False)
+    except ValueError:
+        raise RalmError("the result holds a non-finite number (NaN or inf): the index or model is damaged; "
+                        "`ralm index check DIR` names a damaged index file") from None
+    print(line)
 
 
 def print_summary(summary: dict, as_json: bool, line: str) -> None:
     """A command's result: `summary` as one JSON line with --json, else `line` for a person."""
     if as_json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         out.print(line)
 
@@ -34,7 +47,7 @@ def print_hits(hits, title: str) -> None:
 
 def print_perplexity(title: str, rows: list[tuple[str, dict]], as_json: bool, extra: dict) -> None:
     if as_json:
-        print(json.dumps({**extra, **{name: r for name, r in rows}}))
+        print_json({**extra, **{name: r for name, r in rows}})
         return
     table = Table(title=title)
     for col in ("model", "wordpiece ppl", "word ppl", "tokens"):

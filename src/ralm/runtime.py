@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ralm.configs import ConfigError
+from ralm.errors import RalmError
 
 DTYPES = ("auto", "fp32", "bf16")
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -22,7 +23,17 @@ def resolve_device(name: str | None) -> torch.device:
     """`None`/"auto" picks CUDA when present; anything else is passed to torch."""
     if name in (None, "", "auto"):
         return default_device()
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise RalmError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RalmError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RalmError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda", "mps") or (device.type == "mps" and not torch.backends.mps.is_available()):
+        raise RalmError(f"--device {name}: not a device ralm can run on here; use auto, cpu or cuda")
+    return device
 
 
 def cpu_has_bf16() -> bool:

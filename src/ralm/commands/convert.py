@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ralm.commands.shared import quiet_libraries
-from ralm.console import out
+from ralm.console import out, print_json
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
 
@@ -29,7 +28,7 @@ def convert_hf_realm_cmd(
     quiet_libraries()
     summary = convert_hf_realm(src, run, doc_embedder)
     if as_json:
-        print(json.dumps(summary))
+        print_json(summary)
         return
     out.print(f"[green]converted[/green] {src} ({summary['architecture']}) -> "
               + ", ".join(f"{name}: {path}" for name, path in summary["components"].items()))

@@ -3,7 +3,6 @@ corpus, their documents, and what they retrieve."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -11,8 +10,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ralm.commands.shared import DeviceOpt, DtypeOpt, JsonOpt, RetrieverOpt, main_rank, positive, quiet_libraries, runtime
-from ralm.console import out, print_hits, print_summary
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, RetrieverOpt, main_rank, positive, quiet_libraries, removed_on_error,
+                                  runtime)
+from ralm.console import out, print_hits, print_json, print_summary
 from ralm.errors import RalmError
 
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents.")
@@ -34,19 +34,50 @@ def index_build(
     as_json: bool = JsonOpt,
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
+    from ralm.retrieval.backends.faiss_index import FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
 
     quiet_libraries()
     start = time.perf_counter()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
     dev, dt = runtime(device, dtype)
-    index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
-                                 batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
+    if faiss:
+        check_spec(faiss, (dim,) if dim > 0 else FACTORY_DIMS)
+    with removed_on_error(out_dir):
+        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
+                                     batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {summary['blocks']} blocks, {retriever}"
                   f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
+
+
+@index_app.command("check")
+def index_check(
+    index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
+    no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
+    from ralm.retrieval.index.store import IndexDir
+    from ralm.retrieval.index.verify import FILES, check_full
+
+    index = IndexDir(index_dir)
+    latest = index.latest()
+    versions = []
+    for name in index.versions():
+        manifest = index.version_manifest(name)
+        checked = check_full(index.version_path(name), manifest)
+        if len(index.blocks(str(manifest.get("blocks")))) != manifest.get("count"):
+            raise RalmError(f"{index.version_path(name)}: its entry count differs from its block store's; "
+                            "the index is damaged: rebuild it")
+        versions.append({"version": name, "files": checked, "verified": FILES in manifest})
+    unverified = [v["version"] for v in versions if not v["verified"]]
+    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
+    print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "
+                  f"{sum(v['files'] for v in versions)} files verified"
+                  + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else ""))
 
 
 def search(
@@ -71,7 +102,7 @@ def search(
     if not main_rank():
         return
     if as_json:
-        print(json.dumps([h.to_json() for h in hits], ensure_ascii=False))
+        print_json([h.to_json() for h in hits], ensure_ascii=False)
     else:
         print_hits(hits, query)
 
@@ -112,7 +143,7 @@ def eval_retrieval(
     if not reports:
         return
     if as_json:
-        print(json.dumps(result))
+        print_json(result)
         return
     table = Table(title=f"retrieval on {questions.name} ({result['questions']} questions, {result['retriever']})")
     for c in cutoffs:

@@ -4,7 +4,6 @@ configs (commands/from_config.py)."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,10 +11,10 @@ from typing import Optional
 import typer
 
 from ralm.commands.from_config import Trainer, config_options, lazy_trainer_group
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries, runtime,
-                                  token_limit, torch_device)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries,
+                                  removed_on_error, runtime, token_limit, torch_device)
 from ralm.configs import TEXT_HELP
-from ralm.console import out, print_perplexity, print_summary
+from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.errors import RalmError
 
 
@@ -91,8 +90,9 @@ def retro_build_db(
     quiet_libraries()
     dev, dt = runtime(device, dtype)
     start = time.perf_counter()
-    path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
-                          batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+    with removed_on_error(db):
+        path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
+                              batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
                   f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
@@ -142,16 +142,17 @@ def retro_generate(
     """Continue a prompt with RETRO and show the neighbours each completed chunk retrieved."""
     import torch
 
-    from ralm.models.retro import generate, load_retro
+    from ralm.models.retro import check_sampling, generate, load_retro
     from ralm.retrieval.lm.chunkdb import ChunkDB
 
     quiet_libraries()
+    check_sampling(top_p, temperature)
     dev = torch_device(device)
     retro, tok = load_retro(model)
     text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
                           top_p, temperature, torch.Generator().manual_seed(seed), dev)
     if as_json:
-        print(json.dumps({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False))
+        print_json({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False)
         return
     out.print(f"[bold]{prompt}[/bold] {text}")
     for i, u in enumerate(used):
@@ -184,9 +185,10 @@ def knnlm_build(
     start = time.perf_counter()
     dev, dt = runtime(device, dtype)
     lm, tok = load_lm(model)
-    path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
-                           optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
-                           positive("--batch-size", batch_size), dev, dtype=dt)
+    with removed_on_error(store):
+        path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
+                               optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
+                               positive("--batch-size", batch_size), dev, dtype=dt)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")
@@ -211,7 +213,7 @@ def knnlm_eval_cmd(
 ):
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
     from ralm.data.chunks import tokenize_text
-    from ralm.eval.perplexity import knnlm_eval
+    from ralm.eval.perplexity import check_grid, knnlm_eval
     from ralm.models.lm import load_lm
     from ralm.retrieval.lm.datastore import Datastore
 
@@ -221,6 +223,7 @@ def knnlm_eval_cmd(
         temperatures = [float(x) for x in temperature.split(",") if x.strip()]
     except ValueError:
         raise RalmError(f"--lmbda and --temperature must be comma-separated numbers, got {lmbda!r}, {temperature!r}") from None
+    check_grid(lambdas, temperatures)
     dev, dt = runtime(device, dtype)
     lm, tok = load_lm(model)
     ds = Datastore(store, nprobe=positive("--nprobe", nprobe))

@@ -1,9 +1,16 @@
 """What every `ralm` command shares: the --device and --dtype options, the torchrun rank that
-prints, and the checks that name a flag."""
+prints, the checks that name a flag, and what the CLI's error boundary (cli.main) needs: NaN/inf
+refused for every float option, filesystem errors as one line, builds that clean up after a
+failure."""
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import errno
+import math
+import shutil
+from pathlib import Path
+from typing import Iterator, Optional, get_args
 
 import typer
 
@@ -72,3 +79,49 @@ def optional_positive(name: str, value: Optional[int]) -> Optional[int]:
 
 def token_limit(value: Optional[int]) -> Optional[int]:
     return optional_positive("--limit-tokens", value)
+
+
+def finite_floats(command):
+    """Every float option of a typer command (as `typer.main.get_command` makes it) and of its
+    subcommands refuses NaN and inf before the command runs: `--lr inf` would train and export
+    NaN weights, and NaN passes every range check (`min=`, `max=`)."""
+    for sub in getattr(command, "commands", {}).values():
+        finite_floats(sub)
+    for param in command.params:
+        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        if annotation is float or float in get_args(annotation):
+            param.callback = _finite(param.callback)
+    return command
+
+
+def _finite(callback):
+    def check(ctx, param, value):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise RalmError(f"{max(param.opts, key=len)} must be a finite number, got {v}")
+        return callback(ctx, param, value) if callback else value
+    return check
+
+
+def os_error_line(e: OSError) -> str:
+    """A filesystem error as one line naming the path: permission denied, a read-only or full
+    disk, a folder where a file is expected, a missing folder."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    reason = e.strerror or str(e) or type(e).__name__
+    hint = {errno.ENOSPC: "; free some space and run it again", errno.EROFS: "; choose a writable folder",
+            errno.EACCES: "; check its permissions", errno.EPERM: "; check its permissions"}.get(e.errno, "")
+    return f"{paths}: {reason}{hint}" if paths else f"{reason}{hint}"
+
+
+@contextlib.contextmanager
+def removed_on_error(path: Path) -> Iterator[None]:
+    """A build's output folder that this command created goes again when the build fails on
+    bad input or the filesystem: nothing half-written is left behind. An interrupted build
+    (Ctrl-C, a kill) keeps it, so that it resumes."""
+    new = not path.exists()
+    try:
+        yield
+    except (RalmError, OSError):
+        if new and main_rank():
+            shutil.rmtree(path, ignore_errors=True)
+        raise

@@ -12,6 +12,8 @@ import csv
 import hashlib
 import json
 import os
+import re
+import unicodedata
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +36,38 @@ def _decode(raw: bytes, path: Path, lineno: int) -> str:
         raise RalmError(f"{path}:{lineno}: not valid UTF-8 (byte {e.start} of the line)") from None
 
 
+# Characters that show nothing: a text of only these (zero-width spaces, a BOM) is empty.
+_INVISIBLE = re.compile(r"[\s\u00ad\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]*")
+
+
+def visible(text: str) -> str:
+    """`text` stripped, or "" when it shows nothing (only whitespace and zero-width characters)."""
+    text = text.strip()
+    return "" if _INVISIBLE.fullmatch(text) else text
+
+
+def check_unicode(value: str, where: str, key: str) -> None:
+    """A lone surrogate (JSON allows "\\ud800") cannot be written as UTF-8: it is refused where
+    it is read, naming the field, not when it is first written."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RalmError(f"{where}: field '{key}' holds a lone surrogate ({value[e.start]!r} at character {e.start}), "
+                        "which is not valid Unicode") from None
+
+
+def id_problem(doc_id: str) -> str | None:
+    """Why `doc_id` cannot name a document, or None. Ids travel in URLs (DELETE /documents/ID),
+    logs and JSON lines: no control characters (newline, NUL, tab), not invisible, and not
+    "." or ".." (URL clients resolve those path segments away)."""
+    if not visible(doc_id):
+        return "is empty"
+    if doc_id.strip() in (".", ".."):
+        return f"is {doc_id.strip()!r}, which a URL cannot name"
+    bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
+    return f"holds a control character ({bad!r}); ids must be printable" if bad else None
+
+
 def _document(obj, where: str) -> Document:
     """A corpus record as a Document; `where` (file:line) prefixes the error."""
     if not isinstance(obj, dict):
@@ -47,9 +81,10 @@ def _document(obj, where: str) -> Document:
     for key, value in (("id", doc_id), ("title", title), ("text", text)):
         if not isinstance(value, str):
             raise RalmError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
-    if not doc_id.strip():
-        raise RalmError(f"{where}: field 'id' is empty")
-    return Document(doc_id, title.strip(), text.strip())
+        check_unicode(value, where, key)
+    if (problem := id_problem(doc_id)) is not None:
+        raise RalmError(f"{where}: field 'id' {problem}")
+    return Document(doc_id, title.strip(), visible(text))
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
@@ -63,6 +98,10 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise RalmError(f"{path}:{lineno}: malformed JSON ({e.msg}, column {e.colno})") from None
+            except ValueError as e:  # an integer of more than 4300 digits
+                raise RalmError(f"{path}:{lineno}: unreadable JSON ({e})") from None
+            except RecursionError:
+                raise RalmError(f"{path}:{lineno}: JSON nested too deeply") from None
 
 
 # Each reader yields (where, document): `where` is the file:line that an error or warning names.
@@ -97,15 +136,22 @@ def _read_txt_dir(path: Path) -> Iterator[tuple[str, Document]]:
     for file in sorted(path.rglob("*.txt")):
         rel = file.relative_to(path).as_posix()
         text = _decode(file.read_bytes(), file, 1)
-        yield str(file), Document(rel, file.stem.replace("_", " "), text.strip())
+        yield str(file), Document(rel, file.stem.replace("_", " "), visible(text))
+
+
+def _corpus_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise RalmError(f"corpus not found: {path}")
+    if not path.is_dir() and not path.is_file():  # a FIFO or device would block or never end
+        raise RalmError(f"{path}: not a regular file or a folder")
+    return path
 
 
 def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
     """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus
     and warns (RalmWarning) about documents skipped for their empty text."""
-    path = Path(path)
-    if not path.exists():
-        raise RalmError(f"corpus not found: {path}")
+    path = _corpus_path(path)
     if path.is_dir():
         reader = _read_txt_dir(path)
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
@@ -142,7 +188,7 @@ def as_documents(items: Iterable[Document | dict | str]) -> list[Document]:
 
 def corpus_fingerprint(path: str | os.PathLike) -> str:
     """sha256 of the corpus bytes (file names too for a folder): an index records it."""
-    path = Path(path)
+    path = _corpus_path(path)
     h = hashlib.sha256()
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
     for file in files:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ralm.data.corpus import iter_jsonl
+from ralm.data.corpus import check_unicode, iter_jsonl
 from ralm.errors import RalmError
 
 
@@ -32,7 +32,7 @@ def read_questions(path: str | os.PathLike) -> list[Question]:
 def iter_questions(path: str | os.PathLike) -> Iterator[Question]:
     path = Path(path)
     if not path.is_file():
-        raise RalmError(f"question file not found: {path}")
+        raise RalmError(f"question file not found: {path}" if not path.exists() else f"{path}: not a regular file")
     count = 0
     for lineno, obj in iter_jsonl(path):
         if not isinstance(obj, dict):
@@ -47,6 +47,8 @@ def iter_questions(path: str | os.PathLike) -> Iterator[Question]:
             raise RalmError(f"{path}:{lineno}: field 'question' must be a non-empty string")
         if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
             raise RalmError(f"{path}:{lineno}: field 'answers' must be a list of strings")
+        for key, value in (("question", obj["question"]), *(("answers", a) for a in answers)):
+            check_unicode(value, f"{path}:{lineno}", key)
         extra = {k: v for k, v in obj.items() if k not in ("id", "question", "answers")}
         count += 1
         yield Question(str(obj.get("id", f"{path.stem}-{lineno}")), obj["question"].strip(), tuple(answers), extra)

@@ -54,6 +54,14 @@ def lm_perplexity(model, stream: TokenStream, seq_len: int | None = None, stride
     return perplexity_report(nll, stream.words)
 
 
+def check_grid(lambdas, temperatures) -> None:
+    """The (λ, temperature) grid of knnlm_eval, checked before any model loads (NaN fails too)."""
+    if not lambdas or any(not 0 <= x <= 1 for x in lambdas):
+        raise RalmError(f"lmbda must be in [0, 1], got {list(lambdas)}")
+    if not temperatures or any(not 0 < t < math.inf for t in temperatures):
+        raise RalmError(f"temperature must be a positive finite number, got {list(temperatures)}")
+
+
 def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
                seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
                batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
@@ -62,10 +70,7 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
     neighbours are searched once, so a grid costs no more than one setting. Hidden states are
     searched `search_batch` at a time: faiss is several times faster on large query blocks.
     The window defaults to the model's training length, the stride to half of it."""
-    if not lambdas or any(not 0 <= x <= 1 for x in lambdas):
-        raise RalmError(f"lmbda must be in [0, 1], got {list(lambdas)}")
-    if not temperatures or any(not t > 0 for t in temperatures):
-        raise RalmError(f"temperature must be positive, got {list(temperatures)}")
+    check_grid(lambdas, temperatures)
     device = device or torch.device("cpu")
     seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1

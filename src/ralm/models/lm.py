@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import read_json, write_model_dir
+from ralm.atomic import read_json, read_weights, write_model_dir
 from ralm.configs import ConfigError, option
 from ralm.errors import RalmError
 from ralm.runtime import full_precision
@@ -187,14 +187,13 @@ def model_dir(path: str | os.PathLike, fmt: str) -> Path | None:
 
 def load_model_dir(path: Path, model_cls, config_cls):
     """(model, tokenizer) from a directory written by write_model_dir."""
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     raw = read_json(path / "config.json")
     raw.pop("format")
     model = model_cls(config_cls(**raw))
     try:
-        model.load_state_dict(load_file(str(path / "model.safetensors")), strict=True)
+        model.load_state_dict(read_weights(path), strict=True)
     except RuntimeError as e:
         raise RalmError(f"{path}: weights do not match config.json ({str(e).splitlines()[0]})") from None
     return model.eval(), AutoTokenizer.from_pretrained(str(path), use_fast=True)

@@ -24,6 +24,7 @@ tokenizer (models/lm.py writes and reads it).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from typing import ClassVar
@@ -231,16 +232,21 @@ def neighbour_batch(db, neighbour_ids: np.ndarray, device: torch.device, pad_id:
     return torch.from_numpy(tokens).to(device), torch.from_numpy(mask).to(device)
 
 
+def check_sampling(top_p: float | None, temperature: float) -> None:
+    """generate's sampling settings, checked before any model loads (NaN fails too)."""
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RalmError(f"top_p must be in (0, 1], got {top_p}")
+    if not 0 < temperature < math.inf:
+        raise RalmError(f"temperature must be a positive finite number, got {temperature}")
+
+
 @torch.inference_mode()
 def generate(model: RetroLM, db, tokenizer, prompt: str, max_new_tokens: int = 64, top_p: float | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
              device: torch.device | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it
     is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}]."""
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RalmError(f"top_p must be in (0, 1], got {top_p}")
-    if not temperature > 0:
-        raise RalmError(f"temperature must be positive, got {temperature}")
+    check_sampling(top_p, temperature)
     device = device or torch.device("cpu")
     m, k = model.cfg.chunk_len, model.cfg.neighbours
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -13,29 +13,41 @@ import time
 from contextlib import asynccontextmanager, contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Iterator, Literal
+from typing import Annotated, Callable, Iterator, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi_offline import FastAPIOffline
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ralm.data.corpus import Document
+from ralm.data.corpus import Document, id_problem
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.serve.batching import MicroBatcher
-from ralm.serve.guards import BodyLimit, HostGuard, allowed_hosts, error
+from ralm.serve.guards import BodyLimit, HeaderTimeoutH11, HostGuard, allowed_hosts, error
 from ralm.serve.service import Service
 
 log = logging.getLogger("ralm.serve")
+
+
+BODY_TIMEOUT = 30.0  # seconds a request body may pause before the server answers 408
 
 
 def _not_blank(v: str) -> str:
     if not v.strip():
         raise ValueError("must not be empty")
     return v.strip()
+
+
+def _document_id(v: str) -> str:
+    """As a corpus file's ids (data/corpus.py): printable, so that DELETE /documents/ID can name
+    it, and kept verbatim (not stripped), so that the id a client sent is the one it deletes."""
+    if (problem := id_problem(v)) is not None:
+        raise ValueError(problem)
+    return v
 
 
 # Not only whitespace; the schema says so with a pattern (JSON Schema patterns search, unanchored).
@@ -61,7 +73,8 @@ class SearchRequest(Strict):
 
 
 class DocumentIn(Strict):
-    id: NonBlank = Field(..., max_length=500)
+    id: Annotated[str, AfterValidator(_document_id)] = Field(
+        ..., max_length=500, json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f]*\S[^\x00-\x1f\x7f]*$"})
     title: str = Field("", max_length=1000)
     text: NonBlank = Field(..., max_length=200_000)
 
@@ -139,7 +152,8 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         yield
         service.stop()
 
-    app = FastAPI(title="ralm", version=__import__("ralm").__version__, lifespan=lifespan,
+    # FastAPIOffline: /docs and /redoc serve Swagger UI and ReDoc from the package, not a CDN
+    app = FastAPIOffline(title="ralm", version=__import__("ralm").__version__, lifespan=lifespan,
                   description="Retrieval-augmented question answering with evidence, live document updates and hot index swap.")
     # Reads: concurrent /search and /ask requests with the same settings share one model call,
     # one batch at a time, on snapshots that writes never disturb. Writes: one at a time.
@@ -158,7 +172,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         finally:
             service.record_latency(endpoint, time.perf_counter() - start)
 
-    app.add_middleware(BodyLimit, limit=service.cfg.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=service.cfg.max_body_bytes, timeout=BODY_TIMEOUT)
     app.add_middleware(HostGuard, allowed=allowed_hosts(service.cfg.host, service.cfg.allowed_hosts))  # outermost
 
     @app.exception_handler(RequestValidationError)
@@ -186,7 +200,8 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         if service.cfg.api_key is None:
             return
         given = x_api_key or (authorization[7:] if authorization and authorization.startswith("Bearer ") else None)
-        if given is None or not secrets.compare_digest(given, service.cfg.api_key):
+        # bytes: compare_digest refuses non-ASCII str; header values arrive decoded as latin-1
+        if given is None or not secrets.compare_digest(given.encode("latin-1"), service.cfg.api_key.encode()):
             raise HTTPException(401, "this server protects writes: send the API key in the X-API-Key header")
 
     @app.post("/ask", response_model=AskResponse, summary="Answer a question with evidence", responses=_errors(409, 413, 422))
@@ -211,6 +226,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     async def add_documents(req: DocumentsRequest):
         docs = [Document(d.id, d.title.strip(), d.text.strip()) for d in req.documents]
         ids = await run(service.add, docs)
+        log.info("added %d document(s): %s", len(ids), ", ".join(map(repr, ids[:5])) + (" ..." if len(ids) > 5 else ""))
         after = await index_after()
         return {"added": ids, "corpus_blocks": after["blocks"], **after}
 
@@ -224,10 +240,17 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document",
                 responses=_errors(401, 404, 422))
     async def delete_document(doc_id: str):
-        if not await run(service.exists, doc_id):
+        if not await run(delete_if_present, doc_id):
             raise HTTPException(404, f"no document with id {doc_id!r}")
-        await run(service.delete, doc_id)
+        log.info("deleted document %r", doc_id)
         return {"deleted": doc_id, **await index_after()}
+
+    def delete_if_present(doc_id: str) -> bool:
+        """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets 404."""
+        if not service.exists(doc_id):
+            return False
+        service.delete(doc_id)
+        return True
 
     @app.get("/health", responses=_errors())
     async def health():
@@ -247,6 +270,31 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     return app
 
 
+def _server(app: FastAPI, host: str, port: int):
+    import uvicorn
+
+    # HeaderTimeoutH11 closes connections whose request head never completes (guards.py)
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", http=HeaderTimeoutH11,
+                                         timeout_keep_alive=5))
+
+
+def serve_forever(service: Service, host: str, port: int, announce: Callable[[], None]) -> None:
+    """Bind host:port, then `announce()` (only now is "serving on ..." true), then serve until
+    interrupted. The server logs, on stderr, index swaps, refused swaps and document writes."""
+    import socket
+
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        raise RalmError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("ralm").addHandler(handler)
+    logging.getLogger("ralm").setLevel(logging.INFO)
+    announce()
+    _server(create_app(service), host, port).run(sockets=[sock])
+
+
 @contextmanager
 def serve_in_background(service: Service) -> Iterator[str]:
     """Serve `service` on a free loopback port from a background thread (load tests, browser
@@ -254,12 +302,10 @@ def serve_in_background(service: Service) -> Iterator[str]:
     import socket
     import threading
 
-    import uvicorn
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    server = _server(create_app(service), "127.0.0.1", port)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -4,15 +4,21 @@ error shape, {"error": "..."}.
 HostGuard: a page on another site can make a browser send requests to a loopback server under
 a host name it controls (DNS rebinding); such requests name that host in their Host header.
 BodyLimit: counts the body bytes actually received, so a chunked body (no Content-Length) is
-held to the limit too.
+held to the limit too, and answers 408 when a body stops arriving for `timeout` seconds.
+HeaderTimeoutH11: uvicorn's HTTP/1.1 protocol, closing a connection whose request headers do
+not all arrive within `timeout` seconds (uvicorn waits forever for them: a few slow clients
+would hold every connection).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 ANY_ADDRESS = ("0.0.0.0", "::", "")
@@ -53,8 +59,8 @@ class HostGuard:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, timeout: float):
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,14 +69,36 @@ class BodyLimit:
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.limit:  # refused before it is read
             return await error(413, too_large)(scope, receive, send)
-        received = 0
+        received, body_done = 0, False
 
         async def counted():
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body, receive() waits for a disconnect: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except TimeoutError:  # raised inside the route's body read: the app's handler answers
+                raise HTTPException(408, f"the request body stopped arriving (nothing for {self.timeout:g} s)") from None
+            body_done = not message.get("more_body", False)
             received += len(message.get("body", b""))
-            if received > self.limit:  # raised inside the route's body read: the app's handler answers
+            if received > self.limit:
                 raise HTTPException(413, too_large)
             return message
 
         await self.app(scope, counted, send)
+
+
+class HeaderTimeoutH11(H11Protocol):
+    timeout = 10.0  # seconds from the connection (or the last response) to a complete request head
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def _arm(self) -> None:
+        waiting_for = self.cycle  # a new request replaces the cycle once its headers are complete
+        self.loop.call_later(self.timeout, lambda: self.cycle is waiting_for and self.transport.close())

@@ -58,6 +58,9 @@ class LoopFields(Protocol):
 
 # -- options --------------------------------------------------------------------------------
 
+MAX_POSITIONS = 512  # the BERT-family encoders' position embeddings: no block or input is longer
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """The fields every trainer config has with the same default (keyword-only, so each config
@@ -77,6 +80,12 @@ def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: I
     def fail(name: str, what: str) -> None:
         raise ConfigError(name, f"must be {what}, got {getattr(cfg, name)}")
 
+    for name, value in vars(cfg).items():  # inf passes `> 0` and trains NaN weights
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(name, "a finite number")
+    for name in ("block_len", "max_len", "max_query_len"):
+        if isinstance(getattr(cfg, name, None), int) and getattr(cfg, name) > MAX_POSITIONS:
+            fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
     for name in ("steps", "batch_size", "lr", "save_every", "log_every", *positive):
         if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
             fail(name, "positive")

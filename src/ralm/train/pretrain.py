@@ -116,7 +116,10 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
         return str(found)
     if cfg.index:
         src = IndexDir(cfg.index)
-        return str(src.root / src.version_manifest(src.latest())["retriever"])
+        manifest = src.version_manifest(src.latest())
+        if "retriever" not in manifest:  # checked before any work: the run would start from its retriever
+            raise RalmError(f"index {cfg.index} is a {src.kind} index with no dense embeddings; pre-training needs a dense one")
+        return str(src.root / manifest["retriever"])
     return None
 
 

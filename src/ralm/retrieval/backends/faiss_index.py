@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ralm.atomic import atomic_path
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 from ralm.retrieval.backends.exact import check_k
 
 
@@ -16,6 +18,43 @@ def _faiss():
     import faiss
 
     return faiss
+
+
+POINTS_PER_CLUSTER = 39  # faiss's k-means warns below this many training points per centroid
+_IVF = re.compile(r"IVF(\d+)")
+FACTORY_DIMS = (64, 96, 128, 256, 384, 768, 1024)  # the usual embedding sizes, to parse a spec before the model loads
+
+
+def check_spec(spec: str, dims: tuple[int, ...] = FACTORY_DIMS) -> None:
+    """Refuse a factory string faiss cannot parse, before any encoding: it must build for at
+    least one of `dims` (the embedding dimension is only known once the model loads)."""
+    faiss, last = _faiss(), ""
+    for d in dims:
+        try:
+            faiss.index_factory(d, spec, faiss.METRIC_INNER_PRODUCT)
+            return
+        except RuntimeError as e:
+            last = _faiss_message(e)
+    raise RalmError(f"--faiss {spec!r} is not a faiss index_factory string faiss can build ({last})")
+
+
+def _faiss_message(e: RuntimeError) -> str:
+    """faiss's C++ error without its source location: "Error in <function> at <file>:<line>: <what>"."""
+    text = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    return re.sub(r"^Error in .* at \S+: ", "", text)
+
+
+def fit_spec(spec: str, n: int) -> str:
+    """`spec` with an IVF cluster count that `n` vectors can train: faiss refuses more clusters
+    than points (IVF1024 on 284 blocks would fail after the whole corpus was encoded), so such
+    a count is cut to n / 39 (faiss's advice: 39 points per centroid), and a warning says so."""
+    m = _IVF.search(spec)
+    if not m or int(m.group(1)) <= n:
+        return spec
+    fitted = f"{spec[:m.start()]}IVF{max(1, n // POINTS_PER_CLUSTER)}{spec[m.end():]}"
+    warnings.warn(RalmWarning(f"--faiss {spec!r}: {n} blocks cannot train {m.group(1)} clusters; building {fitted!r} "
+                              f"({POINTS_PER_CLUSTER} points per cluster)"), stacklevel=2)
+    return fitted
 
 
 class FaissIndex:
@@ -40,14 +79,19 @@ class FaissIndex:
         if metric_id is None:
             raise RalmError(f"metric must be 'ip' or 'l2', got {metric!r}")
         n, d = embeddings.shape
+        spec = fit_spec(spec, n)
         try:
             index = faiss.index_factory(d, spec, metric_id)
         except RuntimeError as e:
-            raise RalmError(f"bad faiss spec {spec!r}: {str(e).strip().splitlines()[-1]}") from None
+            raise RalmError(f"bad faiss spec {spec!r}: {_faiss_message(e)}") from None
         if not index.is_trained:
             rng = np.random.default_rng(seed)
             sample = np.sort(rng.choice(n, size=min(n, train_size), replace=False))
-            index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
+            try:
+                index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
+            except RuntimeError as e:  # e.g. a PQ with more centroids than training points
+                raise RalmError(f"faiss cannot train {spec!r} on {n} vectors of dimension {d}: "
+                                f"{_faiss_message(e)}") from None
         for start in range(0, n, add_chunk):
             index.add(np.ascontiguousarray(embeddings[start : start + add_chunk], dtype=np.float32))
         return cls(index, spec)

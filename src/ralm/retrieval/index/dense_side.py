@@ -85,7 +85,7 @@ class _DenseBuilder:
             return manifest
         ann = FaissIndex.build(np.load(out, mmap_mode="r", allow_pickle=False), c.faiss_spec)
         ann.save(tmp / "faiss.index")
-        return {**manifest, "faiss_params": ann.default_search_params()}
+        return {**manifest, "faiss": ann.spec, "faiss_params": ann.default_search_params()}
 
 
 class DenseSide:

@@ -32,6 +32,7 @@ from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, rea
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import KINDS, kind_of, sides_of
+from ralm.retrieval.index.verify import FILES, inventory, used_folders
 
 FORMAT = "ralm.index/2"
 OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
@@ -137,6 +138,7 @@ class IndexDir:
         tmp = temp_dir(vdir, "building")
         try:
             manifest = write(tmp)
+            manifest = {**manifest, FILES: inventory(tmp, used_folders(self.root, manifest))}  # see verify.py
             fsync_tree(tmp)
             while True:
                 existing = self.versions()

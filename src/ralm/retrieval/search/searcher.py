@@ -24,6 +24,7 @@ from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.verify import check_open
 from ralm.retrieval.search.fusion import Fusion, Ranked, rank
 from ralm.runtime import resolve_dtype
 
@@ -66,6 +67,8 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
     """Version `name` with every side it holds, memory-mapped. `models`: each side's query
     model (dense: the retriever), checked against the version unless `check_model` is off."""
     manifest = index.version_manifest(name)
+    path = index.version_path(name)
+    check_open(path, manifest)  # sizes, shapes, dtypes of every file it uses (verify.py)
     blocks = index.blocks(manifest["blocks"])
     if len(blocks) != manifest["count"]:
         raise RalmError(f"{index.version_path(name)}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")

@@ -46,8 +46,10 @@ class UpdateLog:
     def _records(self) -> list[dict]:
         """The log's records, after cutting a torn last record (a crash mid-append: it was never
         acknowledged) so that the next append starts on a line of its own."""
-        if not self.path.is_file():
+        if not self.path.exists():
             return []
+        if not self.path.is_file():  # a folder, a FIFO: refused when the server starts, not at the first write
+            raise RalmError(f"{self.path} is not a regular file; move it away (it should hold the live updates)")
         data = self.path.read_bytes()
         end = data.rfind(b"\n") + 1
         if end < len(data):
@@ -77,7 +79,7 @@ def _record(line: bytes) -> dict | None:
     """A log line's update record, or None when it is not one."""
     try:
         e = json.loads(line)
-    except ValueError:  # also a UnicodeDecodeError
+    except (ValueError, RecursionError):  # also a UnicodeDecodeError; nested too deeply
         return None
     add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
     ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ralm.atomic import read_json, write_model_dir
+from ralm.atomic import read_json, read_weights, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
@@ -247,7 +247,6 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 
 
 def _load_ralm(path: Path) -> Retriever:
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     raw = read_json(path / "config.json")
@@ -255,7 +254,7 @@ def _load_ralm(path: Path) -> Retriever:
     cfg = RetrieverConfig(**raw)
     towers = [Tower(bert_from_config(cfg.encoder), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
-    state = load_file(str(path / "model.safetensors"))
+    state = read_weights(path)
     if not any(k.startswith("doc.") for k in state):  # saved with equal towers (see the module's docstring)
         state.update({"doc." + k[6:]: v for k, v in state.items() if k.startswith("query.")})
     missing, unexpected = model.load_state_dict(state, strict=False)

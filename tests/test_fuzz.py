@@ -1,0 +1,173 @@
+"""Property-based tests (hypothesis): the readers of everything a user or a client hands ralm
+either give a correct result or a clear error (RalmError, a 4xx), never another exception.
+Bounded to seconds each: few examples, no deadline (2 CPU cores are shared)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+import unicodedata
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from conftest import DOCS
+from ralm.data.corpus import read_corpus
+from ralm.data.qa import read_questions
+from ralm.errors import RalmError
+from ralm.retrieval.search.update_log import UpdateLog
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# JSON values as a hostile user writes them: any text (control characters, surrogates,
+# zero-width spaces), huge and negative numbers, nesting.
+TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=12) | st.sampled_from(
+    ["", " ", "\u200b", "a\nb", "a\x00b", "\ud800", "Paris", "the a of", "9" * 30])
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | TEXT
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8)
+# Mostly well-formed records with hostile values, some with wrong types or fields, and garbage.
+DOC = st.fixed_dictionaries({"id": TEXT | st.integers(), "text": TEXT}, optional={"title": TEXT})
+QUESTION = st.fixed_dictionaries({"question": TEXT, "answers": st.lists(TEXT, max_size=3) | TEXT}, optional={"id": TEXT})
+RECORD = st.fixed_dictionaries({}, optional={"id": JSON, "title": JSON, "text": JSON, "question": JSON, "answers": JSON})
+GARBAGE = JSON.map(json.dumps) | st.binary(max_size=40).map(lambda b: b.decode("latin-1"))
+LINE = (DOC | QUESTION | RECORD).map(json.dumps) | GARBAGE
+
+
+def _write(tmp_path, name, lines) -> object:
+    path = tmp_path / name
+    path.write_bytes(b"".join(line.encode("utf-8", "surrogatepass") + b"\n" for line in lines))
+    return path
+
+
+@FUZZ
+@given(lines=st.lists(DOC.map(json.dumps) | LINE, max_size=6))
+def test_the_corpus_reader_gives_clean_documents_or_a_clear_error(tmp_path_factory, lines):
+    path = _write(tmp_path_factory.mktemp("c"), "c.jsonl", lines)
+    try:
+        docs = list(read_corpus(path))
+    except RalmError as e:
+        assert str(e)
+        return
+    for d in docs:  # every document can be written, indexed and addressed
+        for value in (d.id, d.title, d.text):
+            value.encode("utf-8")
+        assert d.text.strip() and d.id.strip() and not any(unicodedata.category(c) == "Cc" for c in d.id)
+
+
+@FUZZ
+@given(lines=st.lists(QUESTION.map(json.dumps) | LINE, max_size=6))
+def test_the_question_reader_gives_questions_or_a_clear_error(tmp_path_factory, lines):
+    path = _write(tmp_path_factory.mktemp("q"), "q.jsonl", lines)
+    try:
+        qs = read_questions(path)
+    except RalmError as e:
+        assert str(e)
+        return
+    for q in qs:  # every question can be printed and written to a predictions file
+        assert q.question.strip() and all(isinstance(a, str) for a in q.answers)
+        json.dumps([q.question, *q.answers], ensure_ascii=False).encode("utf-8")
+
+
+IDS = st.sampled_from(["a", "b", "c", "é", "a b", "x/y"])
+OPS = st.lists(st.one_of(st.tuples(st.just("add"), IDS, st.text(string.printable, min_size=1, max_size=8)),
+                         st.tuples(st.just("delete"), IDS, st.just(""))), max_size=12)
+
+
+def _model(ops):
+    """What a replay must give: the last add of each id (in the order of those adds), and the
+    ids deleted since their last add."""
+    adds, deleted = {}, set()
+    for op, i, text in ops:
+        adds.pop(i, None)
+        if op == "add":
+            adds[i] = text
+            deleted.discard(i)
+        else:
+            deleted.add(i)
+    return list(adds.items()), deleted
+
+
+@FUZZ
+@given(ops=OPS, torn=st.binary(max_size=20).filter(lambda b: b"\n" not in b))
+def test_update_log_replay_matches_the_operations_and_ignores_a_torn_tail(tmp_path_factory, ops, torn):
+    root = tmp_path_factory.mktemp("log")
+    log = UpdateLog(root)
+    for op, i, text in ops:
+        log.append([{"op": "add", "id": i, "title": "", "text": text} if op == "add" else {"op": "delete", "id": i}])
+    with open(log.path, "ab") as f:
+        f.write(torn)  # a crash mid-append: never acknowledged
+    added, deleted = log.replay()
+    assert ([(d.id, d.text) for d in added], deleted) == _model(ops)
+    assert log.replay() == (added, deleted)  # the torn tail was cut once, and the log still replays the same
+
+
+@FUZZ
+@given(garbage=LINE)
+def test_update_log_with_a_foreign_line_is_a_clear_error_or_replays(tmp_path_factory, garbage):
+    root = tmp_path_factory.mktemp("log")
+    log = UpdateLog(root)
+    log.append([{"op": "add", "id": "a", "title": "", "text": "x"}])
+    with open(log.path, "ab") as f:
+        f.write(garbage.encode("utf-8", "surrogatepass") + b"\n")
+    try:
+        added, _ = log.replay()
+    except RalmError as e:
+        assert "updates.jsonl:2" in str(e)
+        return
+    assert all(isinstance(d.id, str) and isinstance(d.text, str) for d in added)  # a valid record may replace or delete "a"
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory):
+    from ralm.retrieval.index.build import build_index
+    from ralm.serve.app import create_app
+    from ralm.serve.service import ServeConfig, Service
+
+    root = tmp_path_factory.mktemp("http")
+    build_index(DOCS, root / "bm25", kind="bm25", show_progress=False)
+    with TestClient(create_app(Service(ServeConfig(index=str(root / "bm25"), api_key="k")), start_watcher=False),
+                    base_url="http://127.0.0.1") as client:
+        yield client
+    shutil.rmtree(root, ignore_errors=True)
+
+
+BODY = (JSON | RECORD | st.fixed_dictionaries({"documents": st.lists(RECORD, max_size=3)}) |
+        st.fixed_dictionaries({"query": TEXT, "k": JSON})).map(lambda v: json.dumps(v).encode()) | st.binary(max_size=60)
+
+
+@FUZZ
+@given(path=st.sampled_from(["/search", "/documents", "/ask"]), body=BODY)
+def test_any_http_body_gets_an_answer_or_a_4xx_with_a_reason(http, path, body):
+    r = http.post(path, content=body, headers={"Content-Type": "application/json", "X-API-Key": "k"})
+    assert r.status_code < 500, r.text
+    if r.status_code >= 400:
+        assert r.json()["error"]
+
+
+@FUZZ
+@given(key=st.binary(min_size=1, max_size=12).filter(lambda b: not set(b) & set(b"\r\n\x00")))
+def test_any_api_key_header_is_401_or_accepted(http, key):
+    r = http.post("/documents", json={"documents": [{"id": "k", "text": "key test"}]}, headers={"X-API-Key": key})
+    assert r.status_code == (200 if key == b"k" else 401), r.text
+
+
+@FUZZ
+@given(doc_id=TEXT)
+@example(doc_id=" padded ")
+@example(doc_id="..")
+@example(doc_id="a/b c?d#e%f")
+def test_every_id_the_server_accepts_can_be_deleted_by_url(http, doc_id):
+    from urllib.parse import quote
+
+    added = http.post("/documents", content=json.dumps({"documents": [{"id": doc_id, "text": "round trip"}]}),
+                      headers={"Content-Type": "application/json", "X-API-Key": "k"})
+    assert added.status_code in (200, 422), added.text
+    url = f"/documents/{quote(doc_id.encode('utf-8', 'surrogatepass'), safe='')}"
+    r = http.delete(url, headers={"X-API-Key": "k"})
+    if added.status_code == 200:
+        assert r.status_code == 200 and r.json()["deleted"] == added.json()["added"][0], r.text
+    else:
+        assert 400 <= r.status_code < 500 and r.json()["error"]

@@ -1,0 +1,130 @@
+"""Index versions that verify themselves (retrieval/index/verify.py, `ralm index check`): every
+kind of damage is one line naming the file and exit code 2, never a traceback or a NaN."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ralm.retrieval.index.verify import check_full, check_open, inventory
+
+
+def _one_line_error(rc, err, needle):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert needle in err, err
+    assert len([line for line in err.strip().splitlines() if line.strip()]) <= 2  # one message (may wrap once)
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory, tiny_bert):
+    from conftest import DOCS
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path_factory.mktemp("verify")
+    build_index(DOCS, root / "dense", model=str(tiny_bert), dim=16, show_progress=False)
+    build_index(DOCS, root / "bm25", kind="bm25", show_progress=False)
+    return root
+
+
+def _copy(indexes, tmp_path, kind):
+    root = tmp_path / kind
+    shutil.copytree(indexes / kind, root)
+    return root, root / "versions" / "v000001", next((root / "blocks").iterdir())
+
+
+def _flip_byte(path, offset=-5):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_the_inventory_records_every_file_the_version_uses(indexes):
+    version = indexes / "dense" / "versions" / "v000001"
+    files = json.loads((version / "manifest.json").read_text())["files"]
+    emb = np.load(version / "embeddings.npy")
+    assert files["embeddings.npy"]["shape"] == list(emb.shape) and files["embeddings.npy"]["dtype"] == "<f4"
+    assert any(k.endswith("tokens/values.bin") for k in files) and any(k.endswith("model.safetensors") for k in files)
+    assert all((version / k).stat().st_size == e["size"] for k, e in files.items())
+    assert inventory(version, []) == {k: e for k, e in files.items() if not k.startswith("..")}
+    check_full(version, json.loads((version / "manifest.json").read_text()))
+
+
+def _nan_embeddings(v, b, r):
+    emb = np.load(v / "embeddings.npy")
+    emb[1, 3] = np.nan
+    np.save(v / "embeddings.npy", emb)  # same size, shape and dtype: only the checksum and the scan see it
+
+
+def _drop_retriever_key(v, b, r):
+    m = json.loads((r / "manifest.json").read_text())
+    del m["retriever"]
+    (r / "manifest.json").write_text(json.dumps(m))
+
+
+# (kind, damage, what the error names, caught when the version opens or only by `index check`)
+DAMAGES = {
+    "bm25 array truncated": ("bm25", lambda v, b, r: _truncate(next((v / "bm25").glob("*.npy")), 100), "bm25/", True),
+    "bm25 array flipped byte": ("bm25", lambda v, b, r: _flip_byte(next((v / "bm25").glob("*.npy"))), "bm25/", False),
+    "model.safetensors truncated": ("dense", lambda v, b, r: _truncate(next((r / "retriever").glob("*/model.safetensors")), 300),
+                                    "model.safetensors", True),
+    "index manifest without retriever": ("dense", _drop_retriever_key, "retriever", True),
+    "NaN embeddings": ("dense", _nan_embeddings, "embeddings.npy", False),
+    "token values flipped byte": ("dense", lambda v, b, r: _flip_byte(b / "tokens" / "values.bin"), "values.bin", False),
+    "block offsets reshaped": ("bm25", lambda v, b, r: np.save(b / "tokens" / "offsets.npy", np.zeros((2, 7), np.int64)),
+                               "offsets.npy", True),
+}
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("name", DAMAGES)
+def test_index_check_names_the_damaged_file(ralm, indexes, tmp_path, name):
+    kind, damage, needle, on_open = DAMAGES[name]
+    root, version, blocks = _copy(indexes, tmp_path, kind)
+    damage(version, blocks, root)
+    _one_line_error(*ralm("index", "check", root, "--json")[::2], needle)
+    if on_open:  # the cheap checks when a version opens catch it too
+        _one_line_error(*ralm("search", root, "capital", "-k", 2, "--json")[::2], needle)
+
+
+def test_a_sound_index_checks_clean_and_an_old_version_still_opens(ralm, indexes, tmp_path):
+    for kind in ("dense", "bm25"):
+        rc, out, err = ralm("index", "check", indexes / kind, "--json")
+        assert rc == 0, err
+        summary = json.loads(out)
+        assert summary["sound"] and summary["versions"][0]["verified"] and summary["versions"][0]["files"] > 5
+    root, version, _ = _copy(indexes, tmp_path, "bm25")
+    m = json.loads((version / "manifest.json").read_text())
+    del m["files"]  # a version published before inventories existed
+    (version / "manifest.json").write_text(json.dumps(m))
+    rc, out, err = ralm("search", root, "capital", "-k", 2, "--json")
+    assert rc == 0 and json.loads(out)[0]["id"] in ("paris:0", "tokyo:0")
+    rc, out, err = ralm("index", "check", root)
+    assert rc == 0 and "predate file inventories" in out
+
+
+def test_check_open_reads_headers_only(indexes, tmp_path):
+    root, version, _ = _copy(indexes, tmp_path, "dense")
+    manifest = json.loads((version / "manifest.json").read_text())
+    check_open(version, manifest)
+    _nan_embeddings(version, None, root)
+    check_open(version, manifest)  # same size, shape, dtype
+    with pytest.raises(Exception, match="NaN"):
+        check_full(version, manifest)
+
+
+def test_non_finite_scores_never_print_a_bare_nan(ralm, indexes, tmp_path):
+    root, version, blocks = _copy(indexes, tmp_path, "dense")
+    emb = np.load(version / "embeddings.npy")
+    emb[:] = np.nan
+    np.save(version / "embeddings.npy", emb)
+    rc, out, err = ralm("search", root, "capital", "-k", 2, "--json")
+    assert "NaN" not in out
+    _one_line_error(rc, err, "index check")
