@@ -60,7 +60,7 @@ def test_a_failed_build_removes_the_folder_it_created(ralm, tmp_path):
     (["ict", "--lr", "inf"], "--lr must be a finite number"),
     (["ict", "--lr", "nan"], "--lr must be a finite number"),
     (["ict", "--keep-sentence", "nan"], "--keep-sentence must be a finite number"),
-    (["ict", "--block-len", "100000"], "block_len must be at most 512"),
+    (["ict", "--block-len", "100000"], "--block-len must be at most 512"),
     (["ict", "--device", "tpu9"], "--device"),
     (["pretrain", "--retriever-lr", "inf"], "--retriever-lr must be a finite number"),
 ])

@@ -56,7 +56,7 @@ def index_build(
 @index_app.command("check")
 def index_check(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ):
     """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
     no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
