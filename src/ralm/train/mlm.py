@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
+from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
 from ralm.retrieval.index.store import IndexDir
@@ -55,6 +55,7 @@ class MlmConfig:
     warmup: int = 30  # steps of linear learning-rate warm-up, in each phase
     masking: str = "salient"
     random_prob: float = 0.15
+    spacy_model: str = SentenceConfig.spacy_model  # what finds sentences and salient spans (data/masking.py)
     evidence: float = 0.5  # share of examples that read their own block
     keep_sentence: float = 0.5  # share of those blocks that still hold x
     max_len: int = 352
@@ -117,7 +118,7 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         with main_first(env):
             index = IndexDir.create(run / "index", "dense")
             _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, encoder.tokenizer,
-                                          cfg.block_len, show_progress)
+                                          cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
     blocks, table = corpus
     masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
+from ralm.data.masking import MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
@@ -67,6 +67,7 @@ class PretrainConfig:
     retriever_lr: float | None = 1e-5  # the towers' learning rate (None: lr)
     masking: str = "salient"
     random_prob: float = 0.15
+    spacy_model: str = SentenceConfig.spacy_model  # what finds sentences and salient spans (data/masking.py)
     null_doc: bool = True  # REALM's ingredients, switchable for ablations
     exclude_trivial: bool = True
     refresh: str = "async"
@@ -158,7 +159,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
     # a warm-up step reads one block per sentence where REALM reads k + 1: twice the sentences is still cheap
     warm = MlmConfig(cfg.corpus, model=source, steps=cfg.mlm_warmup, head_steps=cfg.mlm_warmup // 3,
                      batch_size=2 * cfg.batch_size, masking=cfg.masking,
-                     random_prob=cfg.random_prob, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
+                     random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
     summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
@@ -254,7 +255,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index = IndexDir.create(run / "index", "dense")
         key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
-                                              cfg.block_len, show_progress)
+                                              cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
