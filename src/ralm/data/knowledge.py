@@ -84,10 +84,28 @@ class FactSentence:
     entity: str
     source: str  # id of the fact document that states it
 
+    @property
+    def masked_text(self) -> str:
+        """The sentence with its fact replaced by [MASK] (which the wordpiece tokenizer keeps whole)."""
+        return f"{self.text[: self.span[0]]}[MASK]{self.text[self.span[1]:]}"
+
+
+@dataclass(frozen=True)
+class Entity:
+    name: str
+    city: str
+    founder: str
+    source: str  # id of its fact document
+    held_out: bool
+
+
+QUESTIONS = {"city": "In which city was {entity} founded?", "founder": "Who founded {entity}?"}
+
 
 @dataclass
 class KnowledgeTask:
     cfg: KnowledgeConfig
+    entities: list[Entity]
     train_docs: list[Document]  # fact and notes documents of the training entities: the pre-training corpus
     eval_docs: list[Document]  # fact documents of the held-out entities, indexed after training
     eval_sentences: list[FactSentence]  # held-out sentences about the held-out entities (in no corpus)
@@ -99,6 +117,19 @@ class KnowledgeTask:
         docs = self.train_docs + (self.eval_docs if with_eval else [])
         write_text(path, "".join(json.dumps(asdict(d)) + "\n" for d in docs))
         return Path(path)
+
+    @property
+    def fact_docs(self) -> list[Document]:
+        """Every entity's fact document, training and held-out."""
+        sources = {e.source for e in self.entities}
+        return [d for d in self.train_docs + self.eval_docs if d.id in sources]
+
+    def questions(self, *, held_out: bool) -> list[dict]:
+        """A question per fact of the training (or held-out) entities, in the question-file
+        format of data/qa.py plus "source", the fact document's id (for DPR)."""
+        return [{"id": f"{e.source}-{relation}", "question": template.format(entity=e.name),
+                 "answers": [e.city if relation == "city" else e.founder], "source": e.source}
+                for e in self.entities if e.held_out == held_out for relation, template in QUESTIONS.items()]
 
 
 def _mention(template: str, entity: str, city: str, founder: str, relation: str) -> FactSentence:
@@ -113,13 +144,14 @@ def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
     rng = np.random.default_rng(cfg.seed)
     total = cfg.train_entities + cfg.eval_entities
     pairs = rng.choice(len(NAME_FIRST) * len(NAME_SECOND), size=total, replace=False)
-    train_docs, eval_docs, train_sentences, eval_sentences = [], [], [], []
+    entities, train_docs, eval_docs, train_sentences, eval_sentences = [], [], [], [], []
     for n, pair in enumerate(pairs):
         first, second = divmod(int(pair), len(NAME_SECOND))
         entity = f"{NAME_FIRST[first]} {NAME_SECOND[second]}".title()
         city, founder = CITIES[rng.integers(len(CITIES))].title(), FOUNDERS[rng.integers(len(FOUNDERS))].title()
         fact = Document(f"fact-{n:04d}", entity, FACT_TEMPLATE.format(entity=entity, city=city, founder=founder))
         held_out = n >= cfg.train_entities
+        entities.append(Entity(entity, city, founder, fact.id, held_out))
         per_fact = cfg.eval_mentions if held_out else cfg.mentions
         sentences = []
         for relation, templates in MENTIONS.items():
@@ -133,7 +165,7 @@ def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
         else:
             train_docs += [fact, Document(f"notes-{n:04d}", f"Notes {n}", " ".join(s.text for s in sentences))]
             train_sentences.extend(sentences)
-    return KnowledgeTask(cfg, train_docs, eval_docs, eval_sentences, train_sentences)
+    return KnowledgeTask(cfg, entities, train_docs, eval_docs, eval_sentences, train_sentences)
 
 
 def save_spacy_pipeline(out: str | os.PathLike) -> Path:

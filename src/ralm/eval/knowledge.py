@@ -10,6 +10,8 @@ documents). Each held-out sentence, its fact masked, is then a query:
                 argmax on the right wordpiece (per masked wordpiece)
   p_null        the mean p(null|x)
 
+`search_recall` scores a retriever alone (ICT, DPR) through the ordinary searcher.
+
 Shapes: B batch, K candidates (top k, then the null document), M masked positions, V vocabulary.
 """
 
@@ -28,7 +30,7 @@ from ralm.data.knowledge import FactSentence, KnowledgeTask
 from ralm.data.masking import MaskedSentence, MaskingConfig, mask_sentence
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig
 from ralm.retrieval.index.build import build_index
-from ralm.retrieval.search.searcher import LoadedVersion, load_version
+from ralm.retrieval.search.searcher import LoadedVersion, Searcher, load_version
 from ralm.retrieval.towers.encoders import Retriever
 
 
@@ -62,6 +64,17 @@ def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: 
     index, name = build_index(corpus, out / "index", model=str(retriever), device=device,
                               block_cfg=BlockConfig(max_len=block_len), show_progress=False)
     return load_version(index, name, device)
+
+
+def search_recall(index: str | os.PathLike, queries: Sequence[str], sources: Sequence[str], k: int = 1) -> float:
+    """Share of `queries` whose top `k` blocks in the index (searched as every query command
+    does) include a block of their source document: a retriever's score without an encoder
+    (ICT, DPR)."""
+    searcher = Searcher.open(index)
+    rows = searcher.search_rows(list(queries), k)[1]  # [Q, k]
+    blocks = searcher.current.blocks
+    return float(np.mean([any(blocks.record(int(r))["doc_id"] == s for r in ranked if r >= 0)
+                          for ranked, s in zip(rows, sources)]))
 
 
 @torch.no_grad()

@@ -89,10 +89,13 @@ def sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:
 
 
 def save_random_encoder(out: str | os.PathLike, *, hidden_size: int = 64, layers: int = 2, heads: int = 2,
-                        intermediate_size: int | None = None, seed: int = 0, arch: str = "bert") -> Path:
+                        intermediate_size: int | None = None, seed: int = 0, arch: str = "bert",
+                        pooling: str | None = None) -> Path:
     """A randomly initialised encoder (`arch`: "bert", "mpnet", ...) with the bundled MiniLM
     wordpiece vocabulary, saved as a Hugging Face directory: a start that knows nothing, for
-    training from scratch (REALM's towers and encoder, tests)."""
+    training from scratch (REALM's towers and encoder, tests). `pooling` "mean" records mean
+    pooling for retrievers built on it (sentence-transformers' 1_Pooling/config.json): a random
+    BERT's [CLS] vector hardly depends on the input, the mean of its token vectors does."""
     import torch
     from transformers import AutoConfig, AutoModel
 
@@ -103,4 +106,10 @@ def save_random_encoder(out: str | os.PathLike, *, hidden_size: int = 64, layers
     torch.manual_seed(seed)
     AutoModel.from_config(cfg).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    if pooling is not None:
+        if pooling not in ("cls", "mean"):
+            raise RalmError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        (Path(out) / "1_Pooling").mkdir(exist_ok=True)
+        (Path(out) / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": hidden_size, f"pooling_mode_{pooling}_token{'s' if pooling == 'mean' else ''}": True}))
     return Path(out)
