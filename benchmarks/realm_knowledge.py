@@ -4,9 +4,13 @@ other documents that mention an entity and one of its facts, the fact masked.
 
 Everything starts from a tiny randomly initialised BERT with the bundled vocabulary: towers
 and encoder know nothing. One MLM warm-up (train.mlm: the encoder learns to read a masked
-span from evidence) is shared by every arm; then each arm runs the real pre-training path
-(train.pretrain: marginal likelihood over retrieved blocks and the null document, index
-refreshes) on the same budget:
+span from its own block) is shared by every arm. It runs on a second generated task (other
+facts), so the encoder learns to read, not the training facts: warmed up on the training
+corpus itself it memorised them, and REALM then put all of p(z|x) on the null document. With
+`--ict-steps` > 0 the towers start from a few ICT steps (the weak start of the cold-start
+problem; 0: random towers). Then each arm runs the real pre-training path (train.pretrain:
+marginal likelihood over retrieved blocks and the null document, index refreshes) on the same
+budget:
 
   full        REALM as shipped, asynchronous index refresh every `--refresh-every` steps
   frozen      the towers never train (retriever_warmup = steps): the encoder alone
@@ -39,6 +43,7 @@ from ralm.data.knowledge import KnowledgeConfig, generate_task, save_spacy_pipel
 from ralm.eval.knowledge import score_checkpoint
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.towers.loading import save_random_encoder
+from ralm.train.ict import IctConfig, train_ict
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.pretrain import PretrainConfig, pretrain
 
@@ -46,7 +51,7 @@ FIGURES = Path(__file__).parent / "figures"
 CURVES = ("span_in_top", "loss", "p_null", "retrieval_utility")
 
 
-def arms(steps: int, refresh_every: int) -> dict[str, dict]:
+def arms(steps: int) -> dict[str, dict]:
     """Each ablation as overrides of the full run's config."""
     return {"full": {},
             "frozen": {"retriever_warmup": steps},
@@ -85,12 +90,14 @@ def main() -> None:
     ap.add_argument("--arms", default="full,frozen,no_null,random_mask,fresh_index")
     ap.add_argument("--train-entities", type=int, default=160)
     ap.add_argument("--eval-entities", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--mlm-steps", type=int, default=300)
-    ap.add_argument("--mlm-evidence", type=float, default=0.8, help="share of warm-up sentences read with their own block")
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--mlm-steps", type=int, default=1000)
+    ap.add_argument("--mlm-lr", type=float, default=2e-3)
+    ap.add_argument("--mlm-evidence", type=float, default=1.0, help="share of warm-up sentences read with their own block")
+    ap.add_argument("--ict-steps", type=int, default=40, help="ICT steps for the towers' start (0: random towers)")
+    ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("-k", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-5, help="the encoder's REALM learning rate")
     ap.add_argument("--retriever-lr", type=float, default=1e-3)
     ap.add_argument("--refresh-every", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=64)
@@ -109,25 +116,33 @@ def main() -> None:
 
     task = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed))
     corpus = task.write_corpus(out / "corpus.jsonl")
+    warm_corpus = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed + 1)).write_corpus(
+        out / "warm-up.jsonl")
     spacy_dir = save_spacy_pipeline(out / "spacy")
     bert = save_random_encoder(out / "random-bert", hidden_size=args.hidden, layers=args.layers,
-                               heads=max(1, args.hidden // 32), seed=args.seed)
+                               heads=max(1, args.hidden // 32), seed=args.seed, pooling="mean")
     lengths = dict(max_query_len=32, block_len=48, max_len=80)
     fp32 = dict(dtype="fp32")  # a tiny model gains nothing from bf16 autocast on CPU
 
-    mlm = MlmConfig(str(corpus), model=str(bert), steps=args.mlm_steps, head_steps=0, batch_size=2 * args.batch_size,
-                    lr=args.lr, warmup=20, spacy_model=str(spacy_dir), save_every=args.mlm_steps, log_every=10,
+    mlm = MlmConfig(str(warm_corpus), model=str(bert), steps=args.mlm_steps, head_steps=0, batch_size=32,
+                    lr=args.mlm_lr, warmup=20, spacy_model=str(spacy_dir), save_every=args.mlm_steps, log_every=20,
                     evidence=args.mlm_evidence, seed=args.seed, **lengths, **fp32)
     warm = warm_up_encoder(mlm, out / "mlm", cpu, show_progress=False)
     print(f"MLM warm-up: {warm.steps} steps in {warm.seconds} s", flush=True)
+    init = None
+    if args.ict_steps:
+        ict = IctConfig(str(corpus), model=str(bert), dim=args.dim, steps=args.ict_steps, batch_size=16, lr=1e-3, warmup=5,
+                        keep_sentence=0.0, block_len=lengths["block_len"], max_query_len=lengths["max_query_len"],
+                        save_every=args.ict_steps, log_every=10, seed=args.seed, **fp32)
+        init = train_ict(ict, out / "ict", cpu, show_progress=False).run
 
-    base = dict(model=str(bert), encoder=warm.run, mlm_warmup=0, dim=args.dim, steps=args.steps,
+    base = dict(model=str(bert), init=init, encoder=warm.run, mlm_warmup=0, dim=args.dim, steps=args.steps,
                 batch_size=args.batch_size, k=args.k, lr=args.lr, warmup=20, retriever_warmup=0,
                 retriever_lr=args.retriever_lr, spacy_model=str(spacy_dir), refresh="async",
                 refresh_every=args.refresh_every, save_every=args.steps, log_every=10, seed=args.seed, **lengths, **fp32)
     results, runs = {}, {}
     for name in args.arms.split(","):
-        overrides = arms(args.steps, args.refresh_every)[name]
+        overrides = arms(args.steps)[name]
         cfg = PretrainConfig(str(corpus), **{**base, **overrides})
         run = out / name
         done = pretrain(cfg, run, cpu, show_progress=False, notify=lambda m: None)
