@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,7 +28,6 @@ import torch
 
 from ralm.data.blocks import wordpiece_tokenizer
 from ralm.data.chunks import tokenize_text
-from ralm.data.knowledge import KnowledgeConfig, generate_task
 from ralm.eval.perplexity import knnlm_log_probs, retro_nll
 from ralm.models.knnlm import build_datastore, interpolate
 from ralm.models.lm import LMConfig, load_lm
@@ -37,6 +35,7 @@ from ralm.models.retro import load_retro, training_config
 from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
 from ralm.retrieval.lm.datastore import Datastore
 from ralm.train.lm import LMTrainConfig, RetroTrainConfig, train_lm, train_retro
+from realm_knowledge import knowledge_setup  # this folder
 
 
 def write_jsonl(path: Path, docs: list[dict]) -> Path:
@@ -77,14 +76,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=32, help="kNN-LM neighbours")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    torch.set_num_threads(1)  # see realm_knowledge.py: two threads on a shared 2-core machine spin
     started = time.perf_counter()
-    out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out, task = knowledge_setup(args)
     cpu = torch.device("cpu")
-
-    task = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed))
     train = task.write_corpus(out / "train.jsonl")
     stating = task.write_corpus(out / "stating.jsonl", with_eval=True)  # + the held-out fact documents
     held_out = write_jsonl(out / "held_out.jsonl", [{"id": f"s{i}", "title": f"s{i}", "text": s.text}

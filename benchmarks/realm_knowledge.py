@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from dataclasses import asdict
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ralm.data.knowledge import KnowledgeConfig, generate_task, save_spacy_pipeline
+from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, generate_task, save_spacy_pipeline
 from ralm.eval.knowledge import score_checkpoint
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.towers.loading import save_random_encoder
@@ -84,6 +83,17 @@ def plot(runs: dict[str, Path], out_prefix: Path) -> list[Path]:
     return drawn
 
 
+def knowledge_setup(args: argparse.Namespace) -> tuple[Path, KnowledgeTask]:
+    """One torch thread, a fresh work directory `args.out`, and the task of `args` (shared
+    with lm_knowledge.py)."""
+    # one thread: on a shared 2-core machine two threads spin-wait on each other (8x slower)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out, generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/realm_knowledge", help="work directory (replaced)")
@@ -106,15 +116,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--figures", default=str(FIGURES / "realm_knowledge"), help="PNG prefix ('' for none)")
     args = ap.parse_args()
-    # one thread: on a shared 2-core machine two threads spin-wait on each other (8x slower)
-    torch.set_num_threads(1)
     started = time.perf_counter()
-    out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    out, task = knowledge_setup(args)
     cpu = torch.device("cpu")
-
-    task = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed))
     corpus = task.write_corpus(out / "corpus.jsonl")
     warm_corpus = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, seed=args.seed + 1)).write_corpus(
         out / "warm-up.jsonl")
