@@ -25,6 +25,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, LimitOpt, MinConfidenceOp
                                   quiet_libraries, runtime, token_limit, torch_device)
 from ralm.console import (err, notify, out, print_answer, print_lm_train, print_reliability, print_train_metrics,
                           print_train_summary)
+from ralm.data.masking import SentenceConfig
 from ralm.defaults import HYBRID_ALPHA, READ_K
 from ralm.errors import RalmError, RalmWarning
 
@@ -35,6 +36,9 @@ app.add_typer(index_app, name="index")
 app.command()(search)
 app.add_typer(eval_app, name="eval")
 eval_app.command("retrieval")(eval_retrieval)
+
+SpacyHelp = ("the spaCy pipeline that finds sentences and salient spans: an installed package or a pipeline "
+             "directory (e.g. an entity ruler for your own entities)")
 
 @app.command()
 def demo(
@@ -108,6 +112,7 @@ def pretrain(
     retriever_lr: float = typer.Option(1e-5, "--retriever-lr", help="the towers' learning rate (slower than the encoder's: see docs/pretraining.md)"),
     retriever_warmup: int = typer.Option(200, "--retriever-warmup", help="steps that train the encoder alone before the towers (it first learns to read evidence)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
+    spacy_model: str = typer.Option(SentenceConfig.spacy_model, "--spacy-model", help=SpacyHelp),
     null_doc: bool = typer.Option(True, "--null-doc/--no-null-doc", help="the empty block among the candidates"),
     exclude_trivial: bool = typer.Option(True, "--exclude-trivial/--no-exclude-trivial", help="drop retrieved blocks of the masked sentence's own document"),
     refresh: str = typer.Option("async", "--refresh", help="async (separate index-builder process), sync (in-process) or none"),
@@ -130,7 +135,7 @@ def pretrain(
     cfg = PretrainConfig(str(corpus), init=str(init) if init else None, model=model, encoder=str(encoder) if encoder else None,
                          mlm_warmup=mlm_warmup, index=str(index) if index else None,
                          dim=dim, steps=steps, batch_size=batch_size, k=k, lr=lr, warmup=warmup, retriever_warmup=retriever_warmup,
-                         retriever_lr=retriever_lr, masking=masking, null_doc=null_doc, exclude_trivial=exclude_trivial, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
+                         retriever_lr=retriever_lr, masking=masking, spacy_model=spacy_model, null_doc=null_doc, exclude_trivial=exclude_trivial, refresh=refresh, refresh_every=refresh_every, max_len=max_len, block_len=block_len, save_every=save_every,
                          log_every=log_every, seed=seed, dtype=dtype)
     result = run_pretrain(cfg, run, torch_device(device), notify=notify, on_metrics=print_train_metrics)
     print_train_summary(result, as_json, f"{result.steps} steps; exported {result.retriever} and {result.encoder}")
@@ -147,8 +152,10 @@ def mlm(
     lr: float = typer.Option(1e-4, "--lr"),
     warmup: int = typer.Option(30, "--warmup", help=f"{WarmupHelp} (in each phase)"),
     masking: str = typer.Option("salient", "--masking", help="salient (entities and dates, spaCy) or random (15% of wordpieces)"),
+    spacy_model: str = typer.Option(SentenceConfig.spacy_model, "--spacy-model", help=SpacyHelp),
     evidence: float = typer.Option(0.5, "--evidence", help="share of sentences read with their own block (the others with none)"),
     keep_sentence: float = typer.Option(0.5, "--keep-sentence", help="share of those blocks that still hold the sentence"),
+    distractor: float = typer.Option(0.0, "--distractor", help="share of the others read with another document's block instead of none"),
     max_len: int = typer.Option(352, "--max-len", help="encoder input length: [CLS] x [SEP] block [SEP]"),
     block_len: int = typer.Option(288, "--block-len", help="wordpieces per block"),
     save_every: int = typer.Option(100, "--save-every"),
@@ -164,7 +171,7 @@ def mlm(
 
     quiet_libraries()
     cfg = MlmConfig(str(corpus), model=model, steps=steps, head_steps=head_steps, batch_size=batch_size, lr=lr, warmup=warmup,
-                    masking=masking, evidence=evidence, keep_sentence=keep_sentence, max_len=max_len, block_len=block_len, save_every=save_every,
+                    masking=masking, spacy_model=spacy_model, evidence=evidence, keep_sentence=keep_sentence, distractor=distractor, max_len=max_len, block_len=block_len, save_every=save_every,
                     log_every=log_every, seed=seed, dtype=dtype)
     result = warm_up_encoder(cfg, run, torch_device(device), notify=notify, on_metrics=print_train_metrics)
     print_train_summary(result, as_json, f"{result.steps} steps; exported {result.encoder}")

@@ -12,7 +12,10 @@ blocks). This warm-up teaches the encoder, on the pre-training corpus, what REAL
           and to predict it without any. In a share `keep_sentence` of the blocks x itself
           stays (the plainest lesson in copying: find x's context, copy the span, as ICT
           keeps some pseudo-queries); in the others x is cut out, so the span must come from
-          elsewhere in the block, as it will from other documents' blocks in REALM
+          elsewhere in the block, as it will from other documents' blocks in REALM. A share
+          `distractor` of the examples without their own block read a block of another
+          document instead of none: most blocks REALM retrieves early are such, and an encoder
+          that never met one copies from them as readily as from the right one
   phase 1 `head_steps` steps train the head only (transform, LayerNorm, bias; the decoder is
           tied to the frozen word embeddings): a random head would otherwise send large
           gradients into the pretrained body
@@ -58,6 +61,7 @@ class MlmConfig:
     spacy_model: str = SentenceConfig.spacy_model  # what finds sentences and salient spans (data/masking.py)
     evidence: float = 0.5  # share of examples that read their own block
     keep_sentence: float = 0.5  # share of those blocks that still hold x
+    distractor: float = 0.0  # share of the others that read another document's block (else none)
     max_len: int = 352
     max_query_len: int = 64
     block_len: int = 288
@@ -68,7 +72,7 @@ class MlmConfig:
 
     def __post_init__(self):
         check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),
-                      fractions=("random_prob", "evidence", "keep_sentence"))
+                      fractions=("random_prob", "evidence", "keep_sentence", "distractor"))
         MaskingConfig(self.masking, self.random_prob)
         RealmConfig(1, self.max_len, self.max_query_len)
 
@@ -98,6 +102,17 @@ def own_block_evidence(blocks: BlockStore, table: SentenceTable, s: int, keep: b
     """The body of sentence s's block, the sentence cut out unless `keep`."""
     body = blocks.body(int(table.rows[s]))
     return body if keep else np.concatenate([body[: int(table.starts[s])], body[int(table.ends[s]):]])
+
+
+def distractor_evidence(blocks: BlockStore, table: SentenceTable, s: int, draw: float) -> np.ndarray:
+    """The body of a block of another document than sentence s's, chosen by `draw` in [0, 1)."""
+    own = blocks.doc_index[int(table.rows[s])]
+    row = int(draw * len(blocks))
+    for _ in range(len(blocks)):  # the next block of another document
+        if blocks.doc_index[row] != own:
+            return blocks.body(row)
+        row = (row + 1) % len(blocks)
+    raise RalmError("distractor evidence needs a corpus of at least two documents")
 
 
 def _schedule(cfg: MlmConfig) -> list[Schedule]:
@@ -141,10 +156,12 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
         batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
-        draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(2) for s in idx])  # [B, 2]
+        draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(4) for s in idx])  # [B, 4]
         with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence
-        bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e else np.zeros(0, np.int64)
-                  for s, e, k in zip(idx, with_evidence, keep)]
+        distract = ~with_evidence & (draws[:, 2] < cfg.distractor)
+        bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e
+                  else distractor_evidence(blocks, table, int(s), d) if x else np.zeros(0, np.int64)
+                  for s, e, k, x, d in zip(idx, with_evidence, keep, distract, draws[:, 3])]
         nll, tokens = loop.ddp(batch, bodies)  # [B] each
         loss, _ = global_mean(nll.sum(), int(tokens.sum()), env)
         per_token = (nll / tokens).detach().cpu().numpy()
