@@ -40,7 +40,6 @@ import torch
 
 from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, generate_task, save_spacy_pipeline
 from ralm.eval.knowledge import score_checkpoint
-from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.towers.loading import save_random_encoder
 from ralm.train.ict import IctConfig, train_ict
 from ralm.train.mlm import MlmConfig, warm_up_encoder
@@ -140,6 +139,8 @@ def main() -> None:
                         save_every=args.ict_steps, log_every=10, seed=args.seed, **fp32)
         init = train_ict(ict, out / "ict", cpu, show_progress=False).run
 
+    # every arm starts from these towers (random ones search with their mean-pooled vectors)
+    start_retriever = Path(init) / "final" / "retriever" if init else bert
     base = dict(model=str(bert), init=init, encoder=warm.run, mlm_warmup=0, dim=args.dim, steps=args.steps,
                 batch_size=args.batch_size, k=args.k, lr=args.lr, warmup=20, retriever_warmup=0,
                 retriever_lr=args.retriever_lr, spacy_model=str(spacy_dir), refresh="async",
@@ -153,8 +154,6 @@ def main() -> None:
         runs[name] = run
         score = lambda retriever, encoder, where: score_checkpoint(  # noqa: E731
             task, retriever, encoder, out / "eval" / where, k=args.k, null_doc=cfg.null_doc, **lengths)
-        index = IndexDir(run / "index")
-        start_retriever = index.root / index.version_manifest(index.versions()[0])["retriever"]
         start = score(start_retriever, warm.encoder, f"{name}-start")
         end = score(done.retriever, done.encoder, name)
         results[name] = {"recall@1": round(end.recall_at_1, 4), "mlm_accuracy": round(end.mlm_accuracy, 4),
