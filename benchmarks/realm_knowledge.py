@@ -102,7 +102,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--mlm-steps", type=int, default=1000)
     ap.add_argument("--mlm-lr", type=float, default=2e-3)
-    ap.add_argument("--mlm-evidence", type=float, default=1.0, help="share of warm-up sentences read with their own block")
+    ap.add_argument("--mlm-evidence", type=float, default=0.7, help="share of warm-up sentences read with their own block")
+    ap.add_argument("--mlm-distractor", type=float, default=1.0, help="share of the others read with another document's block")
     ap.add_argument("--ict-steps", type=int, default=40, help="ICT steps for the towers' start (0: random towers)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("-k", type=int, default=8)
@@ -129,7 +130,7 @@ def main() -> None:
 
     mlm = MlmConfig(str(warm_corpus), model=str(bert), steps=args.mlm_steps, head_steps=0, batch_size=32,
                     lr=args.mlm_lr, warmup=20, spacy_model=str(spacy_dir), save_every=args.mlm_steps, log_every=20,
-                    evidence=args.mlm_evidence, seed=args.seed, **lengths, **fp32)
+                    evidence=args.mlm_evidence, distractor=args.mlm_distractor, seed=args.seed, **lengths, **fp32)
     warm = warm_up_encoder(mlm, out / "mlm", cpu, show_progress=False)
     print(f"MLM warm-up: {warm.steps} steps in {warm.seconds} s", flush=True)
     init = None
