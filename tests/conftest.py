@@ -30,17 +30,9 @@ DOCS = [
 def make_tiny_bert(path: Path, seed: int = 0, arch: str = "bert") -> Path:
     """Save a random 2-layer, hidden-32 BERT (or another encoder `arch`, e.g. "mpnet") with the
     MiniLM tokenizer as an HF directory."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from ralm.retrieval.towers.loading import save_random_encoder
 
-    from ralm.retrieval.towers.loading import default_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
-    cfg = AutoConfig.for_model(arch, vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                               num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
-    torch.manual_seed(seed)
-    AutoModel.from_config(cfg).save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
-    return path
+    return save_random_encoder(path, hidden_size=32, layers=2, heads=2, intermediate_size=64, seed=seed, arch=arch)
 
 
 @pytest.fixture(scope="session")

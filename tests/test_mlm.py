@@ -11,7 +11,7 @@ import torch
 
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder
-from ralm.train.mlm import MlmConfig, own_block_evidence, warm_up_encoder
+from ralm.train.mlm import MlmConfig, distractor_evidence, own_block_evidence, warm_up_encoder
 from ralm.train.pretrain import PretrainConfig, pretrain
 
 CPU = torch.device("cpu")
@@ -70,6 +70,10 @@ def test_evidence_is_the_block_without_the_sentence(tiny_bert, corpus_file, tmp_
     a, b = int(table.starts[s]), int(table.ends[s])
     assert own_block_evidence(blocks, table, s).tolist() == body[:a] + body[b:]
     assert own_block_evidence(blocks, table, s, keep=True).tolist() == body
+    own = blocks.doc_index[int(table.rows[s])]
+    for draw in np.linspace(0, 0.99, 12):  # always a block of another document, whatever the draw
+        z = distractor_evidence(blocks, table, s, float(draw)).tolist()
+        assert z and any(z == blocks.body(r).tolist() for r in range(len(blocks)) if blocks.doc_index[r] != own)
 
 
 def test_bad_options_are_clear_errors(corpus_file):
@@ -79,6 +83,8 @@ def test_bad_options_are_clear_errors(corpus_file):
         MlmConfig(str(corpus_file), head_steps=-1)
     with pytest.raises(RalmError, match="keep_sentence must be in"):
         MlmConfig(str(corpus_file), keep_sentence=-0.1)
+    with pytest.raises(RalmError, match="distractor must be in"):
+        MlmConfig(str(corpus_file), distractor=2.0)
     with pytest.raises(RalmError, match="masking"):
         MlmConfig(str(corpus_file), masking="words")
 

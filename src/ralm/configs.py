@@ -27,6 +27,8 @@ SEED_HELP = "seed of the data order, fresh weights and masking"
 LIMIT_HELP = "first N training questions only"
 LIMIT_TOKENS_HELP = "use only this many leading wordpieces of the text"
 MASKING_HELP = "salient (entities and dates, spaCy) or random (15% of wordpieces)"
+SPACY_HELP = ("the spaCy pipeline that finds sentences and salient spans: an installed package or a pipeline "
+              "directory (e.g. an entity ruler for your own entities)")
 
 # Path fields: "content" is data a run reads (a resumed run compares it by content fingerprint,
 # so a run started from one folder resumes from another), "location" a model, index or store it

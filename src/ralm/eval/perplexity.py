@@ -71,11 +71,29 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
     searched `search_batch` at a time: faiss is several times faster on large query blocks.
     The window defaults to the model's training length, the stride to half of it."""
     check_grid(lambdas, temperatures)
+    start = time.perf_counter()
+    p_lm, p_knn = knnlm_log_probs(model, store, stream, k, temperatures, seq_len=seq_len, stride=stride, device=device,
+                                  batch_size=batch_size, exact_distances=exact_distances, show_progress=show_progress,
+                                  search_batch=search_batch, dtype=dtype)
+    result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
+    for i, t in enumerate(temperatures):
+        for lmbda in lambdas:
+            logp = interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy()
+            result["knn"].append({"lmbda": lmbda, "temperature": t, **perplexity_report(-logp, stream.words)})
+    return result
+
+
+def knnlm_log_probs(model, store: Datastore, stream: TokenStream, k: int = 1024, temperatures=(1.0,), *,
+                    seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
+                    batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True,
+                    search_batch: int = 2048, dtype: str | torch.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per next token of `stream`: (log p_LM [T - 1], p_kNN [len(temperatures), T - 1]), for
+    scoring chosen positions (interpolate with models.knnlm.interpolate)."""
+    check_grid((0.0,), temperatures)
     device = device or torch.device("cpu")
     seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1
     p_lm, p_knn = np.empty(n, dtype=np.float64), np.empty((len(temperatures), n), dtype=np.float64)
-    start = time.perf_counter()
     pending: list[tuple[np.ndarray, np.ndarray]] = []
 
     def flush() -> None:
@@ -96,12 +114,7 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
                 flush()
         if pending:
             flush()
-    result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
-    for i, t in enumerate(temperatures):
-        for lmbda in lambdas:
-            logp = interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy()
-            result["knn"].append({"lmbda": lmbda, "temperature": t, **perplexity_report(-logp, stream.words)})
-    return result
+    return p_lm, p_knn
 
 
 def retro_perplexity(model, db, stream: TokenStream, retrieval: bool = True, stride: int | None = None,

@@ -261,6 +261,13 @@ class Realm(nn.Module):
         retrieved = rearrange(d[:-1], "(b k) d -> b k d", b=b)
         return torch.cat([retrieved, d[-1].expand(b, 1, -1)], dim=1)  # [B, k + 1, D]
 
+    def relevance(self, query: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+        """log p(z|x) [B, K] from query [B, D] and candidates [B, K, D] (the null document last)."""
+        if self.cfg.null_doc:
+            return relevance_log_probs(query, docs)
+        # without it the null document is still read (the utility metric compares with it) but never chosen
+        return F.pad(relevance_log_probs(query, docs[:, :-1]), (0, 1), value=float("-inf"))
+
     def read(self, examples: Sequence[MaskedSentence], blocks: BlockStore, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Encoder logits at the masked positions for every (x, z) pair, z the retrieved blocks
         and the null document last.
@@ -278,11 +285,7 @@ class Realm(nn.Module):
         n = self.cfg.k + (trivial_margin(blocks.doc_index) if trivial else 0)
         rows = select_candidates(search(q.detach(), n), blocks.doc_index,
                                  [e.doc for e in examples] if trivial else None, self.cfg.k)  # [B, k]
-        docs = self.embed_candidates(blocks, rows)  # [B, K, D]
-        if self.cfg.null_doc:
-            log_pz = relevance_log_probs(q, docs)  # [B, K]
-        else:  # the null document is still read (the utility metric compares with it) but never chosen
-            log_pz = F.pad(relevance_log_probs(q, docs[:, :-1]), (0, 1), value=float("-inf"))  # [B, K]
+        log_pz = self.relevance(q, self.embed_candidates(blocks, rows))  # [B, K]
         logits, labels, label_mask = self.read(examples, blocks, rows)
         log_py = masked_token_log_probs(logits, labels)  # [B, K, M]
         return RealmOutput(marginal_nll(log_pz, log_py, label_mask), label_mask.sum(-1),

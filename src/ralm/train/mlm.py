@@ -12,7 +12,10 @@ blocks). This warm-up teaches the encoder, on the pre-training corpus, what REAL
           and to predict it without any. In a share `keep_sentence` of the blocks x itself
           stays (the plainest lesson in copying: find x's context, copy the span, as ICT
           keeps some pseudo-queries); in the others x is cut out, so the span must come from
-          elsewhere in the block, as it will from other documents' blocks in REALM
+          elsewhere in the block, as it will from other documents' blocks in REALM. A share
+          `distractor` of the examples without their own block read a block of another
+          document instead of none: most blocks REALM retrieves early are such, and an encoder
+          that never met one copies from them as readily as from the right one
   phase 1 `head_steps` steps train the head only (transform, LayerNorm, bias; the decoder is
           tied to the frozen word embeddings): a random head would otherwise send large
           gradients into the pretrained body
@@ -34,9 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
+from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, SPACY_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
+from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
 from ralm.retrieval.index.store import IndexDir
@@ -56,8 +59,10 @@ class MlmConfig(RunOptions):
     warmup: int = option(30, WARMUP_HELP + " (in each phase)")
     masking: str = option("salient", MASKING_HELP)
     random_prob: float = option(0.15, "share of wordpieces masked by random masking")
+    spacy_model: str = option(SentenceConfig.spacy_model, SPACY_HELP)
     evidence: float = option(0.5, "share of sentences read with their own block (the others with none)")
     keep_sentence: float = option(0.5, "share of those blocks that still hold the sentence")
+    distractor: float = option(0.0, "share of the others read with another document's block instead of none")
     max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
     max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
     block_len: int = option(288, "wordpieces per block")
@@ -67,7 +72,7 @@ class MlmConfig(RunOptions):
 
     def __post_init__(self):
         check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),
-                      fractions=("random_prob", "evidence", "keep_sentence"))
+                      fractions=("random_prob", "evidence", "keep_sentence", "distractor"))
         MaskingConfig(self.masking, self.random_prob)
         RealmConfig(1, self.max_len, self.max_query_len)
 
@@ -99,6 +104,17 @@ def own_block_evidence(blocks: BlockStore, table: SentenceTable, s: int, keep: b
     return body if keep else np.concatenate([body[: int(table.starts[s])], body[int(table.ends[s]):]])
 
 
+def distractor_evidence(blocks: BlockStore, table: SentenceTable, s: int, draw: float) -> np.ndarray:
+    """The body of a block of another document than sentence s's, chosen by `draw` in [0, 1)."""
+    own = blocks.doc_index[int(table.rows[s])]
+    row = int(draw * len(blocks))
+    for _ in range(len(blocks)):  # the next block of another document
+        if blocks.doc_index[row] != own:
+            return blocks.body(row)
+        row = (row + 1) % len(blocks)
+    raise RalmError("distractor evidence needs a corpus of at least two documents")
+
+
 def _schedule(cfg: MlmConfig) -> list[Schedule]:
     """Learning-rate multipliers for [head, body]: the body waits `head_steps`, then warms up."""
     return [warmup_constant(cfg.warmup), delayed(warmup_constant(cfg.warmup), cfg.head_steps)]
@@ -117,7 +133,7 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         with main_first(env):
             index = IndexDir.create(run / "index", "dense")
             _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, encoder.tokenizer,
-                                          cfg.block_len, show_progress)
+                                          cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
     blocks, table = corpus
     masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
@@ -140,10 +156,12 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
         batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
-        draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(2) for s in idx])  # [B, 2]
+        draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(4) for s in idx])  # [B, 4]
         with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence
-        bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e else np.zeros(0, np.int64)
-                  for s, e, k in zip(idx, with_evidence, keep)]
+        distract = ~with_evidence & (draws[:, 2] < cfg.distractor)
+        bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e
+                  else distractor_evidence(blocks, table, int(s), d) if x else np.zeros(0, np.int64)
+                  for s, e, k, x, d in zip(idx, with_evidence, keep, distract, draws[:, 3])]
         nll, tokens = loop.ddp(batch, bodies)  # [B] each
         loss, _ = global_mean(nll.sum(), int(tokens.sum()), env)
         per_token = (nll / tokens).detach().cpu().numpy()

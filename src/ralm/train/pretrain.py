@@ -29,9 +29,9 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
-from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, WARMUP_HELP, ConfigError, option
+from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, SPACY_HELP, WARMUP_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
-from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
+from ralm.data.masking import MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
@@ -72,6 +72,7 @@ class PretrainConfig(RunOptions):
     retriever_lr: float | None = option(1e-5, "the towers' learning rate (slower than the encoder's: see docs/pretraining.md)")
     masking: str = option("salient", MASKING_HELP)
     random_prob: float = option(0.15, "share of wordpieces masked by random masking")
+    spacy_model: str = option(SentenceConfig.spacy_model, SPACY_HELP)
     null_doc: bool = option(True, "the empty block among the candidates (REALM's ingredients are switchable for ablations)")
     exclude_trivial: bool = option(True, "drop retrieved blocks of the masked sentence's own document")
     refresh: str = option("async", "async (separate index-builder process), sync (in-process) or none")
@@ -166,7 +167,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
     # a warm-up step reads one block per sentence where REALM reads k + 1: twice the sentences is still cheap
     warm = MlmConfig(cfg.corpus, model=source, steps=cfg.mlm_warmup, head_steps=cfg.mlm_warmup // 3,
                      batch_size=2 * cfg.batch_size, masking=cfg.masking,
-                     random_prob=cfg.random_prob, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
+                     random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
     summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
@@ -262,7 +263,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index = IndexDir.create(run / "index", "dense")
         key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
-                                              cfg.block_len, show_progress)
+                                              cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")

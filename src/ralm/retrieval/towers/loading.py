@@ -5,6 +5,7 @@ errors that name the directory at fault; and how every BERT in ralm is built.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from torch import nn
@@ -85,3 +86,30 @@ def sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:
     if modules.is_file():
         normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
     return pooling, normalize
+
+
+def save_random_encoder(out: str | os.PathLike, *, hidden_size: int = 64, layers: int = 2, heads: int = 2,
+                        intermediate_size: int | None = None, seed: int = 0, arch: str = "bert",
+                        pooling: str | None = None) -> Path:
+    """A randomly initialised encoder (`arch`: "bert", "mpnet", ...) with the bundled MiniLM
+    wordpiece vocabulary, saved as a Hugging Face directory: a start that knows nothing, for
+    training from scratch (REALM's towers and encoder, tests). `pooling` "mean" records mean
+    pooling for retrievers built on it (sentence-transformers' 1_Pooling/config.json): a random
+    BERT's [CLS] vector hardly depends on the input, the mean of its token vectors does."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    tokenizer = load_tokenizer()
+    cfg = AutoConfig.for_model(arch, vocab_size=tokenizer.vocab_size, hidden_size=hidden_size, num_hidden_layers=layers,
+                               num_attention_heads=heads, intermediate_size=intermediate_size or 2 * hidden_size,
+                               max_position_embeddings=512)
+    torch.manual_seed(seed)
+    AutoModel.from_config(cfg).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    if pooling is not None:
+        if pooling not in ("cls", "mean"):
+            raise RalmError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        (Path(out) / "1_Pooling").mkdir(exist_ok=True)
+        (Path(out) / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": hidden_size, f"pooling_mode_{pooling}_token{'s' if pooling == 'mean' else ''}": True}))
+    return Path(out)

@@ -1,0 +1,55 @@
+"""The generated knowledge task: deterministic, made of whole wordpieces, facts only where the
+task says, and its spaCy pipeline marks exactly the facts as salient spans."""
+
+from __future__ import annotations
+
+import pytest
+
+from ralm.data.blocks import BlockStore, build_block_store
+from ralm.data.knowledge import CITIES, FOUNDERS, NAME_FIRST, NAME_SECOND, KnowledgeConfig, generate_task, save_spacy_pipeline
+from ralm.data.masking import SentenceConfig, find_sentences, load_spacy
+from ralm.errors import RalmError
+from ralm.eval.knowledge import fact_examples
+from ralm.retrieval.towers.loading import load_tokenizer
+
+
+def test_the_task_is_seeded_and_states_each_fact_in_one_place():
+    cfg = KnowledgeConfig(train_entities=12, eval_entities=4, seed=3)
+    task = generate_task(cfg)
+    assert task == generate_task(cfg) and task != generate_task(KnowledgeConfig(12, 4, seed=4))
+    assert len(task.train_docs) == 24 and len(task.eval_docs) == 4 and len(task.eval_sentences) == 8
+    held_out = [e for e in task.entities if e.held_out]
+    corpus_text = " ".join(d.text for d in task.train_docs)
+    for e in held_out:  # a held-out entity is in no training document
+        assert e.name not in corpus_text
+    for s in task.eval_sentences + task.train_sentences:
+        e = next(e for e in task.entities if e.name == s.entity)
+        assert s.text[s.span[0]:s.span[1]] == (e.city if s.relation == "city" else e.founder)
+        assert s.source == e.source and "[MASK]" in s.masked_text and s.entity in s.masked_text
+    with pytest.raises(RalmError, match="at most"):
+        KnowledgeConfig(train_entities=len(NAME_FIRST) * len(NAME_SECOND), eval_entities=1)
+
+
+def test_every_word_is_one_wordpiece_and_facts_mask_whole():
+    tok = load_tokenizer()
+    for word in NAME_FIRST + NAME_SECOND + CITIES + FOUNDERS:
+        assert len(tok.tokenize(word)) == 1, word
+    task = generate_task(KnowledgeConfig(4, 2))
+    examples = fact_examples(task.eval_sentences, tok)
+    for s, e in zip(task.eval_sentences, examples):
+        assert len(e.positions) == 1 and tok.decode(e.labels) == s.text[s.span[0]:s.span[1]].lower()
+
+
+def test_the_spacy_pipeline_marks_the_facts_as_salient(tmp_path):
+    task = generate_task(KnowledgeConfig(3, 1))
+    corpus = task.write_corpus(tmp_path / "corpus.jsonl")
+    tok = load_tokenizer()
+    blocks: BlockStore = build_block_store(corpus, tmp_path / "blocks", tok, show_progress=False)
+    pipeline = save_spacy_pipeline(tmp_path / "spacy")
+    table = find_sentences(blocks, tok, tmp_path / "sentences", SentenceConfig(str(pipeline)), show_progress=False)
+    values = {w for e in task.entities for w in (e.city.lower(), e.founder.lower())}
+    masked = [tok.decode(table.tokens(blocks, s)[a:b].tolist()) for s in range(len(table)) for a, b in table.salient_spans(s)]
+    assert masked and set(masked) <= values  # the facts, never the entity names
+    assert len(table) == 3 * (1 + 4)  # one fact sentence and four notes sentences per training entity
+    with pytest.raises(RalmError, match="could not load the spaCy pipeline"):
+        load_spacy(str(tmp_path))
