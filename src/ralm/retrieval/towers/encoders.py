@@ -27,10 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ralm.atomic import read_json, write_model_dir
+from ralm.atomic import read_json, read_weights, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
+from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer, load_hf_encoder,
+                                           sentence_transformers_pooling)
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"
@@ -247,18 +248,16 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 
 
 def _load_ralm(path: Path) -> Retriever:
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
     raw = read_json(path / "config.json")
     raw.pop("format")
     cfg = RetrieverConfig(**raw)
-    towers = [Tower(bert_from_config(cfg.encoder), cfg) for _ in range(2)]
-    model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
-    state = load_file(str(path / "model.safetensors"))
+    towers = [Tower(bert_from_config(cfg.encoder, device="meta"), cfg) for _ in range(2)]
+    model = Retriever(towers[0], towers[1], load_checkpoint_tokenizer(path), cfg)
+    state = read_weights(path)
     if not any(k.startswith("doc.") for k in state):  # saved with equal towers (see the module's docstring)
-        state.update({"doc." + k[6:]: v for k, v in state.items() if k.startswith("query.")})
-    missing, unexpected = model.load_state_dict(state, strict=False)
+        # mapped a second time: the towers share the file's pages until training writes one
+        state.update({"doc." + k[6:]: v for k, v in read_weights(path).items() if k.startswith("query.")})
+    missing, unexpected = assign_weights(model, state)
     # Position-id buffers are not always saved; any other gap is a broken checkpoint.
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
