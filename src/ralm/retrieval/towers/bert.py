@@ -59,6 +59,27 @@ def supports(encoder: dict) -> bool:
             and not encoder.get("is_decoder") and not encoder.get("add_cross_attention"))
 
 
+class Linear(nn.Linear):
+    """nn.Linear, without the random init on the meta device: the checkpoint supplies the
+    weights, and torch's init functions on meta tensors would import torch._dynamo (seconds)."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class LayerNorm(nn.LayerNorm):
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 @dataclass
 class BertOutput:
     last_hidden_state: torch.Tensor  # [B, L, H]
@@ -66,12 +87,12 @@ class BertOutput:
 
 
 class Embeddings(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.word_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id, device=device)
+        self.position_embeddings = Embedding(cfg.max_position_embeddings, cfg.hidden_size, device=device)
+        self.token_type_embeddings = Embedding(cfg.type_vocab_size, cfg.hidden_size, device=device)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, device=device)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
@@ -81,12 +102,12 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
         self.heads = cfg.num_attention_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.query = Linear(cfg.hidden_size, cfg.hidden_size, device=device)
+        self.key = Linear(cfg.hidden_size, cfg.hidden_size, device=device)
+        self.value = Linear(cfg.hidden_size, cfg.hidden_size, device=device)
         self.dropout = cfg.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -100,10 +121,10 @@ class SelfAttention(nn.Module):
 class DenseNorm(nn.Module):
     """Linear -> dropout -> residual add -> LayerNorm (HF's BertSelfOutput and BertOutput)."""
 
-    def __init__(self, d_in: int, cfg: BertConfig):
+    def __init__(self, d_in: int, cfg: BertConfig, device=None):
         super().__init__()
-        self.dense = nn.Linear(d_in, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dense = Linear(d_in, cfg.hidden_size, device=device)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, device=device)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -111,30 +132,30 @@ class DenseNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.self = SelfAttention(cfg)
-        self.output = DenseNorm(cfg.hidden_size, cfg)
+        self.self = SelfAttention(cfg, device)
+        self.output = DenseNorm(cfg.hidden_size, cfg, device)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
 
 class Intermediate(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.dense = Linear(cfg.hidden_size, cfg.intermediate_size, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.dense(x))  # [B, L, F]
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.attention = Attention(cfg)
-        self.intermediate = Intermediate(cfg)
-        self.output = DenseNorm(cfg.intermediate_size, cfg)
+        self.attention = Attention(cfg, device)
+        self.intermediate = Intermediate(cfg, device)
+        self.output = DenseNorm(cfg.intermediate_size, cfg, device)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.attention(x, mask)  # [B, L, H]
@@ -142,9 +163,9 @@ class Layer(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.layer = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layer = nn.ModuleList(Layer(cfg, device) for _ in range(cfg.num_hidden_layers))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for layer in self.layer:
@@ -153,9 +174,9 @@ class Encoder(nn.Module):
 
 
 class Pooler(nn.Module):
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(x[:, 0]))  # [B, H]
@@ -164,12 +185,12 @@ class Pooler(nn.Module):
 class Bert(nn.Module):
     """`BertModel(input_ids, attention_mask, token_type_ids)` -> last_hidden_state, pooler_output."""
 
-    def __init__(self, cfg: BertConfig):
+    def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
         self.config = cfg
-        self.embeddings = Embeddings(cfg)
-        self.encoder = Encoder(cfg)
-        self.pooler = Pooler(cfg)
+        self.embeddings = Embeddings(cfg, device)
+        self.encoder = Encoder(cfg, device)
+        self.pooler = Pooler(cfg, device)
         self._register_load_state_dict_pre_hook(_drop_position_ids)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -196,5 +217,4 @@ def bert_from_config(encoder: dict, device: torch.device | str | None = None) ->
     cfg = BertConfig.from_dict(encoder)
     if cfg.hidden_size % cfg.num_attention_heads:
         raise RalmError(f"hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads {cfg.num_attention_heads}")
-    with torch.device(device or "cpu"):
-        return Bert(cfg)
+    return Bert(cfg, device)  # passed to each layer: a `with torch.device(...)` block would import torch._dynamo

@@ -129,6 +129,7 @@ class Retriever(nn.Module):
         self.doc = doc
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self._doc_fp: tuple[tuple, str] | None = None
 
     @property
     def dim(self) -> int:
@@ -182,7 +183,13 @@ class Retriever(nn.Module):
 
     # -- fingerprints: an index records the document tower it was built with -----------------
     def doc_fingerprint(self) -> str:
-        return _fingerprint(self.doc, self.cfg)
+        """A hash of the document tower's weights (and of the vector settings). Hashing ~90 MB
+        takes longer than a one-shot search, so the value is kept while no weight changes
+        (tensor version counters and storage), and a checkpoint records it when saved."""
+        key = (_vector_settings(self.cfg), _weights_key(self.doc))
+        if self._doc_fp is None or self._doc_fp[0] != key:
+            self._doc_fp = (key, _fingerprint(self.doc, self.cfg))
+        return self._doc_fp[1]
 
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
@@ -190,7 +197,7 @@ class Retriever(nn.Module):
         doc = {k: v for k, v in state.items() if k.startswith("doc.")}
         if all(torch.equal(v, state["query." + k[4:]]) for k, v in doc.items()):
             state = {k: v for k, v in state.items() if k not in doc}  # equal towers: stored once
-        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, state, self.tokenizer, FORMAT, {**asdict(self.cfg), "doc_fingerprint": self.doc_fingerprint()})
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,
@@ -214,15 +221,24 @@ def is_retriever_dir(path: str | os.PathLike) -> bool:
     return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
 
 
-def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
+def _vector_settings(cfg: RetrieverConfig) -> str:
     inputs = {"dim": cfg.dim, "pooling": cfg.pooling, "normalize": cfg.normalize}
     if cfg.pair_sep_id is not None:  # other vectors from the same weights; absent: fingerprints of older indexes hold
         inputs["pair_sep_id"] = cfg.pair_sep_id
-    h = hashlib.sha256(json.dumps(inputs).encode())
+    return json.dumps(inputs)
+
+
+def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
+    h = hashlib.sha256(_vector_settings(cfg).encode())
     for name, t in sorted(module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def _weights_key(module: nn.Module) -> tuple:
+    """Changes whenever a weight of `module` is modified in place (an optimiser step) or replaced."""
+    return tuple((name, t.data_ptr(), t._version) for name, t in module.state_dict(keep_vars=True).items())
 
 
 def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
@@ -250,6 +266,7 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 def _load_ralm(path: Path) -> Retriever:
     raw = read_json(path / "config.json")
     raw.pop("format")
+    saved_fp = raw.pop("doc_fingerprint", None)
     cfg = RetrieverConfig(**raw)
     towers = [Tower(bert_from_config(cfg.encoder, device="meta"), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], load_checkpoint_tokenizer(path), cfg)
@@ -262,4 +279,6 @@ def _load_ralm(path: Path) -> Retriever:
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    if saved_fp is not None:  # what save_pretrained hashed from these weights
+        model._doc_fp = ((_vector_settings(cfg), _weights_key(model.doc)), saved_fp)
     return model
