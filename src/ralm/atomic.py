@@ -124,21 +124,35 @@ def write_json(target: str | os.PathLike, obj) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict) -> None:
+def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict,
+                    metadata: dict[str, str] | None = None) -> None:
     """A model directory (config.json with its format tag, model.safetensors, tokenizer),
-    published atomically: what every ralm model's `save_pretrained` writes."""
+    published atomically: what every ralm model's `save_pretrained` writes. `metadata` goes into
+    the safetensors header (facts about the weights, e.g. their fingerprint)."""
     from safetensors.torch import save_file
 
     with atomic_path(out) as tmp:
         tmp.mkdir()
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": fmt})
+                  metadata={**(metadata or {}), "format": fmt})
         tokenizer.save_pretrained(str(tmp))
         (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
 
 
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64", "I32": "int32",
            "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata in a .safetensors file's header (read alone: a few hundred bytes)."""
+    import struct
+
+    with open(path, "rb") as f:
+        try:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n)).get("__metadata__") or {}
+        except (ValueError, struct.error) as e:
+            raise RalmError(f"{path}: not a safetensors file ({e})") from None
 
 
 def load_safetensors(path: str | os.PathLike) -> dict:

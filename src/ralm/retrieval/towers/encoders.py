@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ralm.atomic import read_json, read_weights, write_model_dir
+from ralm.atomic import read_json, read_weights, safetensors_metadata, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer, load_hf_encoder,
@@ -185,7 +185,7 @@ class Retriever(nn.Module):
     def doc_fingerprint(self) -> str:
         """A hash of the document tower's weights (and of the vector settings). Hashing ~90 MB
         takes longer than a one-shot search, so the value is kept while no weight changes
-        (tensor version counters and storage), and a checkpoint records it when saved."""
+        (tensor version counters and storage), and a checkpoint records it in its safetensors header."""
         key = (_vector_settings(self.cfg), _weights_key(self.doc))
         if self._doc_fp is None or self._doc_fp[0] != key:
             self._doc_fp = (key, _fingerprint(self.doc, self.cfg))
@@ -197,7 +197,7 @@ class Retriever(nn.Module):
         doc = {k: v for k, v in state.items() if k.startswith("doc.")}
         if all(torch.equal(v, state["query." + k[4:]]) for k, v in doc.items()):
             state = {k: v for k, v in state.items() if k not in doc}  # equal towers: stored once
-        write_model_dir(out, state, self.tokenizer, FORMAT, {**asdict(self.cfg), "doc_fingerprint": self.doc_fingerprint()})
+        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg), metadata={"doc_fingerprint": self.doc_fingerprint()})
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,
@@ -266,7 +266,6 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 def _load_ralm(path: Path) -> Retriever:
     raw = read_json(path / "config.json")
     raw.pop("format")
-    saved_fp = raw.pop("doc_fingerprint", None)
     cfg = RetrieverConfig(**raw)
     towers = [Tower(bert_from_config(cfg.encoder, device="meta"), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], load_checkpoint_tokenizer(path), cfg)
@@ -279,6 +278,7 @@ def _load_ralm(path: Path) -> Retriever:
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    saved_fp = safetensors_metadata(path / "model.safetensors").get("doc_fingerprint")
     if saved_fp is not None:  # what save_pretrained hashed from these weights
         model._doc_fp = ((_vector_settings(cfg), _weights_key(model.doc)), saved_fp)
     return model
