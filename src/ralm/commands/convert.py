@@ -37,3 +37,22 @@ def convert_hf_realm_cmd(
         out.print(f"document tower: {summary['doc_tower']}")
     if summary["ignored_tensors"]:
         out.print(f"[dim]{len(summary['ignored_tensors'])} unused tensors dropped (see {run / 'final' / 'conversion.json'})[/dim]")
+
+
+def export(
+    source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever, else RUN/final/reader)"),
+    fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
+    dest: Path = typer.Option(..., "--out", help="the new directory to write"),
+    as_json: bool = typer.Option(False, "--json", help="print {kind, source, format, out, parts}"),
+):
+    """Export a trained retriever (query and document towers) or reader into the directories
+    sentence-transformers and transformers load as they are (docs/interop.md)."""
+    from ralm.convert.export import export_model
+
+    quiet_libraries()
+    summary = export_model(source, dest, fmt)
+    if as_json:
+        print(json.dumps(summary))
+        return
+    out.print(f"[green]exported[/green] {summary['kind']} {summary['source']} as {fmt}: "
+              + ", ".join(f"{name} {path}" for name, path in summary["parts"].items()))
