@@ -23,6 +23,7 @@ import torch
 
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore
+from ralm.data.corpus import Documents
 from ralm.data.qa import Question, has_answer, read_questions
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -39,7 +40,7 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, st
 @dataclass
 class DPRConfig:
     questions: str
-    corpus: str
+    corpus: str | Documents  # a corpus file or folder, or the documents (saved in RUN/corpus)
     model: str | None = None  # initial encoder: HF directory, retriever checkpoint, or the bundled MiniLM
     dim: int | None = 128
     steps: int = 1000

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
+from ralm.data.corpus import Documents
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
@@ -31,7 +32,7 @@ from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, ra
 
 @dataclass
 class IctConfig:
-    corpus: str
+    corpus: str | Documents  # a corpus file or folder, or the documents (saved in RUN/corpus)
     model: str = "default"  # retriever checkpoint or HF BERT directory both towers start from
     dim: int = 128
     steps: int = 1000

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ralm.data.blocks import BlockStore
+from ralm.data.corpus import Documents
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
@@ -46,7 +47,7 @@ from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
 
 @dataclass
 class MlmConfig:
-    corpus: str
+    corpus: str | Documents  # a corpus file or folder, or the documents (saved in RUN/corpus)
     model: str = "default"  # HF BERT directory (with or without an MLM head)
     steps: int = 300
     head_steps: int = 100  # steps that train the head alone (the body frozen)

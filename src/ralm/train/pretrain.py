@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
+from ralm.data.corpus import Documents
 from ralm.data.masking import MaskingConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
@@ -49,7 +50,7 @@ REFRESH_MODES = ("async", "sync", "none")
 
 @dataclass
 class PretrainConfig:
-    corpus: str
+    corpus: str | Documents  # a corpus file or folder, or the documents (saved in RUN/corpus)
     init: str | None = None  # an ICT run (its final/retriever) or a retriever checkpoint for both towers
     model: str = "default"  # HF BERT directory for the towers without --init/--index (and the encoder without --encoder)
     encoder: str | None = None  # the encoder's start: an MLM warm-up run (train.mlm) or a BertForMaskedLM directory

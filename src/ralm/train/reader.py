@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ralm.data.corpus import read_corpus
+from ralm.data.corpus import Documents, read_corpus
 from ralm.data.qa import Question, answer_occurrences, read_questions
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, ReaderBatch, best_spans, marginal_nll, valid_spans
@@ -41,7 +41,7 @@ from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
 @dataclass
 class ReaderTrainConfig:
     questions: str
-    corpus: str | None = None  # resolves the questions' "doc_id" (else each carries a "context")
+    corpus: str | Documents | None = None  # resolves the questions' "doc_id" (else each carries a "context"); file or documents
     init: str | None = None  # a reader checkpoint or an HF encoder dir; None: the bundled MiniLM
     steps: int = 5000
     batch_size: int = 32
