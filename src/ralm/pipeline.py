@@ -96,6 +96,9 @@ class OpenQA:
         cal = reader.cfg.calibration
         self.calibration = Calibration.from_json(cal, "reader config.json") if cal else None
 
+    def __repr__(self) -> str:
+        return f"OpenQA(k={self.k}, min_confidence={self.min_confidence}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})"
+
     @classmethod
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, k: int = READ_K,
              hybrid: str | os.PathLike | None = None, alpha: float = HYBRID_ALPHA, device: torch.device | None = None,

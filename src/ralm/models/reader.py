@@ -192,6 +192,12 @@ class Reader(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def __repr__(self) -> str:
+        """One line (nn.Module's tree view: `print(nn.Module.__repr__(reader))`)."""
+        c, enc = self.cfg, self.bert.config
+        return (f"Reader(encoder={getattr(enc, 'model_type', 'bert')} {enc.num_hidden_layers}x{enc.hidden_size}, max_len={c.max_len}, "
+                f"max_span_width={c.max_span_width}, calibrated={c.calibration is not None}, base_model={c.base_model!r})")
+
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
         """Span scores [N, L, W] (mask them with `valid_spans`). The inputs are read in groups of
         similar length, each cut to its longest, so no attention or FFN work goes to padding

@@ -64,6 +64,10 @@ class IndexDir:
     def kind(self) -> str:
         return self.manifest["retriever"]
 
+    def __repr__(self) -> str:
+        versions = self.versions()
+        return f"IndexDir({str(self.root)!r}, kind={self.kind!r}, versions={len(versions)}, latest={versions[-1] if versions else None!r})"
+
     # -- versions ----------------------------------------------------------------------------
     def versions(self) -> list[str]:
         vdir = self.root / "versions"

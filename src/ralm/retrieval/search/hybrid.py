@@ -62,6 +62,9 @@ class HybridSearcher:
     def __len__(self) -> int:
         return len(self.dense)
 
+    def __repr__(self) -> str:
+        return f"HybridSearcher(alpha={self.alpha}, depth={self.depth}, dense={self.dense!r}, bm25={self.bm25!r})"
+
     def candidates(self, queries: Sequence[str], depth: int, snap=None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per query: (rows of the dense side's `snap` [C], the union of each side's top `depth`;
         their dense scores [C]; their BM25 scores [C], a row outside BM25's list at its floor)."""

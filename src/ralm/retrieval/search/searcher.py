@@ -125,6 +125,10 @@ class Searcher:
     def __len__(self) -> int:
         return len(self.current.blocks)
 
+    def __repr__(self) -> str:
+        model = "bm25" if self.retriever is None else f"dense dim {self.retriever.dim}"
+        return f"Searcher({str(self.index.root)!r}, version={self.current.name!r}, blocks={len(self)}, {model}, device={self.device})"
+
     def encode(self, queries: Sequence[str]) -> torch.Tensor | list[str]:
         """Queries in the form the index searches: [Q, D] query vectors (dense) or the strings (BM25)."""
         if isinstance(queries, str):  # would search each of its characters

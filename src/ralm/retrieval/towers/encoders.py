@@ -135,6 +135,13 @@ class Retriever(nn.Module):
     def dim(self) -> int:
         return self.cfg.dim or self.doc.bert.config.hidden_size
 
+    def __repr__(self) -> str:
+        """One line (nn.Module's tree view: `print(nn.Module.__repr__(retriever))`)."""
+        c, enc = self.cfg, self.doc.bert.config
+        projection = f"projection {enc.hidden_size}->{c.dim}" if c.dim is not None else "no projection"
+        return (f"Retriever(dim={self.dim}, pooling={c.pooling!r}, normalize={c.normalize}, {projection}, "
+                f"encoder={getattr(enc, 'model_type', 'bert')} {enc.num_hidden_layers}x{enc.hidden_size}, base_model={c.base_model!r})")
+
     def forward(self, q_ids: torch.Tensor, q_mask: torch.Tensor, d_ids: torch.Tensor, d_mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both towers in one call ([B, Lq] queries, [B', Ld] documents -> [B, D], [B', D]), so
