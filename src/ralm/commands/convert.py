@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ralm.commands.shared import quiet_libraries
-from ralm.console import out
+from ralm.console import out, print_summary
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
 
@@ -51,8 +51,5 @@ def export(
 
     quiet_libraries()
     summary = export_model(source, dest, fmt)
-    if as_json:
-        print(json.dumps(summary))
-        return
-    out.print(f"[green]exported[/green] {summary['kind']} {summary['source']} as {fmt}: "
-              + ", ".join(f"{name} {path}" for name, path in summary["parts"].items()))
+    print_summary(summary, as_json, f"[green]exported[/green] {summary['kind']} {summary['source']} as {fmt}: "
+                  + ", ".join(f"{name} {path}" for name, path in summary["parts"].items()))
