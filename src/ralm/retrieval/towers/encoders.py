@@ -204,6 +204,9 @@ class Retriever(nn.Module):
         doc = {k: v for k, v in state.items() if k.startswith("doc.")}
         if all(torch.equal(v, state["query." + k[4:]]) for k, v in doc.items()):
             state = {k: v for k, v in state.items() if k not in doc}  # equal towers: stored once
+        # hashed afresh, not from the cache: an optimiser that writes without bumping tensor
+        # versions (torch's fused AdamW) must not leave a stale fingerprint in a checkpoint
+        self._doc_fp = None
         write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg), metadata={"doc_fingerprint": self.doc_fingerprint()})
 
     @classmethod
