@@ -247,8 +247,10 @@ def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
 
 
 def _weights_key(module: nn.Module) -> tuple:
-    """Changes whenever a weight of `module` is modified in place (an optimiser step) or replaced."""
-    return tuple((name, t.data_ptr(), t._version) for name, t in module.state_dict(keep_vars=True).items())
+    """Changes whenever a weight of `module` is modified in place (an optimiser step) or replaced.
+    Tensors made under torch.inference_mode keep no version counter; nothing trains them."""
+    return tuple((name, t.data_ptr(), -1 if t.is_inference() else t._version)
+                 for name, t in module.state_dict(keep_vars=True).items())
 
 
 def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
