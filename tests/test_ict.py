@@ -64,3 +64,25 @@ def test_ict_config_errors():
         IctConfig("c.jsonl", batch_size=1)
     with pytest.raises(RalmError, match="steps must be positive"):
         IctConfig("c.jsonl", steps=0)
+
+
+def test_ict_trains_on_documents_given_in_memory(tiny_bert, tmp_path):
+    """As build_index: the documents are saved once as RUN/corpus/<sha>.jsonl, the config names
+    that file, and the same documents resume the run."""
+    from conftest import DOCS
+
+    from ralm.data.corpus import Document, read_corpus
+
+    docs = [Document(d["id"], d["title"], d["text"]) for d in DOCS]
+    run = tmp_path / "ict"
+    cfg = IctConfig(docs, model=str(tiny_bert), dim=16, steps=1, batch_size=4, save_every=1, log_every=1, warmup=1)
+    train_ict(cfg, run, torch.device("cpu"), show_progress=False)
+    saved = list((run / "corpus").glob("*.jsonl"))
+    assert len(saved) == 1 and cfg.corpus == str(saved[0]) and list(read_corpus(saved[0])) == docs
+    assert json.loads((run / "config.json").read_text())["corpus"] == str(saved[0])
+    messages = []
+    again = IctConfig([d.__dict__ for d in docs], model=str(tiny_bert), dim=16, steps=2, batch_size=4, save_every=1, log_every=1, warmup=1)
+    train_ict(again, run, torch.device("cpu"), show_progress=False, notify=messages.append)
+    assert "resuming from step 1" in messages
+    with pytest.raises(RalmError, match="different config"):
+        train_ict(IctConfig(docs[:-1], model=str(tiny_bert), dim=16, steps=3, batch_size=4), run, torch.device("cpu"), show_progress=False)

@@ -276,3 +276,22 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, 
     assert code == 0 and "A:" in out and "confidence" in out
     code, out, err = ralm("ask", "Who?", "--model", tmp_path, "--index", tiny_dense_index)
     assert code == 2 and "ralm finetune" in err
+
+
+def test_ask_reads_questions_from_stdin_with_the_models_loaded_once(ralm, tiny_dense_index, monkeypatch):
+    import io
+
+    opened = []
+    real_open = OpenQA.open.__func__
+    monkeypatch.setattr(OpenQA, "open", classmethod(lambda cls, *a, **kw: opened.append(1) or real_open(cls, *a, **kw)))
+    questions = ["Who created Python?", "", "What is the capital of France?"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n"))
+    code, out, err = ralm("ask", "--index", tiny_dense_index, "-k", 2, "--min-confidence", 0, "--json")
+    assert code == 0, err
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert len(opened) == 1 and len(answers) == 2  # the blank line is skipped
+    for question, answer in zip(["Who created Python?", "What is the capital of France?"], answers):
+        code, one, _ = ralm("ask", question, "--index", tiny_dense_index, "-k", 2, "--min-confidence", 0, "--json")
+        assert code == 0 and json.loads(one) == answer
+    code, _, err = ralm("ask", "  ", "--index", tiny_dense_index)
+    assert code == 2 and "the question is empty" in err

@@ -68,3 +68,25 @@ def test_the_python_api_guide_runs_as_written(tmp_path, monkeypatch):
     namespace: dict = {}
     for i, code in enumerate(blocks):
         exec(compile(code, f"{DOC}:block{i + 1}", "exec"), namespace)
+
+
+def test_public_objects_print_what_they_are(tiny_dense_index, tiny_bert):
+    searcher = Searcher.open(tiny_dense_index)
+    index = ralm.IndexDir(tiny_dense_index)
+    qa = ralm.OpenQA(ralm.Reader.from_encoder(str(tiny_bert)), searcher, k=3)
+    shown = {"index": repr(index), "searcher": repr(searcher), "retriever": repr(searcher.retriever), "qa": repr(qa),
+             "blocks": repr(searcher.current.blocks), "exact": repr(searcher.current.index)}
+    assert all("\n" not in text and len(text) < 600 for text in shown.values())
+    assert str(tiny_dense_index) in shown["index"] and "kind='dense'" in shown["index"] and "latest='v000001'" in shown["index"]
+    assert f"blocks={len(searcher)}" in shown["searcher"] and "v000001" in shown["searcher"]
+    assert f"dim={searcher.retriever.dim}" in shown["retriever"] and "2x32" in shown["retriever"]
+    assert "k=3" in shown["qa"] and "Reader(" in shown["qa"] and "calibrated=False" in shown["qa"]
+    assert f"rows={len(searcher)}" in shown["exact"] and f"blocks={len(searcher)}" in shown["blocks"]
+
+
+def test_show_progress_false_prints_no_bar(tiny_bert, tmp_path, capfd, monkeypatch):
+    """Nothing on stderr, transformers' weight-loading bar included, even where bars are on."""
+    monkeypatch.delenv("RALM_NO_PROGRESS", raising=False)
+    capfd.readouterr()
+    build_index([d["text"] for d in DOCS], tmp_path / "idx", model=str(tiny_bert), dim=None, show_progress=False)
+    assert capfd.readouterr().err == ""

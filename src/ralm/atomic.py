@@ -129,26 +129,75 @@ def write_json(target: str | os.PathLike, obj) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict) -> None:
+def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict,
+                    metadata: dict[str, str] | None = None) -> None:
     """A model directory (config.json with its format tag, model.safetensors, tokenizer),
-    published atomically: what every ralm model's `save_pretrained` writes."""
+    published atomically: what every ralm model's `save_pretrained` writes. `metadata` goes into
+    the safetensors header (facts about the weights, e.g. their fingerprint)."""
     from safetensors.torch import save_file
 
     with atomic_path(out) as tmp:
         tmp.mkdir()
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": fmt})
+                  metadata={**(metadata or {}), "format": fmt})
         tokenizer.save_pretrained(str(tmp))
         (tmp / "config.json").write_text(json.dumps({"format": fmt, **config}, indent=2) + "\n")
 
 
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata in a .safetensors file's header (read alone: a few hundred bytes)."""
+    import struct
+
+    with open(path, "rb") as f:
+        try:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n)).get("__metadata__") or {}
+        except (ValueError, struct.error) as e:
+            raise RalmError(f"{path}: not a safetensors file ({e})") from None
+
+
+def load_safetensors(path: str | os.PathLike) -> dict:
+    """The tensors of a .safetensors file as views of a private (copy-on-write) memory map: no
+    read until a page is used, no copy, and writes (training) never reach the file. Each call
+    maps the file anew, so two models loaded from it do not share their weights' memory."""
+    import mmap
+    import struct
+
+    import torch
+
+    path = Path(path)
+    with open(path, "rb") as f:
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            (n,) = struct.unpack("<Q", buf[:8])
+            header = json.loads(buf[8 : 8 + n])
+        except (ValueError, struct.error, OSError) as e:
+            raise RalmError(f"{path} is damaged (not a safetensors file: {e}); restore or re-export the model") from None
+    base, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, _DTYPES.get(info["dtype"], ""), None)
+        if dtype is None:
+            raise RalmError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        if base + end > len(buf):
+            raise RalmError(f"{path} is damaged (truncated: tensor {name} ends past the file); restore or re-export the model")
+        count = (end - start) // torch.empty(0, dtype=dtype).element_size()
+        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start) if count else torch.empty(0, dtype=dtype)
+        out[name] = flat.view(info["shape"])
+    return out
+
+
 def read_weights(model_dir: str | os.PathLike) -> dict:
     """The tensors of a model directory: model.safetensors, or its shards
-    model-0000K-of-0000N.safetensors (Hugging Face's naming). The reader shipped in the package
-    is stored in two shards so that no file in the repository passes 30 MB."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    model-0000K-of-0000N.safetensors (Hugging Face's naming), as copy-free views (see
+    `load_safetensors`). The reader shipped in the package is stored in two shards so that no
+    file in the repository passes 30 MB."""
     model_dir = Path(model_dir)
     single = model_dir / "model.safetensors"
     files = [single] if single.is_file() else sorted(model_dir.glob("model-*-of-*.safetensors"))
@@ -156,10 +205,7 @@ def read_weights(model_dir: str | os.PathLike) -> dict:
         raise RalmError(f"{model_dir}: no model.safetensors")
     state = {}
     for f in files:
-        try:
-            state.update(load_file(str(f)))
-        except SafetensorError as e:  # truncated or overwritten
-            raise RalmError(f"{f} is damaged ({e}); restore or re-export the model") from None
+        state.update(load_safetensors(f))
     return state
 
 

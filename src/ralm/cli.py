@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ralm.commands.convert import convert_app
+from ralm.commands.convert import convert_app, export
 from ralm.commands.from_config import lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
@@ -146,7 +146,8 @@ def eval_qa(
 
 @app.command()
 def ask(
-    question: str = typer.Argument(..., help="the question, in natural language"),
+    question: Optional[str] = typer.Argument(None, help="the question; without it, questions are read from stdin, one a line, "
+                                                        "and answered as they come with the models loaded once"),
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
@@ -155,17 +156,35 @@ def ask(
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print {answer, no_answer, score, confidence, evidence: [{id, title, text, retrieval_score, span}]}"),
+    as_json: bool = typer.Option(False, "--json", help="print {answer, no_answer, score, confidence, evidence: [{id, title, text, "
+                                                       "retrieval_score, span}]} (one line per question when read from stdin)"),
 ):
     """Answer a question with evidence: the most probable answer over the top-k blocks."""
     quiet_libraries()
-    if not question.strip():
+    if question is not None and not question.strip():
         raise RalmError("the question is empty")
-    answer = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid).answer([question])[0]
-    if as_json:
-        print_json(answer.to_json(), ensure_ascii=False)
-        return
-    print_answer(answer)
+    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    for q in [question] if question is not None else _stdin_questions():
+        answer = qa.answer([q])[0]
+        if as_json:
+            print_json(answer.to_json(), ensure_ascii=False)
+        else:
+            print_answer(answer)
+
+
+def _stdin_questions():
+    """Non-empty lines of stdin; on a terminal, a prompt before each."""
+    prompt = sys.stdin.isatty()
+    if prompt:
+        err.print("ready: one question a line, Ctrl-D to end")
+    while True:
+        if prompt:
+            err.print("[bold]?[/bold] ", end="")
+        line = sys.stdin.readline()
+        if not line:
+            return
+        if line.strip():
+            yield line.strip()
 
 
 @app.command()
@@ -200,6 +219,7 @@ def serve(
 
 
 app.add_typer(convert_app, name="convert")
+app.command()(export)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

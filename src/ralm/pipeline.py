@@ -113,8 +113,8 @@ class OpenQA:
         return self.calibrations.for_kind(self.kind)
 
     def __repr__(self) -> str:
-        return (f"OpenQA(index={str(self.searcher.index.root)!r}, retriever={self.kind}, k={self.k}, "
-                f"min_confidence={self.min_confidence}, calibrated={self.calibration is not None})")
+        return (f"OpenQA(k={self.k}, retriever={self.kind}, min_confidence={self.min_confidence}, calibrated="
+                f"{self.calibration is not None}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})")
 
     @classmethod
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, k: int = READ_K,

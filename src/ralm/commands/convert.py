@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ralm.commands.shared import quiet_libraries
-from ralm.console import out, print_json
+from ralm.console import out, print_json, print_summary
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
 
@@ -36,3 +36,19 @@ def convert_hf_realm_cmd(
         out.print(f"document tower: {summary['doc_tower']}")
     if summary["ignored_tensors"]:
         out.print(f"[dim]{len(summary['ignored_tensors'])} unused tensors dropped (see {run / 'final' / 'conversion.json'})[/dim]")
+
+
+def export(
+    source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever, else RUN/final/reader)"),
+    fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
+    dest: Path = typer.Option(..., "--out", help="the new directory to write"),
+    as_json: bool = typer.Option(False, "--json", help="print {kind, source, format, out, parts}"),
+):
+    """Export a trained retriever (query and document towers) or reader into the directories
+    sentence-transformers and transformers load as they are (docs/interop.md)."""
+    from ralm.convert.export import export_model
+
+    quiet_libraries()
+    summary = export_model(source, dest, fmt)
+    print_summary(summary, as_json, f"[green]exported[/green] {summary['kind']} {summary['source']} as {fmt}: "
+                  + ", ".join(f"{name} {path}" for name, path in summary["parts"].items()))

@@ -53,11 +53,19 @@ def runtime(device: str, dtype: str):
 
 
 def quiet_libraries() -> None:
-    """Library progress bars (transformers' weight loading, bm25s) would drown ours."""
-    import transformers
+    """Library progress bars and notices (transformers' weight loading, bm25s) would drown ours.
+    Set through the environment, which transformers reads when it is imported, so a command that
+    never needs transformers does not pay for importing it here."""
+    import os
+    import sys
 
-    transformers.logging.disable_progress_bar()
-    transformers.logging.set_verbosity_error()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        import transformers
+
+        transformers.logging.disable_progress_bar()
+        transformers.logging.set_verbosity_error()
 
 
 def main_rank() -> bool:

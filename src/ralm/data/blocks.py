@@ -240,6 +240,9 @@ class BlockStore:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def __repr__(self) -> str:
+        return f"BlockStore({str(self.folder)!r}, blocks={len(self)}, config={self.manifest['config']})"
+
     @property
     def config(self) -> BlockConfig:
         return BlockConfig(**self.manifest["config"])

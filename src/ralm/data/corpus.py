@@ -186,6 +186,21 @@ def as_documents(items: Iterable[Document | dict | str]) -> list[Document]:
     return docs
 
 
+Documents = Iterable[Document | dict | str]  # a corpus given in memory (see `as_documents`)
+
+
+def save_documents(folder: str | os.PathLike, docs: Documents) -> Path:
+    """In-memory documents as a JSONL corpus file in `folder`, named by its content, so that
+    what reads a corpus (block stores, trainers, a resumed run) reads them like any other file."""
+    from ralm.atomic import write_text
+
+    lines = "".join(json.dumps(asdict(d), ensure_ascii=False) + "\n" for d in as_documents(docs))
+    path = Path(folder) / f"{hashlib.sha256(lines.encode()).hexdigest()[:16]}.jsonl"
+    if not path.is_file():
+        write_text(path, lines)
+    return path
+
+
 def corpus_fingerprint(path: str | os.PathLike) -> str:
     """sha256 of the corpus bytes (file names too for a folder): an index records it."""
     path = _corpus_path(path)

@@ -31,7 +31,8 @@ from ralm.atomic import atomic_path, link_or_copy, read_weights, write_model_dir
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import by_length, pad_rows
-from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder
+from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer,
+                                           load_hf_encoder)
 
 FORMAT = "ralm.reader/1"
 # Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.
@@ -191,6 +192,12 @@ class Reader(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def __repr__(self) -> str:
+        """One line (nn.Module's tree view: `print(nn.Module.__repr__(reader))`)."""
+        c, enc = self.cfg, self.bert.config
+        return (f"Reader(encoder={getattr(enc, 'model_type', 'bert')} {enc.num_hidden_layers}x{enc.hidden_size}, max_len={c.max_len}, "
+                f"max_span_width={c.max_span_width}, calibrated={c.calibration is not None}, base_model={c.base_model!r})")
+
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
         """Span scores [N, L, W] (mask them with `valid_spans`). The inputs are read in groups of
         similar length, each cut to its longest, so no attention or FFN work goes to padding
@@ -304,8 +311,6 @@ class Reader(nn.Module):
         """A reader checkpoint directory written by `save_pretrained`; `None` gives the
         package's general-purpose reader. `overrides` replace saved ReaderConfig fields (e.g.
         max_len, calibration)."""
-        from transformers import AutoTokenizer
-
         path = default_reader_path() if path is None else Path(path)
         if not is_reader_dir(path):
             raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
@@ -316,9 +321,9 @@ class Reader(nn.Module):
             base = cfg.base_model
             bert, _ = load_hf_encoder(default_model_path() if base == "default" else base)
         else:
-            bert = bert_from_config(cfg.encoder)
-        model = cls(bert, AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
-        missing, unexpected = model.load_state_dict(read_weights(path), strict=False)
+            bert = bert_from_config(cfg.encoder, device="meta")  # every weight comes from the checkpoint
+        model = cls(bert, load_checkpoint_tokenizer(path), cfg)
+        missing, unexpected = assign_weights(model, read_weights(path))
         missing = [k for k in missing if not k.endswith("position_ids") and model._is_trained(k)]
         if missing or unexpected:
             raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")

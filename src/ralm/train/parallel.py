@@ -8,6 +8,7 @@ negatives, with gradients flowing back to the rank that encoded them.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ralm.data.corpus import save_documents
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.runtime import full_precision, resolve_dtype, seed_everything
@@ -71,9 +73,22 @@ def start_run(run, config, device: torch.device | None, show_progress: bool,
     device = env.device(device or torch.device("cpu"))
     dtype = resolve_dtype(config.dtype, device)  # before any work: `bf16` on a CPU without it fails here
     seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
+    _documents_to_file(config, run, env)
     resume = env.broadcast_object(prepare_run(run, config) if env.is_main else None)
     return RunContext(Path(run), env, device, dtype, show_progress and env.is_main, resume,
                       notify if notify and env.is_main else (lambda _: None))
+
+
+def _documents_to_file(config, run, env: DistEnv) -> None:
+    """A corpus given as documents (as to build_index) is saved as RUN/corpus/<sha>.jsonl and
+    `config.corpus` names that file: the run's config.json stays a file's record, and a resume
+    with the same documents finds the same file."""
+    corpus = getattr(config, "corpus", None)
+    if corpus is None or isinstance(corpus, (str, os.PathLike)):
+        return
+    path = str(save_documents(Path(run) / "corpus", corpus)) if env.is_main else None
+    env.barrier()
+    config.corpus = env.broadcast_object(path)
 
 
 @contextmanager

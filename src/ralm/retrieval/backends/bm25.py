@@ -33,6 +33,9 @@ class BM25Index:
         self.count = count
         self.avgdl = avgdl  # mean block length in terms; None for indexes built by ralm <= 0.2.0
 
+    def __repr__(self) -> str:
+        return f"BM25Index(rows={self.count}, k1={self.model.k1}, b={self.model.b}, avgdl={self.avgdl})"
+
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 0.9, b: float = 0.4, show_progress: bool = True) -> "BM25Index":
         """Pyserini's defaults (k1=0.9, b=0.4), which are strong for passage retrieval."""

@@ -111,6 +111,9 @@ class ExactIndex:
         else:
             self._matrix = embeddings  # stays on disk / in numpy; chunks are viewed on demand
 
+    def __repr__(self) -> str:
+        return f"ExactIndex(rows={self.count}, dim={self.dim}, device={self.device}, dtype={self.dtype})"
+
     def _chunk(self, start: int, end: int) -> torch.Tensor:
         if isinstance(self._matrix, torch.Tensor):
             return self._matrix[start:end]

@@ -70,6 +70,9 @@ class FaissIndex:
     def dim(self) -> int:
         return self.index.d
 
+    def __repr__(self) -> str:
+        return f"FaissIndex({self.spec!r}, rows={self.count}, dim={self.dim})"
+
     @classmethod
     def build(cls, embeddings: np.ndarray, spec: str = "Flat", metric: str = "ip",
               train_size: int = 262_144, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":

@@ -3,18 +3,15 @@ BM25) -> one version, published atomically; and upgrade an index to more sides."
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from ralm.atomic import link_or_copy, write_text
+from ralm.atomic import link_or_copy
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
-from ralm.data.corpus import Document, as_documents
+from ralm.data.corpus import Document, save_documents
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import DEFAULT_KIND, BuildContext, kind_of, side_class, sides_of
@@ -25,22 +22,12 @@ from ralm.runtime import resolve_dtype
 Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
 
 
-def save_documents(index: IndexDir, docs: Iterable[Document | dict | str]) -> Path:
-    """In-memory documents as a JSONL corpus in the index directory, named by its content, so
-    the block store records (and a later build reads) a file like any other corpus."""
-    lines = "".join(json.dumps(asdict(d), ensure_ascii=False) + "\n" for d in as_documents(docs))
-    path = index.root / "corpus" / f"{hashlib.sha256(lines.encode()).hexdigest()[:16]}.jsonl"
-    if not path.is_file():
-        write_text(path, lines)
-    return path
-
-
 def _corpus_file(corpus: Corpus, out: str | os.PathLike, kind: str, env: DistEnv) -> str | os.PathLike:
     """Documents given in memory are saved in the index directory first (by rank 0), so every
     rank and the block store read a file like any other corpus."""
     if isinstance(corpus, (str, os.PathLike)):
         return corpus
-    path = str(save_documents(IndexDir.create(out, kind), corpus)) if env.is_main else None
+    path = str(save_documents(IndexDir.create(out, kind).root / "corpus", corpus)) if env.is_main else None
     env.barrier()
     return env.broadcast_object(path)
 

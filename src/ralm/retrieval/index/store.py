@@ -86,6 +86,10 @@ class IndexDir:
         write_json(manifest_file(self.root), {**self.manifest, "format": FORMAT, "retriever": kind})
         self.manifest = read_json(manifest_file(self.root))
 
+    def __repr__(self) -> str:
+        versions = self.versions()
+        return f"IndexDir({str(self.root)!r}, kind={self.kind!r}, versions={len(versions)}, latest={versions[-1] if versions else None!r})"
+
     # -- versions ----------------------------------------------------------------------------
     def versions(self) -> list[str]:
         vdir = self.root / "versions"

@@ -27,10 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ralm.atomic import read_json, read_weights, write_model_dir
+from ralm.atomic import read_json, read_weights, safetensors_metadata, write_model_dir
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.towers.loading import bert_from_config, default_model_path, load_hf_encoder, sentence_transformers_pooling
+from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer, load_hf_encoder,
+                                           sentence_transformers_pooling)
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"
@@ -128,10 +129,18 @@ class Retriever(nn.Module):
         self.doc = doc
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self._doc_fp: tuple[tuple, str] | None = None
 
     @property
     def dim(self) -> int:
         return self.cfg.dim or self.doc.bert.config.hidden_size
+
+    def __repr__(self) -> str:
+        """One line (nn.Module's tree view: `print(nn.Module.__repr__(retriever))`)."""
+        c, enc = self.cfg, self.doc.bert.config
+        projection = f"projection {enc.hidden_size}->{c.dim}" if c.dim is not None else "no projection"
+        return (f"Retriever(dim={self.dim}, pooling={c.pooling!r}, normalize={c.normalize}, {projection}, "
+                f"encoder={getattr(enc, 'model_type', 'bert')} {enc.num_hidden_layers}x{enc.hidden_size}, base_model={c.base_model!r})")
 
     def forward(self, q_ids: torch.Tensor, q_mask: torch.Tensor, d_ids: torch.Tensor, d_mask: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +190,13 @@ class Retriever(nn.Module):
 
     # -- fingerprints: an index records the document tower it was built with -----------------
     def doc_fingerprint(self) -> str:
-        return _fingerprint(self.doc, self.cfg)
+        """A hash of the document tower's weights (and of the vector settings). Hashing ~90 MB
+        takes longer than a one-shot search, so the value is kept while no weight changes
+        (tensor version counters and storage), and a checkpoint records it in its safetensors header."""
+        key = (_vector_settings(self.cfg), _weights_key(self.doc))
+        if self._doc_fp is None or self._doc_fp[0] != key:
+            self._doc_fp = (key, _fingerprint(self.doc, self.cfg))
+        return self._doc_fp[1]
 
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
@@ -189,7 +204,10 @@ class Retriever(nn.Module):
         doc = {k: v for k, v in state.items() if k.startswith("doc.")}
         if all(torch.equal(v, state["query." + k[4:]]) for k, v in doc.items()):
             state = {k: v for k, v in state.items() if k not in doc}  # equal towers: stored once
-        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg))
+        # hashed afresh, not from the cache: an optimiser that writes without bumping tensor
+        # versions (torch's fused AdamW) must not leave a stale fingerprint in a checkpoint
+        self._doc_fp = None
+        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg), metadata={"doc_fingerprint": self.doc_fingerprint()})
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,
@@ -213,15 +231,26 @@ def is_retriever_dir(path: str | os.PathLike) -> bool:
     return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
 
 
-def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
+def _vector_settings(cfg: RetrieverConfig) -> str:
     inputs = {"dim": cfg.dim, "pooling": cfg.pooling, "normalize": cfg.normalize}
     if cfg.pair_sep_id is not None:  # other vectors from the same weights; absent: fingerprints of older indexes hold
         inputs["pair_sep_id"] = cfg.pair_sep_id
-    h = hashlib.sha256(json.dumps(inputs).encode())
+    return json.dumps(inputs)
+
+
+def _fingerprint(module: nn.Module, cfg: RetrieverConfig) -> str:
+    h = hashlib.sha256(_vector_settings(cfg).encode())
     for name, t in sorted(module.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def _weights_key(module: nn.Module) -> tuple:
+    """Changes whenever a weight of `module` is modified in place (an optimiser step) or replaced.
+    Tensors made under torch.inference_mode keep no version counter; nothing trains them."""
+    return tuple((name, t.data_ptr(), -1 if t.is_inference() else t._version)
+                 for name, t in module.state_dict(keep_vars=True).items())
 
 
 def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -> Retriever:
@@ -247,19 +276,21 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 
 
 def _load_ralm(path: Path) -> Retriever:
-    from transformers import AutoTokenizer
-
     raw = read_json(path / "config.json")
     raw.pop("format")
     cfg = RetrieverConfig(**raw)
-    towers = [Tower(bert_from_config(cfg.encoder), cfg) for _ in range(2)]
-    model = Retriever(towers[0], towers[1], AutoTokenizer.from_pretrained(str(path), use_fast=True), cfg)
+    towers = [Tower(bert_from_config(cfg.encoder, device="meta"), cfg) for _ in range(2)]
+    model = Retriever(towers[0], towers[1], load_checkpoint_tokenizer(path), cfg)
     state = read_weights(path)
     if not any(k.startswith("doc.") for k in state):  # saved with equal towers (see the module's docstring)
-        state.update({"doc." + k[6:]: v for k, v in state.items() if k.startswith("query.")})
-    missing, unexpected = model.load_state_dict(state, strict=False)
+        # mapped a second time: the towers share the file's pages until training writes one
+        state.update({"doc." + k[6:]: v for k, v in read_weights(path).items() if k.startswith("query.")})
+    missing, unexpected = assign_weights(model, state)
     # Position-id buffers are not always saved; any other gap is a broken checkpoint.
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    saved_fp = safetensors_metadata(path / "model.safetensors").get("doc_fingerprint")
+    if saved_fp is not None:  # what save_pretrained hashed from these weights
+        model._doc_fp = ((_vector_settings(cfg), _weights_key(model.doc)), saved_fp)
     return model

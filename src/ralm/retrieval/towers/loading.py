@@ -59,20 +59,55 @@ ENCODER_OVERRIDES = {"attention_probs_dropout_prob": 0.0}
 
 
 def load_hf_encoder(path: str):
-    """(BERT model, fast tokenizer) from a local directory or hub name, with clear errors."""
+    """(BERT model, fast tokenizer) from a local directory or hub name, with clear errors.
+    transformers' weight-loading bar stays off: callers show their own progress (or none, with
+    show_progress=False)."""
     from transformers import AutoModel
+    from transformers.utils import logging
 
     tokenizer = load_tokenizer(path)
-    return _loading(path, lambda: AutoModel.from_pretrained(path, **ENCODER_OVERRIDES)), tokenizer
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        return _loading(path, lambda: AutoModel.from_pretrained(path, **ENCODER_OVERRIDES)), tokenizer
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
-def bert_from_config(encoder: dict) -> nn.Module:
-    """An untrained HF encoder (SDPA attention where it has one) of the architecture recorded
-    in a checkpoint's config; its weights come from the checkpoint."""
+def bert_from_config(encoder: dict, device: str | None = None) -> nn.Module:
+    """An untrained encoder of the architecture recorded in a checkpoint's config; its weights
+    come from the checkpoint. BERT is ralm's own (retrieval/towers/bert.py: no transformers
+    import, and `device="meta"` builds it without memory for the weights to be assigned);
+    other architectures are transformers' (SDPA attention where they have it)."""
+    from ralm.retrieval.towers import bert
+
+    if bert.supports(encoder):
+        return bert.bert_from_config({**encoder, **ENCODER_OVERRIDES}, device)
     from transformers import AutoConfig, AutoModel
 
     enc = {**encoder, **ENCODER_OVERRIDES}
     return AutoModel.from_config(AutoConfig.for_model(enc.pop("model_type", "bert"), **enc))
+
+
+def assign_weights(model: nn.Module, state: dict) -> tuple[list[str], list[str]]:
+    """Load `state` into `model` by taking its tensors (no copy; parameters on the meta device
+    become real), cast to each parameter's dtype where the file stores another (the package's
+    reader is stored in fp16). Returns (missing, unexpected) keys, as load_state_dict."""
+    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    state = {k: v.to(own[k].dtype) if k in own and v.is_floating_point() and v.dtype != own[k].dtype else v
+             for k, v in state.items()}
+    return model.load_state_dict(state, strict=False, assign=True)
+
+
+def load_checkpoint_tokenizer(path: Path):
+    """The tokenizer saved in a ralm checkpoint directory: its tokenizer.json read directly
+    (data/tokenizer.py), or transformers' where there is none."""
+    from ralm.data.tokenizer import WordpieceTokenizer
+
+    if (path / "tokenizer.json").is_file():
+        return WordpieceTokenizer.from_pretrained(path)
+    return load_tokenizer(str(path))
 
 
 def sentence_transformers_pooling(path: Path) -> tuple[str | None, bool]:

@@ -1,0 +1,107 @@
+"""One-shot latency of `ralm search` and `ralm ask` over the demo index, as ratios to the wall
+time of `python -c "import torch"` measured in the same rounds (so a loaded machine scales both).
+
+Each round runs, in fresh processes: `import torch`, `ralm search`, `ralm ask` (and the same two
+with `--baseline-src`'s code, interleaved, when given), then one process that times the phases
+of a one-shot answer through the library (start + import torch, ralm's imports, opening the
+index with its retriever, encoding + search, reading the hits, loading the reader, reading the
+blocks). Medians over the rounds; the last line is JSON {"search_ratio", "ask_ratio", ...}.
+
+  python benchmarks/cli_latency.py --rounds 7
+  python benchmarks/cli_latency.py --rounds 7 --baseline-src /path/to/old/checkout/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+QUESTION = "who invented the telephone"
+
+PHASES = r'''
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+from ralm.models.reader import Reader
+from ralm.pipeline import OpenQA, open_searcher
+t2 = time.perf_counter()
+searcher = open_searcher(sys.argv[1])
+t3 = time.perf_counter()
+scores, rows = searcher.search_rows([sys.argv[2]], 5)
+t4 = time.perf_counter()
+records = [searcher.current.blocks.record(int(r)) for r in rows[0]]
+t5 = time.perf_counter()
+reader = Reader.from_pretrained(None)
+t6 = time.perf_counter()
+OpenQA(reader, searcher).answer([sys.argv[2]])
+t7 = time.perf_counter()
+print(json.dumps({"import torch": t1 - t0, "import ralm": t2 - t1, "open index + retriever": t3 - t2,
+                  "encode + search": t4 - t3, "read hits": t5 - t4, "load reader": t6 - t5, "answer (search + read)": t7 - t6}))
+'''
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    took = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return took
+
+
+def environment(src: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1"}
+
+
+def demo_index(env: dict) -> str:
+    code = "import torch; from ralm.demo import demo_index; print(demo_index(torch.device('cpu'), show_progress=False)[0])"
+    return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--index", help="index directory (default: the demo index, built once in the cache)")
+    ap.add_argument("--question", default=QUESTION)
+    ap.add_argument("--baseline-src", type=Path, help="another checkout's src/ to time in the same rounds")
+    args = ap.parse_args()
+    env = environment(SRC)
+    index = args.index or demo_index(env)
+    codes = {"new": env}
+    if args.baseline_src:
+        codes["baseline"] = environment(args.baseline_src.resolve())
+    times: dict[str, list[float]] = {"torch": []}
+    phases: list[dict] = []
+    for _ in range(args.rounds):
+        times["torch"].append(timed([sys.executable, "-c", "import torch"], env))
+        for name, code_env in codes.items():
+            cli = [sys.executable, "-m", "ralm"]
+            times.setdefault(f"{name} search", []).append(timed(cli + ["search", index, args.question, "--json"], code_env))
+            times.setdefault(f"{name} ask", []).append(timed(cli + ["ask", args.question, "--index", index, "--json"], code_env))
+        out = subprocess.run([sys.executable, "-c", PHASES, index, args.question], env=env, check=True, capture_output=True, text=True)
+        phases.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{args.rounds} rounds, medians; index {index}")
+    for key, value in median.items():
+        print(f"  {key:<16} {value:6.2f} s  {value / median['torch']:5.2f}x import torch")
+    print("phases of a one-shot answer (library calls, this checkout):")
+    for key in phases[0]:
+        print(f"  {key:<24} {statistics.median(p[key] for p in phases):6.3f} s")
+    result = {"search_ratio": round(median["new search"] / median["torch"], 2),
+              "ask_ratio": round(median["new ask"] / median["torch"], 2), "torch_s": round(median["torch"], 3)}
+    if args.baseline_src:
+        result.update(baseline_search_ratio=round(median["baseline search"] / median["torch"], 2),
+                      baseline_ask_ratio=round(median["baseline ask"] / median["torch"], 2))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
