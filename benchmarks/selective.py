@@ -88,8 +88,8 @@ def main() -> None:
     ap.add_argument("--kinds", default="hybrid,dense,bm25")
     ap.add_argument("--max-risk", type=float, default=0.18, help="on the calibration half: answered EM >= 1 - this")
     ap.add_argument("--max-unanswerable", type=float, default=0.08, help="on the calibration half")
-    ap.add_argument("--cal-limit", type=int, default=None, help="first N questions of the calibration half")
-    ap.add_argument("--heldout-limit", type=int, default=None, help="first N questions of the held-back half")
+    ap.add_argument("--cal-limit", type=int, default=None, help="N evenly spaced questions of the calibration half")
+    ap.add_argument("--heldout-limit", type=int, default=None, help="N evenly spaced questions of the held-back half")
     args = ap.parse_args()
 
     import torch
@@ -103,7 +103,7 @@ def main() -> None:
     start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     lines = (DATA / "squad_dev_official.jsonl").read_text().splitlines(keepends=True)
-    halves = {"calibration": lines[0::2][: args.cal_limit], "heldout": lines[1::2][: args.heldout_limit]}
+    halves = {"calibration": _sample(lines[0::2], args.cal_limit), "heldout": _sample(lines[1::2], args.heldout_limit)}
     qs = {}
     for name, part in halves.items():
         f = args.work / f"{name}.jsonl"
@@ -150,6 +150,13 @@ def main() -> None:
     report["threads"] = torch.get_num_threads()
     (args.work / "report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
+
+
+def _sample(lines: list[str], n: int | None) -> list[str]:
+    """n evenly spaced lines (every article keeps its share), or all of them."""
+    if n is None or n >= len(lines):
+        return lines
+    return [lines[i] for i in np.linspace(0, len(lines) - 1, n).astype(int)]
 
 
 def _plot(path: Path, old: dict, new: dict, kind: str) -> None:
