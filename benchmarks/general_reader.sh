@@ -5,28 +5,40 @@
 #   bash benchmarks/general_reader.sh [WORKDIR]        # default WORKDIR: runs/general-reader
 #
 # Every stage resumes where it stopped (trainers from their last checkpoint, finished stages are
-# skipped), so rerunning the same command after a crash continues the run.
+# skipped), so rerunning the same command after a crash continues the run. Every training stage
+# uses the reading objective: one softmax shared by all spans of all windows and blocks read for
+# a question (shared normalisation; docs/openqa.md).
 #  1. Gold-paragraph (SQuAD-style) training of all layers of the bundled MiniLM, windows of 256
 #     wordpieces with stride 128, in three legs, each starting from the previous leg's packed weights:
 #       leg 1: the first 32,000 questions of squad_train.jsonl in the trainer's seed-0 order, lr 1e-4
 #       leg 2: 38,400 of the 46,449 questions leg 1 did not see, lr 5e-5
 #       leg 3: the 8,049 never seen + 23,951 of the 70,400 seen once (a second pass), lr 3e-5
 #     (LEG_STEPS x 16 questions each; every question once, 23,951 of them twice).
-#  2. Optional (OPEN_STEPS > 0): open-domain fine-tuning (ORQA/REALM marginal likelihood over the
-#     top 5 blocks of the default dense index, retriever frozen). 500 steps lowered held-out EM by
-#     about a point (benchmarks/RESULTS.md), so the shipped reader skipped it: OPEN_STEPS=0.
-#  3. Pack: fp16 weights in two safetensors shards (45 MB; no file over 30 MB) -> WORKDIR/reader.
-#  4. Calibrate on the odd lines of squad_dev_official.jsonl (articles no model here was trained on)
+#     INIT=DIR skips these legs and starts stage 2 from that reader (as the candidate of issue 39
+#     did: INIT=src/ralm/data/reader, the legs' result).
+#  2. Distractor leg (DISTRACTOR_STEPS > 0): each question's gold paragraph plus the top 3 blocks
+#     of other articles from a dense index over squad_corpus.jsonl, all in the shared softmax,
+#     DISTRACTOR_STEPS x 8 questions in the trainer's seed-0 order, lr 3e-5 (5 warm-up steps, then
+#     linear decay), windows of 384 (a whole 288-wordpiece block). The issue-39 candidate ran this
+#     leg from INIT=src/ralm/data/reader and was cut at its step-48 checkpoint of 80 (384
+#     questions, lr still 1.3e-5) by the time a shared 2-core CPU allowed (about 0.015 steps/s).
+#  3. Optional (OPEN_STEPS > 0): open-domain fine-tuning (the same objective over the top 5 blocks
+#     of that dense index, p(z|x) from retrieval, retriever frozen). 500 steps of its earlier,
+#     per-block form lowered held-out EM by about a point (benchmarks/RESULTS.md): OPEN_STEPS=0.
+#  4. Pack: fp16 weights in two safetensors shards (45 MB; no file over 30 MB) -> WORKDIR/reader.
+#  5. Calibrate on the odd lines of squad_dev_official.jsonl (articles no model here was trained on)
 #     with the reading defaults (10 whole blocks of the default dense index over the SQuAD corpus
 #     + those articles); EM/F1 and a reliability plot on the even lines.
 # Shipping it is a copy: cp WORKDIR/reader/* src/ralm/data/reader/
 #
-# The shipped weights ran these legs on a 2-core CPU with two schedule changes at resumes (leg 1
+# The legs of the shipped weights ran on a 2-core CPU under the earlier per-window objective (only
+# windows holding the answer, each normalised alone), with two schedule changes at resumes (leg 1
 # ran 1,200 steps and was resumed to 2,000; leg 2 was shortened from 2,900 to 2,400 steps at
 # step 800): a clean run follows the same data and settings, not the same learning-rate curve.
 # About 2.3 h of training on that CPU; this script has not been rerun end to end there.
-# Knobs: DATA (the data folder), LEG_STEPS ("2000 2400 2000"), BATCH (16), OPEN_STEPS (0),
-# DEVICE (auto), DTYPE (auto: bf16 on CUDA and on CPUs with native bf16).
+# Knobs: DATA (the data folder), LEG_STEPS ("2000 2400 2000"), BATCH (16), INIT (none),
+# DISTRACTOR_STEPS (80), OPEN_STEPS (0), DEVICE (auto), DTYPE (auto: bf16 on CUDA and on CPUs
+# with native bf16).
 set -euo pipefail
 W=${1:-runs/general-reader}
 DATA=${DATA:-../shared/data}
@@ -34,7 +46,9 @@ read -r -a LEG_STEPS <<< "${LEG_STEPS:-2000 2400 2000}"
 LR=(1e-4 5e-5 3e-5)
 WARMUP=(200 100 100)
 BATCH=${BATCH:-16}
+DISTRACTOR_STEPS=${DISTRACTOR_STEPS:-80}
 OPEN_STEPS=${OPEN_STEPS:-0}
+INIT=${INIT:-}
 OPT=(--device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}")
 mkdir -p "$W"
 
@@ -56,6 +70,10 @@ EOF
   rm -rf "$2" && mv "$2.tmp" "$2"
 }
 
+init=()
+if [ -n "$INIT" ]; then
+  init=(--init "$INIT")
+else
 # The legs' question files: leg 1 reads squad_train.jsonl itself; the trainer visits it in the
 # seed-0 permutation of `batch_indices`, so the questions it saw are known without running it.
 [ -f "$W/leg3.jsonl" ] || python - "$DATA/squad_train.jsonl" "$W" "$BATCH" "${LEG_STEPS[@]}" <<'EOF'
@@ -80,7 +98,6 @@ for name, rows in (("leg2", unseen), ("leg3", np.concatenate([never, again]))):
 print(f"legs: {len(first)} | {len(second)} of {len(unseen)} | {len(never)} never seen + {len(again)} again")
 EOF
 
-init=()
 for leg in 1 2 3; do
   questions="$DATA/squad_train.jsonl"; [ "$leg" = 1 ] || questions="$W/leg$leg.jsonl"
   [ -d "$W/leg$leg-packed" ] || {
@@ -90,9 +107,20 @@ for leg in 1 2 3; do
     pack "$W/leg$leg/final/reader" "$W/leg$leg-packed"; }
   init=(--init "$W/leg$leg-packed")
 done
+fi
+
+[ "$DISTRACTOR_STEPS" -eq 0 ] && [ "$OPEN_STEPS" -eq 0 ] || [ -f "$W/squad-dense/LATEST" ] ||
+  ralm index build "$DATA/squad_corpus.jsonl" --out "$W/squad-dense" --retriever dense "${OPT[@]}" --json
+if [ "$DISTRACTOR_STEPS" -gt 0 ]; then
+  [ -d "$W/distractors-packed" ] || {
+    ralm train-reader --questions "$DATA/squad_train.jsonl" --corpus "$DATA/squad_corpus.jsonl" "${init[@]}" \
+      --index "$W/squad-dense" --distractors 3 --out "$W/distractors" --steps "$DISTRACTOR_STEPS" --batch-size 8 \
+      --lr 3e-5 --warmup 5 --max-len 384 --stride 128 --save-every 4 "${OPT[@]}" --json
+    pack "$W/distractors/final/reader" "$W/distractors-packed"; }
+  init=(--init "$W/distractors-packed")
+fi
 
 if [ "$OPEN_STEPS" -gt 0 ]; then  # over the training articles' corpus only
-  [ -f "$W/squad-dense/LATEST" ] || ralm index build "$DATA/squad_corpus.jsonl" --out "$W/squad-dense" "${OPT[@]}" --json
   ralm finetune --questions "$DATA/squad_train.jsonl" --index "$W/squad-dense" "${init[@]}" --out "$W/open" \
     --freeze-retriever -k 5 --steps "$OPEN_STEPS" --batch-size "$BATCH" --lr 3e-5 --warmup 30 --max-len 384 \
     --save-every 50 "${OPT[@]}" --json

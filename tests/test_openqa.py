@@ -73,11 +73,11 @@ def _span(text):
 
 
 def test_an_answer_found_in_several_blocks_adds_up():
-    """Block 0 (p 0.6): "A" 2, "B" 1; block 1 (p 0.4): "B" 2, "C" 0. "A" is the best single span
-    (0.6 e^2 > 0.4 e^2) but "B" has more mass in all (0.6 e + 0.4 e^2)."""
+    """Block 0 (p 0.6): "K" 2, "B" 1; block 1 (p 0.4): "B" 2, "C" 0. "K" is the best single span
+    (0.6 e^2 > 0.4 e^2) but "B" has more mass in all (0.6 e + 0.4 e^2). ("A" would normalise to "".)"""
     f = torch.tensor([[2.0, 1.0], [2.0, 0.0]])
     log_norm = torch.logsumexp(f, 1)  # these are all the valid spans
-    texts = [[_span("A"), _span("B")], [_span("B"), _span("the c")]]
+    texts = [[_span("K"), _span("B")], [_span("B"), _span("the c")]]
     score, best, shown = pick_answer(torch.log(torch.tensor([0.6, 0.4])), f, log_norm, texts)
     e = math.e
     assert score == pytest.approx((0.6 * e + 0.4 * e**2) / (0.6 * (e**2 + e) + 0.4 * (e**2 + 1)), rel=1e-5)
@@ -96,6 +96,18 @@ def test_one_softmax_over_all_blocks_lets_a_confident_block_win():
                                log_norm, [[_span("X"), None], [_span("Y"), _span("X")]])[2]
     assert shown_second == [0, 1]  # "X" wins through block 1's second span, which that block then shows
     assert pick_answer(torch.zeros(2), f, log_norm, [[None, None], [None, None]]) == (0.0, None, [None, None])
+
+
+def test_a_span_with_empty_normalised_text_never_wins():
+    """ "the" and "," normalise to "": even the best-scoring spans, pooled, are no answer."""
+    f = torch.tensor([[9.0, 8.0, 1.0], [9.0, 0.5, NEG_FILL]])
+    texts = [[_span("the"), _span(","), _span("Paris")], [_span("The"), _span("Paris."), None]]
+    log_norm = torch.logsumexp(f, 1)
+    score, best, shown = pick_answer(torch.log(torch.tensor([0.5, 0.5])), f, log_norm, texts)
+    e = math.exp
+    assert best == 0 and shown == [2, 1]  # each block shows its best span with text
+    assert score == pytest.approx((e(1.0) + e(0.5)) / (e(9) + e(8) + e(1) + e(9) + e(0.5)), rel=1e-5)  # "paris", in both
+    assert pick_answer(torch.zeros(1), f[:1, :2], log_norm[:1], [texts[0][:2]]) == (0.0, None, [None])
 
 
 NEG_FILL = -1e9

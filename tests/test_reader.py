@@ -1,4 +1,5 @@
-"""The span reader: span scores, the marginal likelihood against brute force, masking."""
+"""The span reader: span scores, the shared-normalisation likelihood against brute force, masking
+and word boundaries."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ralm.models.reader import (
     best_spans,
     is_reader_dir,
     marginal_nll,
-    span_log_probs,
+    shared_nll,
     valid_spans,
 )
 
@@ -42,24 +43,49 @@ def test_span_scorer_is_an_mlp_over_concatenated_endpoints():
                 assert torch.allclose(got[n, i, w], want.squeeze(), atol=1e-5)
 
 
-def _brute_force_nll(scores, valid, match, logits):
+def _brute_force_shared_nll(scores, valid, match, log_pz, question, questions):
+    """-log p(y|x) with one softmax over every valid span of every input of a question, spelt out
+    span by span: p(y|x) = Σ_n Σ_{matching s} p(z_n) e^f(s) / Σ_n Σ_{valid s} p(z_n) e^f(s)."""
     total, count = 0.0, 0
-    B, K, L, W = scores.shape
-    for b in range(B):
-        pz = torch.softmax(logits[b].double(), 0)
-        p_y, answerable = 0.0, False
-        for k in range(K):
-            norm = sum(math.exp(scores[b, k, i, w]) for i in range(L) for w in range(W) if valid[b, k, i, w])
-            hit = sum(math.exp(scores[b, k, i, w]) for i in range(L) for w in range(W) if valid[b, k, i, w] and match[b, k, i, w])
-            answerable |= hit > 0
-            p_y += float(pz[k]) * hit / norm
-        if answerable:
-            total += -math.log(p_y)
+    N, L, W = scores.shape
+    for b in range(questions):
+        num = den = 0.0
+        for n in range(N):
+            if question[n] != b:
+                continue
+            for i in range(L):
+                for w in range(W):
+                    if valid[n, i, w]:
+                        mass = math.exp(float(log_pz[n]) + float(scores[n, i, w]))
+                        den += mass
+                        num += mass if match[n, i, w] else 0.0
+        if num > 0:
+            total += -math.log(num / den)
             count += 1
     return total / max(count, 1), count
 
 
-def test_marginal_equals_brute_force_sum_over_matching_spans():
+def _random_inputs(seed, N=7, L=6, W=3):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(N, L, W, generator=g) * 2
+    valid = torch.rand(N, L, W, generator=g) > 0.2
+    match = torch.rand(N, L, W, generator=g) > 0.85
+    return scores, valid, match, g
+
+
+def test_shared_nll_equals_a_brute_force_sum_over_blocks_and_spans():
+    scores, valid, match, g = _random_inputs(0)
+    question = torch.tensor([0, 0, 0, 1, 1, 2, 2])  # question 0 reads 3 inputs, 1 and 2 two each
+    match[5:] = False  # question 2: no answer anywhere
+    match[1] = False  # an answer-free input of an answerable question
+    log_pz = torch.log_softmax(torch.randn(7, generator=g), 0)
+    loss, answerable = shared_nll(scores, valid, match, log_pz=log_pz, question=question, questions=3)
+    want, count = _brute_force_shared_nll(scores, valid, match, log_pz, question, 3)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert answerable.tolist() == [True, True, False] and count == 2
+
+
+def test_marginal_is_one_softmax_over_the_k_blocks_weighted_by_retrieval():
     g = torch.Generator().manual_seed(0)
     B, K, L, W = 3, 4, 6, 3
     scores = torch.randn(B, K, L, W, generator=g) * 2
@@ -68,9 +94,30 @@ def test_marginal_equals_brute_force_sum_over_matching_spans():
     match[2] = False  # question 2: no answer anywhere
     logits = torch.randn(B, K, generator=g)
     loss, answerable = marginal_nll(scores, valid, match, logits)
-    want, count = _brute_force_nll(scores, valid, match, logits)
+    want, count = _brute_force_shared_nll(scores.flatten(0, 1), valid.flatten(0, 1), match.flatten(0, 1),
+                                          torch.log_softmax(logits, -1).flatten(), torch.arange(B).repeat_interleave(K), B)
     assert loss.item() == pytest.approx(want, rel=1e-5)
     assert answerable.tolist() == [True, True, False] and count == 2
+
+
+def test_answer_free_blocks_raise_the_normaliser_and_the_loss():
+    """The normalisation is shared, not per block: with a per-block softmax an answer-free block
+    adds nothing (uniform unnormalised p(z)) and shifting its scores changes nothing."""
+    scores, valid, match, _ = _random_inputs(2, N=2)
+    valid[:, 0, 0] = True
+    match[:] = False
+    match[0, 0, 0] = True  # block 0 holds the answer, block 1 does not
+    zeros = torch.zeros(2)
+
+    def loss(s, n=2):
+        return shared_nll(s[:n], valid[:n], match[:n], log_pz=zeros[:n], question=torch.zeros(n, dtype=torch.long), questions=1)[0]
+
+    alone, both, louder = loss(scores, 1), loss(scores), loss(torch.cat([scores[:1], scores[1:] + 3.0]))
+    block_mass = [torch.logsumexp(scores[n][valid[n]], 0) for n in range(2)]
+    assert both.item() == pytest.approx(alone.item() + math.log1p(math.exp(block_mass[1] - block_mass[0])), rel=1e-5)
+    assert louder.item() > both.item() + 1.0  # a louder answer-free block takes more of the shared mass
+    per_block = -torch.log_softmax(scores[0][valid[0]], 0)[0]  # block 0's gold span under its own softmax
+    assert both.item() > per_block.item() + 0.1
 
 
 def test_unanswerable_question_contributes_nothing_and_is_counted():
@@ -109,6 +156,36 @@ def test_spans_never_start_in_the_question(reader):
     assert int(start) >= ev and int(start + width) < int(batch.evidence_end[0])
 
 
+def _tokens(reader, batch, n):
+    return reader.tokenizer.convert_ids_to_tokens(batch.input_ids[n].tolist())
+
+
+def test_spans_start_and_end_on_word_boundaries(reader):
+    # "eiffel" is e ##iff ##el, "rossum" ross ##um: no span may start or end inside them
+    batch = reader.featurize(["who ?"], ["eiffel met rossum in paris ."])
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    tokens = _tokens(reader, batch, 0)
+    spans = valid[0].nonzero().tolist()
+    assert spans and all(not tokens[i].startswith("##") and not tokens[i + w + 1].startswith("##") for i, w in spans)
+    words = {reader.span_text(batch, 0, i, w)[0] for i, w in spans}
+    assert {"eiffel", "rossum", "eiffel met rossum", "paris ."} <= words
+    assert not {"e", "eiff", "ross", "iffel", "el met"} & words
+    # without word information (HF-REALM parity inputs) every wordpiece is a boundary
+    batch.word_start = None
+    assert valid_spans(batch, reader.cfg.max_span_width).sum() > valid.sum()
+
+
+def test_a_window_cut_mid_word_ends_no_span_there(reader):
+    text = "one two three four five six seven eight nine ten eleven twelve kilimanjaro thirteen"
+    batch, _ = reader.featurize_windows(["q ?"], [text], stride=4, max_len=18)  # 13 evidence wordpieces
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    tokens = _tokens(reader, batch, 0)
+    last = int(batch.evidence_end[0]) - 1
+    assert tokens[last] == "ki" and tokens[last + 1] == "[SEP]"  # window 0 ends inside "kilimanjaro"
+    assert not any(i + w == last for i, w in valid[0].nonzero().tolist())  # "twelve ki" would cut the word
+    assert any(i + w == last - 1 for i, w in valid[0].nonzero().tolist())  # "twelve" itself is fine
+
+
 def test_answer_match_respects_word_boundaries_and_width(reader):
     batch = reader.featurize(["when ?"], ["built in 1889s and finished in 1889 ."])
     match = reader.answer_match(batch, [["1889"]])
@@ -120,15 +197,6 @@ def test_answer_match_respects_word_boundaries_and_width(reader):
     assert not reader.answer_match(batch, [[long_answer]]).any()
 
 
-def test_span_log_probs_normalise_over_valid_spans():
-    scores = torch.randn(2, 5, 3)
-    valid = torch.rand(2, 5, 3) > 0.3
-    valid[:, 0, 0] = True
-    p = span_log_probs(scores, valid).exp()
-    assert torch.allclose((p * valid).sum((1, 2)), torch.ones(2), atol=1e-5)
-    assert torch.all(p[~valid] == 0)
-
-
 def test_gradients_reach_the_encoder_and_scorer(reader):
     batch = reader.featurize(["who built it ?", "who built it ?"], ["eiffel built the tower .", "nobody knows ."])
     reader.train()
@@ -136,9 +204,11 @@ def test_gradients_reach_the_encoder_and_scorer(reader):
     valid = valid_spans(batch, reader.cfg.max_span_width)
     match = reader.answer_match(batch, [["Eiffel"], ["Eiffel"]])
     L, W = scores.shape[1:]
+    scores.retain_grad()
     loss, answerable = marginal_nll(scores.view(1, 2, L, W), valid.view(1, 2, L, W), match.view(1, 2, L, W), torch.zeros(1, 2))
     loss.backward()
     assert answerable.item()
+    assert scores.grad[1].abs().sum() > 0  # the answer-free block is pushed down too (one shared softmax)
     assert reader.bert.embeddings.word_embeddings.weight.grad.abs().sum() > 0
     assert reader.spans.out.weight.grad.abs().sum() > 0
     reader.zero_grad()

@@ -1,6 +1,7 @@
-"""Reader training on gold passages: window labels (an answer straddling a window edge is
-labelled exactly once), passages from context or doc_id, training end to end, resume, bf16,
-and the open-domain fine-tuning that continues from it."""
+"""Reader training on gold passages plus retrieved distractors: window labels (an answer cut by
+a window edge is labelled only where whole), answer-free windows and distractors kept in the
+shared softmax, passages from context or doc_id, training end to end, resume, bf16, and the
+open-domain fine-tuning that continues from it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from ralm.errors import RalmError
 from ralm.models.reader import Reader, write_calibration
 from ralm.runtime import cpu_has_bf16
 from ralm.train.finetune import FinetuneConfig, finetune
-from ralm.train.reader import ReaderTrainConfig, gold_passages, gold_windows, label_windows, train_reader
+from ralm.retrieval.search.searcher import Searcher
+from ralm.train.reader import (
+    ReaderTrainConfig,
+    best_is_gold,
+    gold_passages,
+    label_windows,
+    read_inputs,
+    retrieve_distractors,
+    train_reader,
+)
 
 from conftest import DOCS
 
@@ -48,40 +58,49 @@ def _labelled(reader, text, answer, stride):
     return batch, match
 
 
-def test_an_answer_straddling_a_window_edge_is_labelled_exactly_once(small_reader, words):
+def test_an_answer_is_labelled_in_every_window_holding_it_whole(small_reader, words):
     text = " ".join(words)
     # windows of 15 words start every 5 words: 0-14, 5-19, 10-24, ...; words 13-16 cross the end of window 0
     answer = " ".join(words[13:17])
     batch, match = _labelled(small_reader, text, answer, stride=5)
     assert [int(batch.input_ids[n, int(batch.evidence_start[n])]) for n in range(2)] == \
         small_reader.tokenizer.convert_tokens_to_ids([words[0], words[5]])
-    assert int(match.sum()) == 1  # not in the window that cuts it, and once only among the two that hold it
-    n, start, width = match.nonzero()[0].tolist()
-    assert n == 1  # windows 1 (5-19) and 2 (10-24) hold it with 3 words of context on the shorter side: the earlier
-    assert small_reader.span_text(batch, n, start, width)[0] == answer
-    # with stride 10 the only windows are 0-14 (cuts it) and 10-24: labelled there
-    batch, match = _labelled(small_reader, text, answer, stride=10)
-    (n, start, width), = match.nonzero().tolist()
-    assert n == 1 and small_reader.span_text(batch, n, start, width)[0] == answer
+    assert match.flatten(1).sum(1).tolist()[:4] == [0, 1, 1, 0]  # not in window 0 that cuts it; in 5-19 and 10-24
+    for n, start, width in match.nonzero().tolist():
+        assert small_reader.span_text(batch, n, start, width)[0] == answer
 
 
-def test_the_window_with_most_context_holds_the_label(small_reader, words):
+def test_answer_free_windows_and_distractors_are_read(small_reader, words):
     text = " ".join(words)
-    answer = words[8]  # in windows 0-14 (6 words after it) and 5-19 (3 before it): window 0
-    _, match = _labelled(small_reader, text, answer, stride=5)
-    assert match.nonzero()[:, 0].tolist() == [0]
-    answer = words[12]  # windows 0 (2 after), 5 (7 before, 7 after), 10 (2 before): window 1
-    _, match = _labelled(small_reader, text, answer, stride=5)
-    assert match.nonzero()[:, 0].tolist() == [1]
+    qs = [Question("a", "q ?", (words[30],)), Question("b", "q ?", ("absent words",))]
+    other = " ".join(words[:10])
+    batch, match, question = read_inputs(small_reader, qs, [[text, other, words[30]], [text]], stride=5)
+    windows = len(small_reader.featurize_windows(["q ?"], [text], stride=5)[0].texts)
+    assert question.tolist() == [0] * (windows + 2) + [1] * windows  # every window, with the answer or not
+    hits = match.flatten(1).any(1)
+    assert hits[:windows].sum() >= 1 and not hits[windows] and hits[windows + 1]  # the distractor holding it is gold too
+    assert not hits[windows + 2 :].any()
 
 
-def test_gold_windows_keep_labelled_windows_only(small_reader, words):
-    text = " ".join(words)
-    qs = [Question("a", "q ?", (words[30],)), Question("b", "q ?", ("absent words",)), Question("c", "q ?", (words[2],))]
-    batch, match, answerable = gold_windows(small_reader, qs, [text, text, text], stride=5)
-    assert answerable == 2 and len(batch.texts) == 2 and match.flatten(1).any(1).all()
-    none_batch, none_match, none = gold_windows(small_reader, qs[1:2], [text], stride=5)
-    assert none == 0 and len(none_batch.texts) == 1 and not none_match.any()  # one unlabelled window: zero loss
+def test_best_is_gold_looks_over_all_windows_of_a_question():
+    scores = torch.zeros(3, 2, 1)
+    valid = torch.ones(3, 2, 1, dtype=torch.bool)
+    match = torch.zeros(3, 2, 1, dtype=torch.bool)
+    match[0, 1, 0] = True  # question 0: the gold span is in input 0, but input 1 has the best span
+    scores[0, 1, 0], scores[1, 0, 0] = 2.0, 3.0
+    match[2, 0, 0], scores[2, 0, 0] = True, 1.0  # question 1: its one input's best span is gold
+    hit = best_is_gold(scores, valid, match, torch.tensor([0, 0, 1]), 2)
+    assert hit.tolist() == [False, True]
+
+
+def test_distractors_come_from_other_documents(tiny_dense_index):
+    searcher = Searcher.open(tiny_dense_index)
+    qs = [Question("a", "What is the capital of France?", ("Paris",), {"doc_id": "paris"}),
+          Question("b", "Who created Python?", ("Guido van Rossum",), {"context": "Guido made Python."})]
+    got = retrieve_distractors(searcher, qs, 3)
+    paris = next(d["text"] for d in DOCS if d["id"] == "paris")
+    assert [len(g) for g in got] == [3, 3] and paris not in got[0]
+    assert retrieve_distractors(searcher, qs, 0) == [[], []]
 
 
 def test_gold_passages_from_context_or_doc_id(corpus_file):
@@ -115,7 +134,7 @@ def test_training_lowers_the_loss_and_exports_a_reader(questions_file, corpus_fi
     assert summary.steps == 12 and summary.answerable_share == 1.0
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["loss"] < 0.5 * metrics[0]["loss"] and metrics[-1]["span_accuracy"] == 1.0
-    assert all(m["windows"] >= 4 for m in metrics)  # every question has its answer in a window
+    assert all(m["windows"] >= 4 for m in metrics)  # every question's passage is read
     reader = Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
     assert reader.cfg.max_len == 80 and (tmp_path / "run" / "loss.png").is_file()
 
@@ -160,12 +179,14 @@ def test_open_domain_finetuning_continues_from_the_gold_run(questions_file, corp
     assert reader.cfg.max_len == 96 and reader.cfg.calibration is None  # read at the run's length; the stale calibration is dropped
 
 
-def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tmp_path, ralm):
+def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tiny_dense_index, tmp_path, ralm):
     code, out, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "run",
-                          "--init", tiny_bert, "--steps", 2, "--batch-size", 2, "--max-len", 80, "--stride", 16,
-                          "--dtype", "fp32", "--json")
+                          "--init", tiny_bert, "--index", tiny_dense_index, "--distractors", 2, "--steps", 2,
+                          "--batch-size", 2, "--max-len", 80, "--stride", 16, "--log-every", 1, "--dtype", "fp32", "--json")
     assert code == 0, err
     assert json.loads(out)["steps"] == 2 and (tmp_path / "run" / "final" / "reader" / "config.json").is_file()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["windows"] >= 2 * 3 for m in metrics)  # each question's passage and 2 distractors
     code, _, err = ralm("train-reader", "--questions", questions_file, "--out", tmp_path / "other", "--init", tiny_bert)
     assert code == 2 and "no corpus was given" in err
     code, _, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "x",

@@ -185,13 +185,15 @@ def pick_answer(log_pz: torch.Tensor, f: torch.Tensor, log_norm: torch.Tensor,
 
     log_pz [k]: log p(z|x); f [k, n]: each block's n best span scores; log_norm [k]: log Σ exp f
     over each block's valid spans; texts[j][r]: (text, char span) of span r of block j, None where
-    there is no such span. Returns (p(answer|x), the block adding most to it (None: no span at
-    all), the span each block shows: its best, except the answer's block, which shows the answer).
+    there is no such span, in descending score order. Spans whose text normalises to "" are
+    skipped. Returns (p(answer|x), the block adding most to it (None: no span at all), the span
+    each block shows: its best, except the answer's block, which shows the answer).
     """
     log_w = log_pz - torch.logsumexp(log_pz + log_norm, 0)  # [k]: a shared softmax over all blocks' spans
-    joint = {(j, r): float((log_w[j] + f[j, r]).exp()) for j, row in enumerate(texts) for r, t in enumerate(row) if t}
-    keys = {(j, r): normalize_answer(texts[j][r][0]) for j, r in joint}
-    shown = [0 if row[0] else None for row in texts]
+    keys = {(j, r): normalize_answer(t[0]) for j, row in enumerate(texts) for r, t in enumerate(row) if t}
+    # a span that normalises to nothing ("the", ",") is no answer: it neither wins nor pools mass
+    joint = {(j, r): float((log_w[j] + f[j, r]).exp()) for (j, r), key in keys.items() if key}
+    shown = [next((r for r in range(len(row)) if (j, r) in joint), None) for j, row in enumerate(texts)]  # spans come best first
     mass: dict[str, float] = {}
     for jr, p in joint.items():
         mass[keys[jr]] = mass.get(keys[jr], 0.0) + p

@@ -1,6 +1,8 @@
 """The ORQA/REALM span reader: BERT over `[CLS] x [SEP] z_body [SEP]`, a span scorer
-MLP([h_start; h_end]) over every evidence span of at most W wordpieces, and the marginal
-likelihood log Σ_z p(z|x) p(y|z,x) that fine-tunes it together with the query tower.
+MLP([h_start; h_end]) over every evidence span of at most W wordpieces (on word boundaries), and
+its training objective: the answer's probability under one softmax shared by every span of every
+block read, weighted by p(z|x) (`shared_nll`; `marginal_nll` over K retrieved blocks), which is
+how the pipeline answers.
 
 A long passage can also be read as overlapping windows (`featurize_windows`, BERT's doc stride),
 as gold-passage training does (train/reader.py).
@@ -95,52 +97,80 @@ class ReaderBatch:
     evidence_end: torch.Tensor  # [N] one past the last evidence wordpiece (the final [SEP])
     offsets: list[list[tuple[int, int]]]
     texts: list[str]
+    # [N, L] bool: a word begins at this wordpiece (not a `##` continuation); at the final [SEP]:
+    # the text after the window does not continue the window's last word. None (inputs built
+    # without a tokenizer, e.g. HF-REALM parity): every wordpiece is a word boundary.
+    word_start: torch.Tensor | None = None
 
     TENSORS = ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")
 
+    def _tensors(self, pick) -> dict:
+        out = {k: pick(getattr(self, k)) for k in self.TENSORS}
+        return {**out, "word_start": None if self.word_start is None else pick(self.word_start)}
+
     def to(self, device: torch.device) -> "ReaderBatch":
-        move = {k: getattr(self, k).to(device) for k in self.TENSORS}
-        return ReaderBatch(**move, offsets=self.offsets, texts=self.texts)
+        return ReaderBatch(**self._tensors(lambda t: t.to(device)), offsets=self.offsets, texts=self.texts)
 
     def take(self, rows: Sequence[int]) -> "ReaderBatch":
         """The inputs `rows` only, in that order."""
         index = torch.as_tensor(list(rows), dtype=torch.long)
-        pick = {k: getattr(self, k)[index] for k in self.TENSORS}
-        return ReaderBatch(**pick, offsets=[self.offsets[r] for r in rows], texts=[self.texts[r] for r in rows])
+        return ReaderBatch(**self._tensors(lambda t: t[index.to(t.device)]), offsets=[self.offsets[r] for r in rows],
+                           texts=[self.texts[r] for r in rows])
 
 
 def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
-    """[N, L, W] bool: spans that start and end inside the evidence (never in the question)."""
+    """[N, L, W] bool: spans that start and end inside the evidence (never in the question) and
+    on word boundaries: a span neither starts on a `##` continuation nor ends right before one,
+    as gold answers never do."""
     n, length = batch.input_ids.shape
     start = torch.arange(length, device=batch.input_ids.device).view(1, length, 1)  # [1, L, 1]
     end = start + torch.arange(width, device=start.device).view(1, 1, width)  # [1, L, W] last wordpiece
-    return (start >= batch.evidence_start.view(n, 1, 1)) & (end < batch.evidence_end.view(n, 1, 1))
+    valid = (start >= batch.evidence_start.view(n, 1, 1)) & (end < batch.evidence_end.view(n, 1, 1))  # [N, L, W]
+    if batch.word_start is None:
+        return valid
+    begins = batch.word_start.to(valid.device)  # [N, L]
+    after = F.pad(begins, (0, width), value=True).unfold(1, width, 1)[:, 1 : length + 1]  # [N, L, W]: begins[i+w+1]
+    return valid & begins[:, :, None] & after
 
 
-def span_log_probs(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """log p(span | z, x): a softmax over the valid spans of each input. [..., L, W] -> same."""
-    scores = scores.float().masked_fill(~valid, NEG)
-    return scores - torch.logsumexp(scores.flatten(-2), -1)[..., None, None]
+def shared_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, *, log_pz: torch.Tensor,
+               question: torch.Tensor, questions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reading objective with one softmax over every span of every input read for a question
+    (shared normalisation, Clark & Gardner 2018), averaged over answerable questions:
+
+        -log Σ_n Σ_{s in n matching} p(z_n|x) exp f(s) / C,   C = Σ_n p(z_n|x) Σ_{s valid in n} exp f(s)
+
+    which is the answer probability the pipeline reads (pipeline.pick_answer). Inputs without a
+    matching span still raise C: a block without the answer must score below one with it.
+
+    scores, valid, match: [N, L, W] span scores f, valid spans, spans whose text is an answer;
+    log_pz [N]: log p(z|x) of the block input n reads (the windows of one block share it);
+    question [N]: which of the `questions` questions input n belongs to. A question whose answer
+    matches no span of any of its inputs contributes exactly zero (value and gradient).
+    Returns (loss, answerable [questions] bool).
+    """
+    match = match & valid
+    flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
+    log_all = torch.logsumexp(flat, 1) + log_pz  # [N]: log p(z|x) Σ_valid exp f
+    log_gold = torch.logsumexp(flat.masked_fill(~match.flatten(1), NEG), 1) + log_pz  # [N]
+    owns = question.view(1, -1) == torch.arange(questions, device=question.device).view(-1, 1)  # [B, N]
+    log_c = torch.logsumexp(log_all.view(1, -1).masked_fill(~owns, NEG), 1)  # [B]
+    log_y = torch.logsumexp(log_gold.view(1, -1).masked_fill(~owns, NEG), 1)  # [B]
+    answerable = (owns & match.flatten(1).any(1).view(1, -1)).any(1)  # [B]
+    per_question = torch.where(answerable, log_c - log_y, torch.zeros_like(log_y))
+    return per_question.sum() / answerable.sum().clamp(min=1), answerable
 
 
 def marginal_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
                  retrieval_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-log Σ_z p(z|x) p(y|z,x), averaged over answerable questions.
-
-    scores, valid, match: [B, K, L, W] span scores, valid spans, spans whose text is an answer;
-    retrieval_logits: [B, K] (p(z|x) is their softmax over the K retrieved blocks).
-    p(y|z,x) = Σ_{matching s} exp(score(s)) / Σ_{valid s} exp(score(s)). A question whose answer
-    matches no span of any candidate contributes exactly zero (value and gradient).
-    Returns (loss, answerable [B] bool).
-    """
-    match = match & valid
-    log_p_spans = span_log_probs(scores, valid)  # [B, K, L, W]
-    log_p_y_z = torch.logsumexp(log_p_spans.masked_fill(~match, NEG).flatten(-2), -1)  # [B, K]
-    log_p_z = torch.log_softmax(retrieval_logits.float(), -1)  # [B, K]
-    log_p_y = torch.logsumexp(log_p_z + log_p_y_z, -1)  # [B]
-    answerable = match.flatten(1).any(1)  # [B]
-    per_question = torch.where(answerable, -log_p_y, torch.zeros_like(log_p_y))
-    return per_question.sum() / answerable.sum().clamp(min=1), answerable
+    """-log p(y|x) for K retrieved blocks per question, with p(z|x) the softmax of
+    `retrieval_logits` [B, K] and one span softmax shared by the K blocks (`shared_nll`), not one
+    per block. scores, valid, match: [B, K, L, W]. Returns (loss, answerable [B] bool)."""
+    b, k = retrieval_logits.shape
+    question = torch.arange(b, device=scores.device).repeat_interleave(k)  # [B*K]
+    log_pz = torch.log_softmax(retrieval_logits.float(), -1).flatten()  # [B*K]
+    return shared_nll(scores.flatten(0, 1), valid.flatten(0, 1), match.flatten(0, 1), log_pz=log_pz,
+                      question=question, questions=b)
 
 
 def best_spans(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -240,7 +270,7 @@ class Reader(nn.Module):
             raise RalmError(f"reader input length {max_len} exceeds the {self.max_read_len} wordpieces the encoder reads")
         q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
         z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
-        rows, types, starts, ends, offsets, window_texts, owner = [], [], [], [], [], [], []
+        rows, types, starts, ends, offsets, window_texts, owner, begins = [], [], [], [], [], [], [], []
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         for pair, (q, z) in enumerate(zip(q_enc, z_enc)):
             room = max_len - min(len(q.ids), self.cfg.max_query_len) - 3
@@ -249,8 +279,12 @@ class Reader(nn.Module):
             first = 0
             while True:
                 ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id, sep_id, max_len, self.cfg.max_query_len)
+                after = first + len(ids) - 1 - ev_start  # the text's first wordpiece past this window
+                begin = [not c for c in self._is_continuation(ids).tolist()]
+                begin[-1] = after >= len(z.ids) or not self._is_continuation(z.ids[after : after + 1]).item()
                 rows.append(ids)
                 types.append(tt)
+                begins.append(begin)
                 starts.append(ev_start)
                 ends.append(len(ids) - 1)
                 offsets.append(list(z.offsets[first : first + len(ids) - 1 - ev_start]))
@@ -261,7 +295,16 @@ class Reader(nn.Module):
                 first += stride
         input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
         token_types, _ = pad_rows(types)
-        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, window_texts), owner
+        word_start = torch.ones_like(input_ids, dtype=torch.bool)
+        for n, begin in enumerate(begins):
+            word_start[n, : len(begin)] = torch.tensor(begin)
+        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, window_texts,
+                           word_start), owner
+
+    def _is_continuation(self, ids) -> torch.Tensor:
+        """Whether each wordpiece id continues the previous word (`##...`)."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        return self._continuation[ids.clamp(max=len(self._continuation) - 1)]
 
     def answer_match(self, batch: ReaderBatch, answers: Sequence[Sequence[str]]) -> torch.Tensor:
         """[N, L, W] bool: evidence spans whose wordpieces equal an answer's wordpieces, on
@@ -271,7 +314,7 @@ class Reader(nn.Module):
         width = self.cfg.max_span_width
         match = torch.zeros(n, length, width, dtype=torch.bool)
         ids = batch.input_ids.cpu()
-        cont = self._continuation[ids.clamp(max=len(self._continuation) - 1)]  # [N, L]
+        cont = self._is_continuation(ids)  # [N, L]
         for i in range(n):
             lo, hi = int(batch.evidence_start[i]), int(batch.evidence_end[i])
             row = ids[i, lo:hi].tolist()

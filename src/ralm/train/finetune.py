@@ -1,5 +1,8 @@
 """Open-domain QA fine-tuning (ORQA/REALM): the reader and the query tower are trained on
-log Σ_{z in top-k} p(z|x) p(y|z,x) with the document index fixed.
+log p(y|x) = log Σ_{z in top-k} Σ_{s in z matching y} p(z|x) exp f(s) / C with the document index
+fixed, C = Σ_z p(z|x) Σ_{s valid in z} exp f(s): one span softmax shared by the k blocks read
+(`marginal_nll`), the probability the pipeline answers with, so span scores are learnt on one
+scale across blocks (a per-block softmax would leave every block's best span equally sure).
 
 Each step retrieves the top-k blocks with the current query tower (a search over the fixed
 index), then scores them again *with gradients*: p(z|x) = softmax_z <query(x), E[z]> where

@@ -1,22 +1,26 @@
-"""Reader training on gold passages (SQuAD-style reading comprehension), the first stage of
-the general-purpose reader; `ralm finetune --init RUN` continues it open-domain (ORQA/REALM).
+"""Reader training on gold passages (SQuAD-style reading comprehension) plus retrieved
+distractors, the first stage of the general-purpose reader; `ralm finetune --init RUN`
+continues it open-domain (ORQA/REALM).
 
 Each question comes with the passage it was written on: a "context" field, or a "doc_id"
-looked up in a corpus. The passage is read as `[CLS] question [SEP] window [SEP]` windows that
-start `stride` wordpieces apart (BERT's doc stride). Every verbatim occurrence of an answer on
-word boundaries is a gold span, labelled in exactly one window: the one where it has the most
-context on its shorter side (BERT's "max context" rule), so an answer straddling a window edge
-is learnt from the window that holds it whole, and one inside two windows is not counted twice.
+looked up in a corpus. With an index (`index`), the top `distractors` blocks retrieved for the
+question from other documents are read too, as the pipeline reads retrieved blocks. Every text
+is read as `[CLS] question [SEP] window [SEP]` windows that start `stride` wordpieces apart
+(BERT's doc stride). Every verbatim occurrence of an answer on word boundaries, in the gold
+passage or a distractor, is a gold span in each window that holds it whole.
 
-Windows without a gold span are dropped rather than trained toward a "no answer" score: the
-reader has none (ORQA/REALM score p(span|z,x) within a block and leave the choice of block to
-p(z|x)), so this stage trains exactly the p(span|z,x) the open-domain stage and the pipeline use.
-The loss of a window is -log Σ_{gold spans s} p(s|window, x), i.e. `marginal_nll` with one
-block. Questions with no gold span (an answer longer than W wordpieces, or not in its passage)
-contribute nothing; the share of questions with one is logged as `answerable`.
+The loss is the one the pipeline answers with: one softmax shared by every span of every window
+read for the question (`shared_nll`, shared normalisation as in Clark & Gardner 2018), so
+windows and distractors without the answer raise the normaliser and the reader learns span
+scores comparable across blocks, not only within one. p(z|x) is uniform over the texts read:
+the gold passage has no retrieval score, and a softmax of raw retrieval scores would weigh it by
+an accident of its rank. Questions with no gold span anywhere (an answer longer than W
+wordpieces, or not verbatim in what was read) contribute nothing; the share of questions with
+one is logged as `answerable`.
 
-A run: RUN/config.json, RUN/checkpoints/ (resumable), RUN/metrics.jsonl (loss, span_accuracy,
-answerable, windows, lr, steps_per_s), loss.png, span_accuracy.png, RUN/final/reader.
+A run: RUN/config.json, RUN/checkpoints/ (resumable), RUN/metrics.jsonl (loss, span_accuracy:
+the question's best span over all it read is a gold one, answerable, windows, lr, steps_per_s),
+loss.png, span_accuracy.png, RUN/final/reader.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, answer_occurrences, read_questions
 from ralm.errors import RalmError
-from ralm.models.reader import Reader, ReaderBatch, best_spans, marginal_nll, valid_spans
+from ralm.models.reader import NEG, Reader, ReaderBatch, shared_nll, valid_spans
+from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
 from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
-from ralm.train.parallel import all_mean, global_mean, rank_batch, start_run
+from ralm.train.parallel import global_mean, rank_batch, start_run
 
 
 @dataclass
@@ -45,6 +50,9 @@ class ReaderTrainConfig(RunOptions):
     corpus: str | None = option(None, "the corpus the questions' doc_id refer to (else each question carries a 'context')",
                                 path="content")
     init: str | None = option(None, "reader checkpoint or HF encoder directory", shown="bundled MiniLM", path="location")
+    index: str | None = option(None, "index to retrieve distractor blocks from", shown="none: gold passages only",
+                               path="location")
+    distractors: int = option(3, "retrieved blocks of other documents read per question (with index)")
     steps: int = option(5000, "training steps")
     batch_size: int = option(32, "questions per step and rank (under torchrun)")
     lr: float = option(1e-4, "learning rate")
@@ -57,7 +65,7 @@ class ReaderTrainConfig(RunOptions):
     presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
     def __post_init__(self):
-        check_options(self, positive=("max_len", "stride", "limit"), non_negative=("trainable_layers",))
+        check_options(self, positive=("max_len", "stride", "limit"), non_negative=("trainable_layers", "distractors"))
 
 
 @dataclass
@@ -89,37 +97,56 @@ def gold_passages(questions: Sequence[Question], source: str, corpus: str | None
 
 def label_windows(batch: ReaderBatch, owner: Sequence[int], occurrences: Sequence[Sequence[tuple[int, int]]],
                   width: int) -> torch.Tensor:
-    """[N, L, W] bool: each answer occurrence (character span in its pair's text) marked in the
-    one window holding it whole with the most context on its shorter side (the earlier window
-    on a tie); never where it is cut by a window edge or is longer than `width` wordpieces."""
-    best: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # (pair, char span) -> (context, n, i, w)
+    """[N, L, W] bool: each answer occurrence (character span in its pair's text) marked in every
+    window holding it whole; never where it is cut by a window edge or is longer than `width`
+    wordpieces. The shared softmax sums a window's copy with the others, as the pipeline sums the
+    mass of one answer text over the blocks it reads."""
+    match = torch.zeros(*batch.input_ids.shape, width, dtype=torch.bool)
     for n, offs in enumerate(batch.offsets):
         starts = {a: i for i, (a, _) in reversed(list(enumerate(offs)))}  # character -> first wordpiece there
         ends = {b: i for i, (_, b) in enumerate(offs)}  # character -> last wordpiece ending there
         for a, b in occurrences[owner[n]]:
             i, j = starts.get(a), ends.get(b)
-            if i is None or j is None or not 0 <= j - i < width:
-                continue
-            context = min(i, len(offs) - 1 - j)
-            key = (owner[n], a, b)
-            if key not in best or context > best[key][0]:
-                best[key] = (context, n, i, j - i)
-    match = torch.zeros(*batch.input_ids.shape, width, dtype=torch.bool)
-    for _, n, i, w in best.values():
-        match[n, int(batch.evidence_start[n]) + i, w] = True
+            if i is not None and j is not None and 0 <= j - i < width:
+                match[n, int(batch.evidence_start[n]) + i, j - i] = True
     return match
 
 
-def gold_windows(reader: Reader, questions: Sequence[Question], passages: Sequence[str],
-                 stride: int) -> tuple[ReaderBatch, torch.Tensor, int]:
-    """The windows of the passages that hold a gold span: (batch, match [N, L, W], how many
-    questions have one). With none, one unlabelled window, which contributes zero loss and
-    gradient but keeps every rank's forward and backward in step."""
-    batch, owner = reader.featurize_windows([q.question for q in questions], list(passages), stride)
-    occurrences = [answer_occurrences(p, q.answers) for q, p in zip(questions, passages)]
+def retrieve_distractors(searcher: Searcher, questions: Sequence[Question], n: int) -> list[list[str]]:
+    """The texts of the top `n` blocks retrieved for each question that are not from its gold
+    document ("doc_id"); a block holding the answer stays (answer matching labels it)."""
+    if n == 0:
+        return [[] for _ in questions]
+    room = n + 4  # the gold document is usually one or two blocks of the top
+    _, rows = searcher.search_rows([q.question for q in questions], room)
+    blocks = searcher.current.blocks
+    out = []
+    for q, qrows in zip(questions, rows):
+        records = (blocks.record(int(r)) for r in qrows)
+        out.append([rec["text"] for rec in records if rec["doc_id"] != q.extra.get("doc_id")][:n])
+    return out
+
+
+def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[Sequence[str]],
+                stride: int) -> tuple[ReaderBatch, torch.Tensor, torch.Tensor]:
+    """Every window of every text read for each question (`texts[b]`: its gold passage first,
+    then its distractors): (batch, match [N, L, W], question [N]: which question a window is for)."""
+    pairs = [(b, text) for b, qtexts in enumerate(texts) for text in qtexts]
+    batch, owner = reader.featurize_windows([questions[b].question for b, _ in pairs], [t for _, t in pairs], stride)
+    occurrences = [answer_occurrences(text, questions[b].answers) for b, text in pairs]
     match = label_windows(batch, owner, occurrences, reader.cfg.max_span_width)
-    keep = match.flatten(1).any(1).nonzero().flatten().tolist()
-    return batch.take(keep or [0]), match[keep or [0]], len({owner[n] for n in keep})
+    return batch, match, torch.tensor([pairs[o][0] for o in owner])
+
+
+def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor,
+                 questions: int) -> torch.Tensor:
+    """[B] bool: the highest-scoring valid span over all windows read for each question is a gold span."""
+    flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
+    best, at = flat.max(1)  # [N]
+    hit = match.flatten(1).gather(1, at[:, None]).squeeze(1)  # [N]
+    owns = question.view(1, -1) == torch.arange(questions, device=question.device).view(-1, 1)  # [B, N]
+    top = best.view(1, -1).masked_fill(~owns, 2 * NEG).argmax(1)  # [B]: the window holding it
+    return hit[top]
 
 
 def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.device | None = None,
@@ -131,6 +158,7 @@ def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.d
     passages = gold_passages(questions, cfg.questions, cfg.corpus)
     ctx = start_run(out, cfg, device, show_progress, notify)
     env, device = ctx.env, ctx.device
+    searcher = Searcher.open(cfg.index, device=device, dtype=ctx.dtype) if cfg.index else None
     reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(device)
     optimizer = torch.optim.AdamW([p for p in reader.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
@@ -141,23 +169,23 @@ def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.d
 
     def step(i: int):
         idx = rank_batch(i, cfg.batch_size, len(questions), cfg.seed, env)
-        batch, match, answerable = gold_windows(reader, [questions[j] for j in idx], [passages[j] for j in idx], cfg.stride)
-        batch, match = batch.to(device), match.to(device)
+        qs = [questions[j] for j in idx]
+        distractors = retrieve_distractors(searcher, qs, cfg.distractors) if searcher else [[] for _ in qs]
+        batch, match, question = read_inputs(reader, qs, [[passages[j], *d] for j, d in zip(idx, distractors)], cfg.stride)
+        batch, match, question = batch.to(device), match.to(device), question.to(device)
         scores = loop.ddp(batch)  # [N, L, W]
         with full_precision(device):
             valid = valid_spans(batch, width)
-            loss, labelled = marginal_nll(scores[:, None], valid[:, None], match[:, None],
-                                          torch.zeros(len(match), 1, device=device))
+            loss, labelled = shared_nll(scores, valid, match, log_pz=torch.zeros(len(match), device=device),
+                                        question=question, questions=len(qs))
             mine = int(labelled.sum())
             loss, labelled_now = global_mean(loss * mine, mine, env)
             with torch.no_grad():
-                s, w, _ = best_spans(scores.detach(), valid)
-                hit = match[torch.arange(len(match), device=device), s, w][labelled]
-        answerable_now = round(all_mean(answerable, env) * env.world)
-        count.add(len(idx) * env.world, answerable_now)
+                hit = best_is_gold(scores.detach(), valid, match, question, len(qs))[labelled]
+        count.add(len(idx) * env.world, labelled_now)
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if mine else 0.0,
-            "answerable": answerable_now / (len(idx) * env.world), "windows": float(len(match))}
+            "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match))}
 
     done = loop.run(step, "reader", {"reader": reader}, plots=("loss", "span_accuracy"),
                     checkpoint_extra=lambda: asdict(count), on_metrics=on_metrics)
