@@ -140,7 +140,7 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     # most with a low temperature (weight on the exact match)
     assert grid[0.5, 1.0]["ppl"] < 0.5 * lm["ppl"] and grid[0.5, 1.0]["ppl"] <= grid[0.5, 10.0]["ppl"]
     for bad in ({"lambdas": (0.5, 1.5)}, {"lambdas": ()}, {"temperatures": (1.0, 0.0)}):
-        with pytest.raises(RalmError, match="lmbda must be in|temperature must be positive"):
+        with pytest.raises(RalmError, match="lmbda must be in|temperature must be a positive"):
             knnlm_eval(model, store, stream, k=4, show_progress=False, **bad)
 
 
