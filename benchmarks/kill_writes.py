@@ -54,7 +54,8 @@ def start(index: Path, port: int, timeout: float = 120) -> subprocess.Popen:
 
 
 def writer(port: int, rng: random.Random, acked: dict, stop: threading.Event) -> None:
-    """Adds documents (each with a unique word) and deletes some; records what was acknowledged."""
+    """Adds documents (each with a unique word) and deletes some; records what was acknowledged
+    (True: added, False: deleted, None: a delete the kill cut off, which may or may not have applied)."""
     n = 0
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
         while not stop.is_set():
@@ -64,8 +65,10 @@ def writer(port: int, rng: random.Random, acked: dict, stop: threading.Event) ->
             try:
                 if acked and rng.random() < 0.25:
                     victim = rng.choice([d for d, live in acked.items() if live] or [None])
-                    if victim and c.delete(f"/documents/{victim}").status_code == 200:
-                        acked[victim] = False
+                    if victim:
+                        acked[victim] = None  # in flight: a kill now may or may not have applied it
+                        if c.delete(f"/documents/{victim}").status_code == 200:
+                            acked[victim] = False
                     continue
                 r = c.post("/documents", json={"documents": [{"id": doc_id, "title": "Note", "text": f"A note that mentions {word} once."}]})
                 if r.status_code == 200:
@@ -86,12 +89,16 @@ def check(port: int, index: Path, acked: dict) -> list[str]:
     bad = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
         for doc_id, live in acked.items():
+            if live is None:
+                continue
             top = c.post("/search", json={"query": f"zq{doc_id}", "k": 1, "retriever": "bm25"}).json()
             if live != (bool(top) and top[0]["id"] == f"{doc_id}:0"):
                 bad.append(f"{doc_id}: acknowledged {'add' if live else 'delete'} wrong on the bm25 side")
     snap = LiveSearcher.open(index).current
     retriever = snap.sides["dense"].retriever
     for doc_id, live in acked.items():
+        if live is None:
+            continue
         row = snap.delta.row_of.get(f"{doc_id}:0")
         if live != (row is not None):
             bad.append(f"{doc_id}: acknowledged {'add' if live else 'delete'} wrong on the dense side")
@@ -146,8 +153,9 @@ def main() -> None:
     proc = start(index, port)
     missing = missing or check(port, index, acked)
     os.killpg(proc.pid, signal.SIGKILL)
-    print(json.dumps({"kills": args.kills, "failed_restarts": failed_restarts, "acknowledged_adds": sum(acked.values()),
-                      "acknowledged_deletes": sum(not v for v in acked.values()), "missing_or_wrong": len(missing),
+    print(json.dumps({"kills": args.kills, "failed_restarts": failed_restarts, "acknowledged_adds": sum(v is True for v in acked.values()),
+                      "acknowledged_deletes": sum(v is False for v in acked.values()),
+                      "deletes_cut_off": sum(v is None for v in acked.values()), "missing_or_wrong": len(missing),
                       "examples": missing[:5], "seconds": round(time.perf_counter() - started, 1)}))
 
 
