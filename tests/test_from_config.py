@@ -122,7 +122,7 @@ def test_common_options_mean_the_same_thing_in_every_command():
         for p in cmd.params:
             assert p.help or p.hidden, f"{where} {p.name}: no help text"
             if p.param_type_name == "argument":
-                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src", "ids"), f"{where}: {p.name}"
+                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src", "source", "ids"), f"{where}: {p.name}"
     assert len(seen["--json"]) >= 20  # every command that reports a result can print it as JSON
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ralm.commands.shared import quiet_libraries
+from ralm.commands.shared import JsonOpt, quiet_libraries
 from ralm.console import out, print_json, print_summary
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
@@ -42,7 +42,7 @@ def export(
     source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever, else RUN/final/reader)"),
     fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
     dest: Path = typer.Option(..., "--out", help="the new directory to write"),
-    as_json: bool = typer.Option(False, "--json", help="print {kind, source, format, out, parts}"),
+    as_json: bool = JsonOpt,
 ):
     """Export a trained retriever (query and document towers) or reader into the directories
     sentence-transformers and transformers load as they are (docs/interop.md)."""
