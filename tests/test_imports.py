@@ -8,7 +8,7 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "ralm"
 # shared helpers below everything; the package's __init__ (lazy exports) and __main__ on top
-LAYERS = {"errors": 0, "atomic": 0, "runtime": 0, "progress": 0, "distributed": 0, "rundir": 0, "defaults": 0, "data": 1,
+LAYERS = {"errors": 0, "configs": 0, "atomic": 0, "runtime": 0, "progress": 0, "distributed": 0, "rundir": 0, "defaults": 0, "data": 1,
           "retrieval": 2, "models": 3, "pipeline": 4, "train": 5, "convert": 5, "eval": 6, "serve": 7, "demo": 7,
           "console": 8, "commands": 8, "cli": 8, "__main__": 9, "__init__": 9}
 

@@ -34,7 +34,7 @@ def task():
 def fact_recall(task, model, out, queries: list[str], sources: list[str]) -> float:
     """recall@1 of the fact document stating each query's fact, in an index of every entity's
     fact document built with `model`."""
-    build_index(task.fact_docs, out, model=str(model), dim=16, show_progress=False)
+    build_index(task.fact_docs, out, kind="dense", model=str(model), dim=16, show_progress=False)
     return search_recall(out, queries, sources)
 
 

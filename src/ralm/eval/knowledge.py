@@ -61,17 +61,16 @@ def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: 
     """The training corpus plus the held-out fact documents, indexed by `retriever`'s document tower."""
     out = Path(out)
     corpus = task.write_corpus(out / "corpus.jsonl", with_eval=True)
-    index, name = build_index(corpus, out / "index", model=str(retriever), device=device,
+    index, name = build_index(corpus, out / "index", kind="dense", model=str(retriever), device=device,
                               block_cfg=BlockConfig(max_len=block_len), show_progress=False)
-    return load_version(index, name, device)
+    return load_version(index, name, device=device)
 
 
 def search_recall(index: str | os.PathLike, queries: Sequence[str], sources: Sequence[str], k: int = 1) -> float:
-    """Share of `queries` whose top `k` blocks in the index (searched as every query command
-    does) include a block of their source document: a retriever's score without an encoder
-    (ICT, DPR)."""
+    """Share of `queries` whose top `k` blocks in the index's dense side include a block of
+    their source document: a retriever's score without an encoder (ICT, DPR)."""
     searcher = Searcher.open(index)
-    rows = searcher.search_rows(list(queries), k)[1]  # [Q, k]
+    rows = searcher.search_rows(list(queries), k, retriever="dense")[1]  # [Q, k]
     blocks = searcher.current.blocks
     return float(np.mean([any(blocks.record(int(r))["doc_id"] == s for r in ranked if r >= 0)
                           for ranked, s in zip(rows, sources)]))
