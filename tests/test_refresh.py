@@ -73,7 +73,7 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, time, torch
-    import ralm.retrieval.index.build as build
+    import ralm.retrieval.index.dense_side as build
     from ralm.retrieval.towers.encoders import Retriever
     from ralm.retrieval.index.refresh import publish_embeddings
     from ralm.retrieval.index.store import IndexDir

@@ -161,7 +161,7 @@ def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):
     short, used = generate(model, db, tok, "river", max_new_tokens=2)  # no chunk completes: no retrieval
     assert short and used == []
     for bad in ({"top_p": 0.0}, {"top_p": 1.5}, {"top_p": 0.9, "temperature": 0.0}):
-        with pytest.raises(RalmError, match="top_p must be in|temperature must be positive"):
+        with pytest.raises(RalmError, match="top_p must be in|temperature must be a positive"):
             generate(model, db, tok, "river", max_new_tokens=2, **bad)
     model.save_pretrained(tmp_path / "m", tok)
     loaded, _ = load_retro(tmp_path / "m")

@@ -174,5 +174,5 @@ def test_a_damaged_index_directory_is_an_error_naming_the_file(tmp_path, damage,
 
 def test_out_pointing_at_a_file_is_an_error(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(RalmError, match="--out .*f is a file"):
+    with pytest.raises(RalmError, match="f is a file; an index is a directory"):
         IndexDir.create(tmp_path / "f", "dense")
