@@ -129,17 +129,14 @@ if [ "$OPEN_STEPS" -gt 0 ]; then  # over the training articles' corpus only
 fi
 rm -rf "$W/reader" && cp -r "${init[1]}" "$W/reader"
 
-# calibrate on one half of the official-dev questions, measure on the other (reading defaults)
+# calibrate on one half of the official-dev questions (half of them with their article deleted
+# from the index), measure on the other (reading defaults); the calibrated reader is $W/reader-calibrated
 [ -f "$W/dev-corpus.jsonl" ] || cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
-[ -f "$W/dev-dense/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-dense" "${OPT[@]}" --json
-[ -f "$W/dev-bm25/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev-bm25" --retriever bm25 --json
-awk 'NR % 2 == 1' "$DATA/squad_dev_official.jsonl" > "$W/calibration.jsonl"
+[ -f "$W/dev/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev" "${OPT[@]}" --json
 awk 'NR % 2 == 0' "$DATA/squad_dev_official.jsonl" > "$W/heldout.jsonl"
-ralm eval qa --model "$W/reader" --index "$W/dev-dense" --questions "$W/calibration.jsonl" \
-  --calibrate --predictions "$W/calibration.predictions.jsonl" "${OPT[@]}" --json
-ralm eval qa --model "$W/reader" --index "$W/dev-dense" --questions "$W/heldout.jsonl" \
+python benchmarks/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader" --kinds hybrid,dense,bm25
+rm -rf "$W/reader-calibrated" && cp -r "$W/selective/reader" "$W/reader-calibrated"
+ralm eval qa --model "$W/reader-calibrated" --index "$W/dev" --questions "$W/heldout.jsonl" \
   --predictions "$W/heldout.predictions.jsonl" "${OPT[@]}" --json
-ralm eval qa --model "$W/reader" --index "$W/dev-dense" --hybrid "$W/dev-bm25" --questions "$W/heldout.jsonl" \
-  --predictions "$W/heldout-hybrid.predictions.jsonl" "${OPT[@]}" --json
 python benchmarks/reliability.py "$W/heldout.predictions.jsonl" --out "$W/reader_reliability.png"
 du -sh "$W/reader"

@@ -2,10 +2,10 @@
 blocks read per question (k) and the hybrid weight alpha, for dense, BM25 and hybrid retrieval.
 Chooses ralm's defaults (ralm/defaults.py) on held-back questions.
 
-  python benchmarks/qa_settings.py --index runs/dense384 --bm25 runs/bm25c \\
-      --questions runs/calibration.jsonl --work runs/tune/cal.json
+  python benchmarks/qa_settings.py --index runs/dev --questions runs/calibration.jsonl --work runs/tune/cal.json
 
-Per question it retrieves the top 100 of both indexes and reads, once, every block that any
+Per question it retrieves the top 100 of both sides of a hybrid index (the fusion candidates of
+ralm.retrieval.search.fusion) and reads, once, every block that any
 setting of the grid reads (about 20 per question), keeping each block's `N_BEST` spans and
 log-normaliser: exactly what `OpenQA.answer` uses, so each setting's answer is `pick_answer`'s.
 Each block is read whole, as `ralm eval qa` does, but alone, not batched with the question's other
@@ -23,7 +23,7 @@ import torch
 
 KS = (3, 5, 8, 10)
 ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7)
-DEPTH = 100  # HybridSearcher's default
+DEPTH = 100  # the fusion's default (ralm/defaults.py FUSION_DEPTH)
 
 
 @torch.inference_mode()
@@ -33,18 +33,22 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
     from ralm.models.reader import NEG, top_spans, valid_spans
     from ralm.pipeline import N_BEST
     from ralm.progress import track
-    from ralm.retrieval.search.hybrid import fuse
+    from ralm.retrieval.search.fusion import candidates, fuse_weighted
     from ralm.runtime import autocast
 
     hs, reader = qa.searcher, qa.reader
-    blocks = hs.current.blocks
+    snap = hs.current
+    blocks = snap.blocks
     out = []
     for q in track(questions, len(questions), "reading", enabled=show_progress):
-        [(rows, dense, bm25)] = hs.candidates([q.question], DEPTH)  # as HybridSearcher.search_rows fuses them
-        b_scores, b_rows = hs.bm25.search_rows([q.question], max(KS))  # BM25 alone
+        encoded = {s: hs.encode([q.question], s) for s in ("dense", "bm25")}
+        lists = {s: hs.side_search(encoded[s], DEPTH, snap, s) for s in encoded}
+        c = candidates(hs, encoded, lists, 0, snap)  # as the fusion of `ralm search` draws them
+        rows, dense, bm25 = c.rows, c.scores["dense"], c.scores["bm25"]
+        b_scores, b_rows = (x[:, : max(KS)] for x in lists["bm25"])  # BM25 alone
         read = set(b_rows[0].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())
         for a in ALPHAS:
-            read |= set(rows[np.argsort(-fuse(dense, bm25, a), kind="stable")[: max(KS)]].tolist())
+            read |= set(rows[np.argsort(-fuse_weighted({"dense": dense, "bm25": bm25}, {}, a), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)
         batch = reader.featurize([q.question] * len(read), [blocks.record(r)["text"] for r in read], max_len=reader.max_read_len)
         with autocast(qa.device, qa.dtype):
@@ -65,7 +69,7 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
     """EM, F1 (percent) of `pick_answer` over the dump, reading the top k of `system`."""
     from ralm.eval.metrics import exact_match, f1
     from ralm.pipeline import pick_answer
-    from ralm.retrieval.search.hybrid import fuse
+    from ralm.retrieval.search.fusion import fuse_weighted
 
     em = f1_sum = 0.0
     for d in data:
@@ -73,7 +77,7 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
         if system == "bm25":
             s, r = np.array(d["bm25_scores"][:k], np.float32), np.array(d["bm25_rows"][:k])
         else:
-            fused = dense if system == "dense" else fuse(dense, bm25, alpha)
+            fused = dense if system == "dense" else fuse_weighted({"dense": dense, "bm25": bm25}, {}, alpha)
             top = np.argsort(-fused, kind="stable")[:k]
             s, r = fused[top], rows[top]
         reads = [d["read"][str(int(x))] for x in r]
@@ -93,8 +97,7 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--index", required=True, help="dense index")
-    ap.add_argument("--bm25", required=True, help="BM25 index over the same blocks")
+    ap.add_argument("--index", required=True, help="a hybrid index (dense and BM25 sides)")
     ap.add_argument("--questions", required=True)
     ap.add_argument("--model", default=None, help="reader (default: the package's)")
     ap.add_argument("--work", type=Path, required=True, help="the dump (JSON), written once and reused")
@@ -105,7 +108,7 @@ def main() -> None:
     from ralm.pipeline import OpenQA
 
     if not args.work.is_file():
-        qa = OpenQA.open(args.index, args.model, hybrid=args.bm25)
+        qa = OpenQA.open(args.index, args.model)
         data = dump(qa, read_questions(args.questions))
         with atomic_path(args.work) as tmp:
             tmp.write_text(json.dumps(data))

@@ -100,28 +100,44 @@ def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fus
     lists = {s: searcher.side_search(encoded[s], max(k, fusion.depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
     out_scores, out_rows, out_found, agreement = [], [], [], []
     for i in range(len(queries)):
-        listed = {s: (rows[i][searcher.is_result(sc[i], snap, s)], sc[i][searcher.is_result(sc[i], snap, s)])
-                  for s, (sc, rows) in lists.items()}  # side -> its real results: rows, scores
-        cand = np.unique(np.concatenate([listed[s][0] for s in sides]))  # [C]
-        per_side, per_rank = {}, {}
-        for s in sides:
-            rows_s, sc_s = listed[s]
-            pos = {int(r): j for j, r in enumerate(rows_s)}
-            per_rank[s] = np.array([pos.get(int(r), -1) for r in cand])  # [C]
-            exact = searcher.side_scores(encoded[s], i, cand, snap, s)
-            full = lists[s][0][i]  # with a short list's fillers, whose score is what a row outside it scores
-            floor = float(full.min()) if len(full) else 0.0
-            per_side[s] = exact if exact is not None else np.where(per_rank[s] >= 0, sc_s[np.maximum(per_rank[s], 0)] if len(sc_s) else 0.0,
-                                                                   floor).astype(np.float32)
-        fused = FUSIONS[fusion.method](per_side, per_rank, fusion.alpha)
+        c = candidates(searcher, encoded, lists, i, snap)
+        fused = FUSIONS[fusion.method](c.scores, c.ranks, fusion.alpha)
         top = np.argsort(-fused, kind="stable")[:k]
         out_scores.append(fused[top])
-        out_rows.append(cand[top])
-        out_found.append([tuple(s for s in sides if per_rank[s][j] >= 0) for j in top])
-        tops = [set(listed[s][0][:k].tolist()) for s in sides]
+        out_rows.append(c.rows[top])
+        out_found.append([tuple(s for s in sides if c.ranks[s][j] >= 0) for j in top])
+        tops = [set(c.listed[s][:k].tolist()) for s in sides]
         agreement.append(len(tops[0] & tops[1]) / max(min(len(tops[0]), len(tops[1])), 1))
     n = min([k] + [len(r) for r in out_rows])
     top_of = {s: np.array([lists[s][0][i][0] if lists[s][0].shape[1] else 0.0 for i in range(len(queries))]) for s in sides}
     return Ranked(np.array([s[:n] for s in out_scores], dtype=np.float32).reshape(len(queries), n),
                   np.array([r[:n] for r in out_rows], dtype=np.int64).reshape(len(queries), n),
                   [f[:n] for f in out_found], top_of, np.array(agreement))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One query's fusion candidates: the union of every side's real results [C]."""
+    rows: np.ndarray  # [C] block rows, ascending
+    scores: dict  # side -> [C] its score of each candidate (exact, or its list's floor)
+    ranks: dict  # side -> [C] the candidate's rank in that side's list (-1: not in it)
+    listed: dict  # side -> that side's real results, best first
+
+
+def candidates(searcher, encoded: dict, lists: dict, i: int, snap) -> Candidates:
+    """Query i's candidates, from each side's list (`lists`: side -> (scores [Q, d], rows [Q, d]))."""
+    listed, scored = {}, {}
+    for s, (sc, rows) in lists.items():
+        real = searcher.is_result(sc[i], snap, s)
+        listed[s], scored[s] = rows[i][real], sc[i][real]
+    cand = np.unique(np.concatenate(list(listed.values())))  # [C]
+    scores, ranks = {}, {}
+    for s in lists:
+        pos = {int(r): j for j, r in enumerate(listed[s])}
+        ranks[s] = np.array([pos.get(int(r), -1) for r in cand], dtype=np.int64)  # [C]
+        exact = searcher.side_scores(encoded[s], i, cand, snap, s)
+        full = lists[s][0][i]  # with a short list's fillers, whose score is what a row outside it scores
+        floor = float(full.min()) if len(full) else 0.0
+        listed_scores = scored[s][np.maximum(ranks[s], 0)] if len(scored[s]) else np.zeros(len(cand), np.float32)
+        scores[s] = exact if exact is not None else np.where(ranks[s] >= 0, listed_scores, floor).astype(np.float32)
+    return Candidates(cand, scores, ranks, listed)
