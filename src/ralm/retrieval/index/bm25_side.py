@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +20,7 @@ from ralm.retrieval.index.kinds import BuildContext
 from ralm.retrieval.index.store import IndexDir
 
 FOLDER = "bm25"
+log = logging.getLogger("ralm.live")
 
 
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
@@ -109,11 +111,9 @@ class _BM25Overlay:
 def _measured_avgdl(blocks: BlockStore, sample: int = 10_000) -> float:
     """The average block length of a BM25 index built by ralm <= 0.2.0, which did not record
     it: measured on up to `sample` evenly spaced blocks (all of them in a smaller corpus)."""
-    import logging
-
     rows = np.unique(np.linspace(0, len(blocks) - 1, min(sample, len(blocks))).astype(np.int64))
     texts = [f"{r['title']} {r['text']}" for r in blocks.records(rows)]
-    logging.getLogger("ralm.live").warning(
+    log.warning(
         "the BM25 index does not record its average block length (built by ralm <= 0.2.0); measured it on %d blocks "
         "for scoring live documents: rebuild it for the exact figure", len(rows))
     return float(np.mean([len(t) for t in tokens_of(texts)]))

@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ralm.atomic import read_npy
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import ExactIndex
@@ -83,7 +84,7 @@ class _DenseBuilder:
         manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": c.faiss_spec}
         if not c.faiss_spec:
             return manifest
-        ann = FaissIndex.build(np.load(out, mmap_mode="r", allow_pickle=False), c.faiss_spec)
+        ann = FaissIndex.build(read_npy(out), c.faiss_spec)
         ann.save(tmp / "faiss.index")
         return {**manifest, "faiss": ann.spec, "faiss_params": ann.default_search_params()}
 
