@@ -207,10 +207,10 @@ def index_delete(
 
     quiet_libraries()
     live = LiveSearcher.open(index_dir)
-    missing = [i for i in dict.fromkeys(ids) if not live.exists(i)]
+    ids = list(dict.fromkeys(ids))
+    missing = [i for i in ids if not live.exists(i)]
     if missing:
         raise RalmError(f"{index_dir} holds no document {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    for doc_id in dict.fromkeys(ids):
-        live.delete(doc_id)
-    summary = {"index": str(index_dir), "deleted": len(dict.fromkeys(ids)), "blocks": len(live), "index_version": live.current.name}
+    live.delete(ids)
+    summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]deleted[/green] {summary['deleted']} documents from {index_dir}: {len(live)} blocks searchable")
