@@ -40,7 +40,7 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
     for q in track(questions, len(questions), "reading", enabled=show_progress):
         encoded = {s: hs.encode([q.question], s) for s in ("dense", "bm25")}
         lists = {s: hs.side_search(encoded[s], DEPTH, snap, s) for s in encoded}
-        c = candidates(hs, encoded, lists, 0, snap)  # as the fusion of `ralm search` draws them
+        c = candidates(hs, encoded, lists, i=0, snap=snap)  # as the fusion of `ralm search` draws them
         rows, dense, bm25 = c.rows, c.scores["dense"], c.scores["bm25"]
         b_scores, b_rows = (x[:, : max(KS)] for x in lists["bm25"])  # BM25 alone
         read = set(b_rows[0].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())

@@ -141,7 +141,7 @@ class _ToyDB:
     def values(self, ids, pad_id=0):
         from ralm.data.chunks import chunk_values
 
-        return chunk_values(self.tokens, np.array([0, len(self.tokens)]), ids, M, pad_id)
+        return chunk_values(self.tokens, np.array([0, len(self.tokens)]), ids, chunk_len=M, pad_id=pad_id)
 
 
 def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):

@@ -41,6 +41,7 @@ eval_app.command("retrieval")(eval_retrieval)
 
 @app.command()
 def demo(
+    *,
     k: int = typer.Option(READ_K, "-k", "--k", help="passages read per question (as `ralm ask`)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
     min_confidence: float = MinConfidenceOpt,
@@ -53,7 +54,8 @@ def demo(
 
     quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(*runtime(device, dtype), positive("-k", k), rebuild, min_confidence=min_confidence)
+    dev, dt = runtime(device, dtype)
+    path, built, results = run_demo(dev, dtype=dt, k=positive("-k", k), rebuild=rebuild, min_confidence=min_confidence)
     if as_json:
         print_json([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
                                                                         for e in a.evidence]} for q, a in results], ensure_ascii=False)
@@ -72,13 +74,14 @@ app.add_typer(knnlm_app, name="knnlm")
 
 # -- open-domain QA: `ralm eval qa`, `ralm ask`, `ralm serve` (pipeline.py; the trainers: commands/train.py) --
 
-def _open_qa(model: Optional[str], index_dir: Path, k: int, retriever: Optional[str], device: str, dtype: str,
+def _open_qa(model: Optional[str], index_dir: Path, *, k: int, retriever: Optional[str], device: str, dtype: str,
              min_confidence: float, hybrid: Optional[Path] = None):
     from ralm.pipeline import OpenQA
 
     refuse_second_index("--hybrid", hybrid, index_dir)
     dev, dt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, positive("-k", k), retriever, dev, dt, min_confidence)
+    return OpenQA.open(index_dir, model, k=positive("-k", k), retriever=retriever, device=dev, dtype=dt,
+                       min_confidence=min_confidence)
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that
@@ -88,6 +91,7 @@ ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpo
 
 @eval_app.command("qa")
 def eval_qa(
+    *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
@@ -122,9 +126,11 @@ def eval_qa(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
+                  hybrid=hybrid)
     predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
-    result = evaluate_qa(qa, qs, (1, 5, 20), positive("--batch-size", batch_size), predictions, calibrate=calibrate)
+    result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=positive("--batch-size", batch_size), predictions=predictions,
+                         calibrate=calibrate)
     result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
         save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())
@@ -148,6 +154,7 @@ def eval_qa(
 def ask(
     question: Optional[str] = typer.Argument(None, help="the question; without it, questions are read from stdin, one a line, "
                                                         "and answered as they come with the models loaded once"),
+    *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
@@ -163,7 +170,8 @@ def ask(
     quiet_libraries()
     if question is not None and not question.strip():
         raise RalmError("the question is empty")
-    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
+                  hybrid=hybrid)
     for q in [question] if question is not None else _stdin_questions():
         answer = qa.answer([q])[0]
         if as_json:
@@ -189,6 +197,7 @@ def _stdin_questions():
 
 @app.command()
 def serve(
+    *,
     index_dir: Path = typer.Option(..., "--index", help="index directory; new versions are swapped in live"),
     model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),

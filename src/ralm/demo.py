@@ -50,7 +50,7 @@ def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool 
     return path, True
 
 
-def run_demo(device: torch.device, dtype: torch.dtype | None = None, k: int = READ_K, rebuild: bool = False,
+def run_demo(device: torch.device, *, dtype: torch.dtype | None = None, k: int = READ_K, rebuild: bool = False,
              show_progress: bool = True, min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(device, rebuild, show_progress, dtype)

@@ -95,7 +95,7 @@ class OpenQA:
     """A reader over a searcher: questions in, answers with evidence out. The searcher's every
     side is searched (fused) unless `retriever` picks one ("dense", "bm25")."""
 
-    def __init__(self, reader: Reader, searcher: Searcher, k: int = READ_K, device: torch.device | None = None,
+    def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, device: torch.device | None = None,
                  dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, retriever: str | None = None):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
@@ -121,7 +121,7 @@ class OpenQA:
                 f"{self.calibration is not None}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})")
 
     @classmethod
-    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, k: int = READ_K,
+    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
              retriever: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
              min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
@@ -129,7 +129,8 @@ class OpenQA:
         package's general-purpose reader); `retriever`: one side instead of all, fused."""
         device = device or torch.device("cpu")
         reader = Reader.from_pretrained(resolve_reader(model)).to(device)
-        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k, device, dtype, min_confidence, retriever)
+        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k=k, device=device, dtype=dtype,
+                   min_confidence=min_confidence, retriever=retriever)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -261,4 +262,4 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
         if tuned.doc_fingerprint() != idx.version_manifest(idx.latest())["doc_fingerprint"]:
             tuned = None
-    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device, dtype=dtype))
+    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device=device, dtype=dtype))

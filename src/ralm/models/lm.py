@@ -84,7 +84,7 @@ class Attention(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, *, causal: bool = False,
                 key_mask: torch.Tensor | None = None, q_pos=None, k_pos=None) -> torch.Tensor:
         context = x if context is None else context
         q = rearrange(self.q(x), "b t (h d) -> b h t d", h=self.heads)  # [B, Hd, T, Dh]
@@ -111,7 +111,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm self-attention + MLP; causal in the decoder, bidirectional in RETRO's encoder."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float = 0.0, causal: bool = True):
+    def __init__(self, dim: int, heads: int, *, mlp_ratio: int, dropout: float = 0.0, causal: bool = True):
         super().__init__()
         self.causal = causal
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
@@ -133,7 +133,8 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+                                    for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.apply(_init_weights)
 
@@ -159,7 +160,7 @@ class TransformerLM(nn.Module):
         return self.head(self.features(ids))  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, fmt=FORMAT, config=asdict(self.cfg))
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -84,7 +84,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: RetroConfig):
         super().__init__()
-        self.self_block = Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, causal=False)
+        self.self_block = Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout, causal=False)
         self.ln_cross = nn.LayerNorm(cfg.dim)
         self.cross = Attention(cfg.dim, cfg.heads, cfg.dropout)
 
@@ -146,7 +146,8 @@ class RetroLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio,
+                                          dropout=cfg.dropout) for _ in range(cfg.layers))
         self.cca = nn.ModuleDict({str(i): ChunkedCrossAttention(cfg) for i in cfg.cca_layers})
         self.encoder = NeighbourEncoder(cfg)
         self.ln_f = nn.LayerNorm(cfg.dim)
@@ -178,7 +179,7 @@ class RetroLM(nn.Module):
             return self.ln_f(h).float() @ self.embed.weight.T  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, fmt=FORMAT, config=asdict(self.cfg))
 
 
 def retrofit(model: RetroLM, lm: TransformerLM) -> None:
@@ -241,7 +242,7 @@ def check_sampling(top_p: float | None, temperature: float) -> None:
 
 
 @torch.inference_mode()
-def generate(model: RetroLM, db, tokenizer, prompt: str, max_new_tokens: int = 64, top_p: float | None = None,
+def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int = 64, top_p: float | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
              device: torch.device | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it

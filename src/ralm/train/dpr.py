@@ -134,7 +134,7 @@ def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | Non
     searcher = Searcher.open(run / "bm25")
     blocks = searcher.current.blocks
     if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:  # PCA, as in `ralm index build`
-        init_projection(retriever, blocks, device, show_progress=show_progress, dtype=ctx.dtype)
+        init_projection(retriever, blocks, device=device, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     with main_first(env):
         keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)

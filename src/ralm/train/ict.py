@@ -79,8 +79,8 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device | Non
     with main_first(env):
         retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
         index = IndexDir.create(run / "index", "dense")
-        _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
-                                            cfg.block_len, show_progress)
+        _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, hf_tokenizer=retriever.tokenizer,
+                                            block_len=cfg.block_len, show_progress=show_progress)
     # A block needs a second sentence, or its context would be empty without the query.
     per_block = np.bincount(np.asarray(table.rows), minlength=len(blocks))
     examples = np.flatnonzero(per_block[np.asarray(table.rows)] >= 2)
@@ -89,7 +89,7 @@ def train_ict(cfg: IctConfig, run: str | os.PathLike, device: torch.device | Non
                         f"need at least batch_size x ranks = {cfg.batch_size * env.world}")
     retriever.to(device)
     if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
+        init_projection(retriever, blocks, device=device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     retriever.train()
     opt = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)

@@ -159,7 +159,8 @@ def train_retro(config: RetroTrainConfig, run: str | os.PathLike, device: torch.
         raise RalmError(f"the DB's tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
     stream: TokenStream = tokenize_text(config.text, tokenizer, config.limit_tokens, ctx.show_progress)
     with main_first(ctx.env):  # rank 0 caches the neighbours in the DB, the others read them
-        neighbours = text_neighbours(db, stream, cfg.neighbours, config.exclude_same_document, show_progress=ctx.show_progress)
+        neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=config.exclude_same_document,
+                                     show_progress=ctx.show_progress)
     seq, chunks = cfg.max_len, cfg.max_len // cfg.chunk_len
     n = _windows(stream.tokens, seq, config.text)
     seed_everything(config.seed)  # the same initial weights whatever reading the data drew

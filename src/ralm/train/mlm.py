@@ -132,8 +132,9 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
     if corpus is None:
         with main_first(env):
             index = IndexDir.create(run / "index", "dense")
-            _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, encoder.tokenizer,
-                                          cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
+            _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
+                                          hf_tokenizer=encoder.tokenizer, block_len=cfg.block_len, show_progress=show_progress,
+                                          cfg=SentenceConfig(cfg.spacy_model))
     blocks, table = corpus
     masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
     examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
@@ -154,7 +155,7 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         for p in body:  # phase 1 skips the body's backward pass altogether
             p.requires_grad_(i >= cfg.head_steps)
         idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
+        batch = masked_batch(table, blocks, idx, cfg=masking, mask_id=mask_id, seed=cfg.seed, step=i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
         draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(4) for s in idx])  # [B, 4]
         with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence

@@ -186,7 +186,8 @@ class IndexInUse:
             if cfg.index:
                 _import_version(cfg.index, index, key)
             else:
-                publish_embeddings(index, retriever, key, blocks, 0, ctx.device, show_progress=ctx.show_progress,
+                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
+                                   show_progress=ctx.show_progress,
                                    dtype=ctx.dtype)
         ctx.env.barrier()
         self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
@@ -211,7 +212,8 @@ class IndexInUse:
             self.snapshots.write(self.retriever, step)
         if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
             if env.is_main:
-                publish_embeddings(self.index, self.retriever, self.key, self.blocks, step, self.ctx.device,
+                publish_embeddings(self.index, self.retriever, blocks_key=self.key, blocks=self.blocks, step=step,
+                                   device=self.ctx.device,
                                    dtype=self.ctx.dtype)
             env.barrier()
         if cfg.refresh == "none":
@@ -262,8 +264,9 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
         source = _retriever_source(cfg)
         retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
         index = IndexDir.create(run / "index", "dense")
-        key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, retriever.tokenizer,
-                                              cfg.block_len, show_progress, SentenceConfig(cfg.spacy_model))
+        key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
+                                              hf_tokenizer=retriever.tokenizer, block_len=cfg.block_len,
+                                              show_progress=show_progress, cfg=SentenceConfig(cfg.spacy_model))
     margin = trivial_margin(blocks.doc_index)
     if len(blocks) < cfg.k + margin:
         raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
@@ -275,7 +278,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
 
     model = Realm(retriever, encoder, cfg.realm_config()).to(device)
     if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
-        init_projection(retriever, blocks, device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
+        init_projection(retriever, blocks, device=device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
     retriever.cfg.projection_ready = True
     opt = torch.optim.AdamW([{"params": model.encoder.parameters()},
                              {"params": model.retriever.parameters(), "lr": cfg.retriever_lr or cfg.lr}],
@@ -289,7 +292,7 @@ def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device |
     def step(i: int):
         in_use.before_step(i)
         idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, masking, mask_id, cfg.seed, i)
+        batch = masked_batch(table, blocks, idx, cfg=masking, mask_id=mask_id, seed=cfg.seed, step=i)
         out = loop.ddp(batch, blocks, in_use.search)
         loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
         return loss, {"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),

@@ -70,9 +70,9 @@ class LiveSearcher(Searcher):
         self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
 
     @classmethod
-    def open(cls, path, model: str | None = None, device: torch.device | None = None, check_model: bool = True,
+    def open(cls, path, model: str | None = None, *, device: torch.device | None = None, check_model: bool = True,
              dtype: str | torch.dtype | None = None) -> "LiveSearcher":
-        return cls(Searcher.open(path, model, device, check_model, dtype))
+        return cls(Searcher.open(path, model, device=device, check_model=check_model, dtype=dtype))
 
     def __getattr__(self, name: str):
         """What a live searcher does not hold itself (index, device, dtype, models, fusion, ...) is
@@ -164,7 +164,7 @@ class LiveSearcher(Searcher):
 
     def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
         tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
-        return with_adds(old, docs, tokenizer, version.blocks.config, version.sides)
+        return with_adds(old, docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
 
     # -- search: the overlay on each side -------------------------------------------------
     def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -186,11 +186,11 @@ class LiveSearcher(Searcher):
         live = np.isfinite(s).all(0)  # drop columns that only hold hidden rows (tiny corpora)
         return s[:, live].astype(np.float32), r[:, live]
 
-    def side_scores(self, encoded, i: int, rows: np.ndarray, snap: Snapshot, side: str) -> np.ndarray | None:
+    def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
         """Query i's scores of rows [C] (main and overlay) on one side, or None."""
         n_main = len(snap.version.blocks)
         main = rows < n_main
-        a = self.searcher.side_scores(encoded, i, rows[main], snap.version, side)
+        a = self.searcher.side_scores(encoded, i, rows[main], snap=snap.version, side=side)
         b = snap.scorers[side].score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
         if a is None or b is None:
             return None

@@ -40,7 +40,7 @@ class OverlayBlocks:
         return self.main.record(row) if row < n else dict(self.delta.records[row - n])
 
 
-def with_adds(old: Delta, docs: Sequence[Document], tokenizer, block_cfg: BlockConfig, sides: dict) -> Delta:
+def with_adds(old: Delta, docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict) -> Delta:
     """`old` with `docs` (unique ids) added at the end, replacing their earlier versions; each
     of the version's `sides` (name -> loaded Side) extends its state with the new blocks."""
     if not docs:
