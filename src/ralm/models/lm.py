@@ -5,7 +5,8 @@ hidden states (the kNN-LM key), `head(hidden)` -> logits.
 Dimensions: B batch, T tokens, D model dim, Hd heads, Dh head dim, S key/value length,
 V vocabulary.
 
-The attention, MLP and block modules here are shared by RETRO (models/retro.py).
+The attention, MLP and block modules here, and the decoder itself, are shared by RETRO
+(models/retro.py: RetroLM is a TransformerLM with chunked cross-attention between its blocks).
 
 Model directory: config.json ({"format": "ralm.lm/1", LMConfig}), model.safetensors, tokenizer.
 """
@@ -128,6 +129,8 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Token embedding -> causal blocks -> final LayerNorm -> tied output layer."""
 
+    model_format: ClassVar[str] = FORMAT  # what save_pretrained writes into config.json
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
@@ -160,7 +163,7 @@ class TransformerLM(nn.Module):
         return self.head(self.features(ids))  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        write_model_dir(out, self.state_dict(), tokenizer, fmt=FORMAT, config=asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, fmt=self.model_format, config=asdict(self.cfg))
 
 
 def _init_weights(module: nn.Module) -> None:
