@@ -67,6 +67,7 @@ def test_bad_inputs_get_one_clear_line_and_exit_code_2(ralm, tiny_bert, tmp_path
     _one_line_error(*ralm("eval", "retrieval", "--index", tiny_dense_index, "--questions", q)[::2], "q.jsonl:1: missing field 'answers'")
 
 
+@pytest.mark.slow
 def test_demo_runs_offline_and_prints_evidence(ralm, tmp_path, monkeypatch):
     """The README's first command: the bundled corpus and model, no network, cached index."""
     monkeypatch.setenv("RALM_CACHE", str(tmp_path))
