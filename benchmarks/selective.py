@@ -55,8 +55,7 @@ def index_without(index: Path, work: Path, removed: set[str]) -> Path:
         live = LiveSearcher.open(work / "index.tmp")
         corpus = DATA / "squad_dev_official_corpus.jsonl"
         ids = [json.loads(line)["id"] for line in corpus.read_text().splitlines() if json.loads(line)["title"] in removed]
-        for doc_id in ids:
-            live.delete(doc_id)
+        live.delete(ids)
         os.rename(work / "index.tmp", sel)
     return sel
 
