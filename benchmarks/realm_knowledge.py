@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--lr", type=float, default=5e-5, help="the encoder's REALM learning rate")
-    ap.add_argument("--retriever-lr", type=float, default=1e-3)
+    ap.add_argument("--retriever-lr", type=float, default=3e-4)
     ap.add_argument("--refresh-every", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
