@@ -70,7 +70,7 @@ def test_dpr_learns_to_find_fact_documents(task, random_bert, tmp_path):
 # -- REALM: the retriever learns from the masked-LM loss alone --------------------------------
 
 REALM_STEPS = 100
-LENGTHS = dict(max_len=80, max_query_len=32, block_len=48)
+LENGTHS = {"max_len": 80, "max_query_len": 32, "block_len": 48}
 
 
 @pytest.fixture(scope="module")
