@@ -78,7 +78,7 @@ def _signals(rng, n):
     """Answers whose log-partition tells right from wrong (with noise); the raw score alone less so."""
     right = rng.random(n) < 0.5
     sig = [{"score": float(rng.uniform(0.2, 0.9)), "log_partition": float(rng.normal(2.0 if r else -1.0, 1.0)),
-            "retrieval_entropy": float(rng.uniform(0, 2)), "top_dense": None, "top_bm25": float(rng.uniform(5, 15)),
+            "retrieval_entropy": float(rng.uniform(0, 2)), "top_dense": float(rng.uniform(5, 15)), "top_bm25": float(rng.uniform(5, 15)),
             "agreement": 1.0} for r in right]
     return sig, right.astype(float)
 
@@ -90,8 +90,9 @@ def test_selective_fit_is_the_penalised_maximum_likelihood():
     rng = np.random.default_rng(0)
     sig, y = _signals(rng, 400)
     cal = fit_selective(sig, y, l2=1.0)
-    # constant features (top_dense missing, agreement 1) are left out; the rest are standardised
-    assert cal.features == ("logit_score", "log_partition", "retrieval_entropy", "top_bm25")
+    # constant features (agreement 1) are left out, and the raw BM25 score (its scale is the corpus's
+    # own) is not fitted; the rest are standardised
+    assert cal.features == ("logit_score", "log_partition", "retrieval_entropy", "top_dense")
     z = (np.stack([feature_vector(s, cal.features) for s in sig]) - cal.mean) / cal.scale
     p = cal.of_signals(sig)
     # at the optimum the gradient of the log-likelihood minus the L2 penalty is zero
