@@ -21,7 +21,7 @@ from ralm.errors import RalmError
 
 def _lm_done(result, _cfg) -> str:
     return (f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M parameters, {result.seconds} s; "
-            f"model in {result.run}/model")
+            f"model in {result.run}/final/model")
 
 
 def _retro_config(config_cls: type, values: dict, given: set):
@@ -37,10 +37,10 @@ def _retro_config(config_cls: type, values: dict, given: set):
 
 
 lm_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
-    "ralm.train.lm", "LMTrainConfig", "train_lm", "Train a causal Transformer LM on a text (exports RUN/model).", _lm_done)}),
+    "ralm.train.lm", "LMTrainer", "Train a causal Transformer LM on a text (exports RUN/final/model).", _lm_done)}),
     no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
 retro_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
-    "ralm.train.lm", "RetroTrainConfig", "train_retro",
+    "ralm.train.lm", "RetroTrainer",
     "Train RETRO on a text, with neighbours from the chunk DB looked up once and cached.", _lm_done, build=_retro_config)}),
     no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")
 knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidden states, interpolated perplexity.")

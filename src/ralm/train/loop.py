@@ -28,14 +28,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
-from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SEED_HELP, ConfigError, option
+from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import DTYPES, autocast
@@ -43,35 +43,39 @@ from ralm.train.checkpoints import load_checkpoint, save_checkpoint
 from ralm.train.parallel import RunContext, all_mean, any_rank, wrap_ddp
 
 
-class LoopFields(Protocol):
-    """The fields every trainer config has, which the loop and `check_options` read."""
-
-    steps: int
-    batch_size: int  # per rank
-    lr: float
-    warmup: int  # steps of linear learning-rate warm-up
-    save_every: int
-    log_every: int
-    seed: int
-    dtype: str  # compute dtype (runtime.resolve_dtype); weights stay fp32
-
-
-# -- options --------------------------------------------------------------------------------
+# -- the loop's config ---------------------------------------------------------------------
 
 MAX_POSITIONS = 512  # the BERT-family encoders' position embeddings: no block or input is longer
 
 
 @dataclass(kw_only=True)
-class RunOptions:
-    """The fields every trainer config has with the same default (keyword-only, so each config
-    keeps its own required fields first)."""
+class LoopConfig:
+    """The fields every trainer config has, which the loop reads: a trainer config subclasses it
+    and adds its own fields (keyword-only here, so a config keeps its own required fields first).
+    A trainer whose default or help differs redeclares the field after `KW_ONLY`.
 
+    The checks of `check_options` run on construction, with the subclass's own field names in
+    `positive_fields`, `non_negative_fields` and `fraction_fields`."""
+
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(16, "examples per step and rank (under torchrun)")
+    lr: float = option(1e-4, "learning rate")
+    warmup: int = option(100, WARMUP_HELP)  # steps of linear learning-rate warm-up
+    save_every: int = option(200, SAVE_EVERY_HELP)
     log_every: int = option(10, LOG_EVERY_HELP)
     seed: int = option(0, SEED_HELP)
     dtype: str = option("auto", DTYPE_HELP)  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
+    positive_fields: ClassVar[tuple[str, ...]] = ()
+    non_negative_fields: ClassVar[tuple[str, ...]] = ()
+    fraction_fields: ClassVar[tuple[str, ...]] = ()
+    presets: ClassVar[dict[str, dict]] = {}
 
-def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
+    def __post_init__(self):
+        check_options(self, self.positive_fields, self.non_negative_fields, self.fraction_fields)
+
+
+def check_options(cfg: LoopConfig, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
                   fractions: Iterable[str] = ()) -> None:
     """The checks every trainer config runs before anything loads: the loop's fields and the
     trainer's own. A wrong sign is no typo to train through: a negative learning rate is gradient
@@ -286,7 +290,7 @@ class TrainLoop:
     """Construct (resumes the run, wraps DDP: use `.ddp` for forward passes, `.resumed` for the
     checkpoint's extra state), then `run` a step function."""
 
-    def __init__(self, ctx: RunContext, cfg: LoopFields, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, ctx: RunContext, cfg: LoopConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, lr_names: Sequence[str] = ("lr",),
                  grad_clip: float = 1.0):
         self.ctx, self.cfg, self.model = ctx, cfg, model
