@@ -47,7 +47,7 @@ def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_fil
         before = getattr(start, tower).bert.encoder.layer[0].attention.self.query.weight
         after = getattr(trained, tower).bert.encoder.layer[0].attention.self.query.weight
         assert not torch.allclose(before, after), f"the {tower} tower did not change"
-    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "ict"}
+    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "ict", "parts": ["retriever"]}
     assert not (run / "final" / "encoder").exists()  # ICT exports only the retriever
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
