@@ -22,7 +22,7 @@ import torch
 from ralm.atomic import atomic_path
 from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
-from ralm.data.qa import Question, has_answer, read_questions
+from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.index.build import build_index
@@ -32,7 +32,7 @@ from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch
-from ralm.train.trainer import Trainer, start_projection
+from ralm.train.trainer import QuestionTrainer, start_projection
 
 
 @dataclass
@@ -120,13 +120,9 @@ def _per_rank_batch(cfg: DPRConfig, trainable: int, world: int) -> int:
     return min(cfg.batch_size, trainable // world)
 
 
-class DPRTrainer(Trainer):
+class DPRTrainer(QuestionTrainer):
     name, config = "dpr", DPRConfig
     plots = ("loss", "accuracy")
-
-    def __init__(self, cfg: DPRConfig):
-        super().__init__(cfg)
-        self.questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
 
     def build(self) -> Retriever:
         cfg, ctx = self.cfg, self.ctx

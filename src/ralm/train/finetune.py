@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
-from ralm.data.qa import Question, read_questions
+from ralm.data.qa import Question
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
@@ -33,7 +33,7 @@ from ralm.rundir import final_dir, find_model, is_model_dir, is_run
 from ralm.runtime import full_precision
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
 from ralm.train.parallel import global_mean, rank_batch, search_rank_queries
-from ralm.train.trainer import Trainer
+from ralm.train.trainer import QuestionTrainer
 
 
 @dataclass
@@ -164,13 +164,9 @@ class QAModel(torch.nn.Module):
         return logits, scores.view(shape), valid.view(shape), match.view(shape)
 
 
-class FinetuneTrainer(Trainer):
+class FinetuneTrainer(QuestionTrainer):
     name, config = "finetune", FinetuneConfig
     plots = ("loss", "answerable")
-
-    def __init__(self, cfg: FinetuneConfig):
-        super().__init__(cfg)
-        self.questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
 
     def build(self) -> QAModel:
         cfg, ctx = self.cfg, self.ctx

@@ -32,7 +32,7 @@ import torch
 
 from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
-from ralm.data.qa import Question, answer_occurrences, read_questions
+from ralm.data.qa import Question, answer_occurrences
 from ralm.errors import RalmError
 from ralm.models.reader import NEG, Reader, ReaderBatch, shared_nll, valid_spans
 from ralm.retrieval.search.searcher import Searcher
@@ -41,7 +41,7 @@ from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
 from ralm.train.parallel import global_mean, rank_batch
-from ralm.train.trainer import Trainer
+from ralm.train.trainer import QuestionTrainer
 
 
 @dataclass
@@ -148,14 +148,13 @@ def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
     return hit[top]
 
 
-class ReaderTrainer(Trainer):
+class ReaderTrainer(QuestionTrainer):
     name, config = "reader", ReaderTrainConfig
     plots = ("loss", "span_accuracy")
 
     def __init__(self, cfg: ReaderTrainConfig):
         super().__init__(cfg)
-        self.questions = read_questions(cfg.questions)[: cfg.limit]  # bad files fail before RUN is made
-        self.passages = gold_passages(self.questions, cfg.questions, cfg.corpus)
+        self.passages = gold_passages(self.questions, cfg.questions, cfg.corpus)  # bad files fail before RUN is made
 
     def build(self) -> Reader:
         cfg, ctx = self.cfg, self.ctx

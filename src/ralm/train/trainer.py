@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ralm.data.blocks import BlockStore
+from ralm.data.qa import read_questions
 from ralm.retrieval.towers.projection import init_projection
 from ralm.train.loop import LoopConfig, Schedule, TrainLoop, TrainResult, warmup_constant
 from ralm.train.parallel import RunContext, start_run
@@ -114,6 +115,15 @@ class Trainer:
         finally:
             trainer.close()
         return trainer.result(done)
+
+
+class QuestionTrainer(Trainer):
+    """A trainer on a question file (config fields `questions` and `limit`), read before RUN is
+    made so that a bad file fails first."""
+
+    def __init__(self, cfg: LoopConfig):
+        super().__init__(cfg)
+        self.questions = read_questions(cfg.questions)[: cfg.limit]
 
 
 def start_projection(ctx: RunContext, retriever, blocks: BlockStore, sample: int = 4096) -> None:
