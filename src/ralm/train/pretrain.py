@@ -168,7 +168,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
                      batch_size=2 * cfg.batch_size, masking=cfg.masking,
                      random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
-    summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
+    summary = warm_up_encoder(warm, run / "mlm", device, show_progress=show_progress, notify=notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
 
 

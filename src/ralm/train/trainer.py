@@ -95,7 +95,7 @@ class Trainer:
     # -- the template -------------------------------------------------------------------------
 
     @classmethod
-    def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
+    def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, *, show_progress: bool = True,
             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None,
             **inputs) -> TrainResult:
         """Train (or resume) the run at `run`. Under torchrun every rank trains on its
