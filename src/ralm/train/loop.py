@@ -1,5 +1,6 @@
-"""The one training loop: a trainer builds its model, optimizer and learning-rate schedule, then
-hands `TrainLoop` a step function; the loop does everything around it, for every trainer alike:
+"""The one training loop and the config every trainer's extends (`LoopConfig`). `Trainer.fit`
+(train.trainer) builds a trainer's model, optimizer and learning-rate schedule and hands
+`TrainLoop` its step function; the loop does everything around it, for every trainer alike:
 
   resume        model, optimizer, schedule and torch RNG from RUN's newest checkpoint; under
                 torchrun the model is wrapped in DDP (every rank runs the loop, rank 0 writes)
@@ -52,10 +53,9 @@ MAX_POSITIONS = 512  # the BERT-family encoders' position embeddings: no block o
 class LoopConfig:
     """The fields every trainer config has, which the loop reads: a trainer config subclasses it
     and adds its own fields (keyword-only here, so a config keeps its own required fields first).
-    A trainer whose default or help differs redeclares the field after `KW_ONLY`.
-
-    The checks of `check_options` run on construction, with the subclass's own field names in
-    `positive_fields`, `non_negative_fields` and `fraction_fields`."""
+    A trainer whose default or help differs redeclares the field after `KW_ONLY`. Construction
+    checks the fields, the subclass's own too when it names them in `positive_fields`,
+    `non_negative_fields` and `fraction_fields` (in [0, 1])."""
 
     steps: int = option(1000, "training steps")
     batch_size: int = option(16, "examples per step and rank (under torchrun)")
@@ -72,37 +72,32 @@ class LoopConfig:
     presets: ClassVar[dict[str, dict]] = {}
 
     def __post_init__(self):
-        check_options(self, self.positive_fields, self.non_negative_fields, self.fraction_fields)
+        """The checks every trainer config runs before anything loads: the loop's fields and the
+        trainer's own. A wrong sign is no typo to train through: a negative learning rate is
+        gradient ascent, a negative warm-up a silent no-op. `None` means "not set" and passes;
+        NaN fails every check. Messages name the config field."""
+        def fail(name: str, what: str) -> None:
+            raise ConfigError(name, f"must be {what}, got {getattr(self, name)}")
 
-
-def check_options(cfg: LoopConfig, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-                  fractions: Iterable[str] = ()) -> None:
-    """The checks every trainer config runs before anything loads: the loop's fields and the
-    trainer's own. A wrong sign is no typo to train through: a negative learning rate is gradient
-    ascent, a negative warm-up a silent no-op. `fractions` lie in [0, 1]. `None` means "not set"
-    and passes; NaN fails every check. Messages name the config field."""
-    def fail(name: str, what: str) -> None:
-        raise ConfigError(name, f"must be {what}, got {getattr(cfg, name)}")
-
-    for name, value in vars(cfg).items():  # inf passes `> 0` and trains NaN weights
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(name, "a finite number")
-    for name in ("block_len", "max_len", "max_query_len"):
-        if isinstance(getattr(cfg, name, None), int) and getattr(cfg, name) > MAX_POSITIONS:
-            fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
-    for name in ("steps", "batch_size", "lr", "save_every", "log_every", *positive):
-        if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
-            fail(name, "positive")
-    for name in ("warmup", *non_negative):
-        if getattr(cfg, name) is not None and not getattr(cfg, name) >= 0:
-            fail(name, ">= 0")
-    for name in fractions:
-        if not 0 <= getattr(cfg, name) <= 1:
-            fail(name, "in [0, 1]")
-    if not isinstance(cfg.warmup, int):
-        fail("warmup", "a whole number of steps")
-    if cfg.dtype not in DTYPES:
-        fail("dtype", f"one of {', '.join(DTYPES)}")
+        for name, value in vars(self).items():  # inf passes `> 0` and trains NaN weights
+            if isinstance(value, float) and not math.isfinite(value):
+                fail(name, "a finite number")
+        for name in ("block_len", "max_len", "max_query_len"):
+            if isinstance(getattr(self, name, None), int) and getattr(self, name) > MAX_POSITIONS:
+                fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
+        for name in ("steps", "batch_size", "lr", "save_every", "log_every", *self.positive_fields):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                fail(name, "positive")
+        for name in ("warmup", *self.non_negative_fields):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                fail(name, ">= 0")
+        for name in self.fraction_fields:
+            if not 0 <= getattr(self, name) <= 1:
+                fail(name, "in [0, 1]")
+        if not isinstance(self.warmup, int):
+            fail("warmup", "a whole number of steps")
+        if self.dtype not in DTYPES:
+            fail("dtype", f"one of {', '.join(DTYPES)}")
 
 
 # -- learning-rate schedules (LambdaLR factors of the step) ------------------------------------
