@@ -116,10 +116,10 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
         return str(found)
     if cfg.index:
         src = IndexDir(cfg.index)
-        manifest = src.version_manifest(src.latest())
-        if "retriever" not in manifest:  # checked before any work: the run would start from its retriever
+        manifest = src.version(src.latest())
+        if manifest.retriever is None:  # checked before any work: the run would start from its retriever
             raise RalmError(f"index {cfg.index} is a {src.kind} index with no dense embeddings; pre-training needs a dense one")
-        return str(src.root / manifest["retriever"])
+        return str(src.root / manifest.retriever)
     return None
 
 
@@ -127,20 +127,20 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
     """Publish the latest version of another dense index over the same blocks as version 1
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
-    manifest = src.version_manifest(src.latest())
-    if "dense" not in manifest["sides"]:
+    manifest = src.version(src.latest())
+    if "dense" not in manifest.sides:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
-    if manifest["blocks"] != key:
+    if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
-    if manifest.get("faiss"):
+    if manifest.faiss:
         raise RalmError(f"{src_path} is a faiss index; pre-training searches exact embeddings")
-    rpath = index.root / manifest["retriever"]
+    rpath = index.root / manifest.retriever
     if not rpath.is_dir():
-        shutil.copytree(src.root / manifest["retriever"], rpath)
+        shutil.copytree(src.root / manifest.retriever, rpath)
 
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
-        return {**{k: v for k, v in manifest.items() if k not in ("version", "created", "faiss_params")},
+        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "faiss_params")},
                 "kind": "dense", "sides": ["dense"], "step": 0, "source": str(src.root)}
 
     return index.publish(write)
@@ -313,10 +313,10 @@ class PretrainTrainer(Trainer):
             self.in_use.close()
 
     def result(self, done: TrainResult) -> PretrainResult:
-        versions = [self.index.version_manifest(v) for v in self.index.versions()]
+        versions = [self.index.version(v) for v in self.index.versions()]
         return PretrainResult(**asdict(done), examples=int(len(self.examples)), blocks=len(self.blocks),
                               index_version=self.in_use.version.name,
-                              refreshes_kept=[{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")}
+                              refreshes_kept=[{"version": v.version, "step": v.step, "seconds": v.seconds}
                                               for v in versions],
                               retriever=str(final_dir(self.ctx.path, "retriever")),
                               encoder=str(final_dir(self.ctx.path, "encoder")))
