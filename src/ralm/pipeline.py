@@ -230,6 +230,6 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
     tuned = None
     if "dense" in idx.sides and candidate is not None:
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
-        if tuned.doc_fingerprint() != idx.version_manifest(idx.latest())["doc_fingerprint"]:
+        if tuned.doc_fingerprint() != idx.version(idx.latest()).doc_fingerprint:
             tuned = None
     return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device, dtype=dtype))
