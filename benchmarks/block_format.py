@@ -77,7 +77,7 @@ def main() -> None:
     result: dict = {"blocks": len(blocks), "dtype": args.dtype}
     for variant, rows in variants(blocks, retriever.tokenizer.sep_token_id).items():
         emb = np.zeros((len(rows), retriever.dim), dtype=np.float32)
-        encode_rows(retriever.doc, rows, np.array([len(r) for r in rows]), emb, description=variant, dtype=args.dtype)
+        encode_rows(retriever.doc, rows, np.array([len(r) for r in rows]), out=emb, description=variant, dtype=args.dtype)
         matrix = torch.from_numpy(emb)
         for name, qs in question_sets.items():
             top = torch.topk(queries[name] @ matrix.T, min(100, len(rows)), dim=1).indices.numpy()

@@ -93,7 +93,8 @@ def main() -> None:
 
     def ours() -> np.ndarray:
         out = np.zeros((len(rows), bert.config.hidden_size), np.float32)
-        return encode_rows(tower, rows, lengths, out, args.batch_size, device, show_progress=False, dtype=dtype)
+        return encode_rows(tower, rows, lengths, out=out, batch_size=args.batch_size, device=device, show_progress=False,
+                           dtype=dtype)
 
     def timed(fn):
         if device.type == "cuda":

@@ -115,7 +115,7 @@ def main() -> None:
     temperatures, lambdas = (1.0, 3.0, 10.0), (0.25, 0.5, 0.75)
     for name, stream in streams.items():
         suffix = "" if name == "held_out" else f"_{name}"
-        p_lm, p_knn = knnlm_log_probs(lm, store, stream, args.k, temperatures, device=cpu, show_progress=False)
+        p_lm, p_knn = knnlm_log_probs(lm, store, stream, k=args.k, temperatures=temperatures, device=cpu, show_progress=False)
         results["lm" + suffix] = {**fact_report(-p_lm, *positions[name]), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
         grid = []
         for i, t in enumerate(temperatures):
@@ -135,9 +135,9 @@ def main() -> None:
     stride = max(cfg.chunk_len, cfg.max_len // 2 // cfg.chunk_len * cfg.chunk_len)
     for name, stream in streams.items():
         suffix = "" if name == "held_out" else f"_{name}"
-        neighbours = text_neighbours(db, stream, cfg.neighbours, exclude_same_doc=False, show_progress=False)
+        neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=False, show_progress=False)
         for arm, nb in (("retro", neighbours), ("retro_off", None)):
-            nll = retro_nll(retro, db, stream, nb, stride, cpu, show_progress=False)
+            nll = retro_nll(retro, db, stream, neighbours=nb, stride=stride, device=cpu, show_progress=False)
             results[arm + suffix] = {**fact_report(nll, *positions[name]), "train_loss": retro_run.loss,
                                      "train_s": retro_run.seconds}
             print(f"{arm}{suffix}: {json.dumps(results[arm + suffix])}", flush=True)

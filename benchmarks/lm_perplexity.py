@@ -78,17 +78,18 @@ def main() -> None:
         results["splits"][split] = row
         if args.lm:
             stream = tokenize_text(path, tok, args.limit_tokens, show_progress=False)
-            row["knnlm"] = knnlm_eval(lm, store, stream, args.k, lambdas, temperatures, device=device, show_progress=False)
+            row["knnlm"] = knnlm_eval(lm, store, stream, k=args.k, lambdas=lambdas, temperatures=temperatures, device=device,
+                                      show_progress=False)
             print(json.dumps({split: row["knnlm"]}), flush=True)
         if not args.retro:
             continue
         rstream = tokenize_text(path, rtok, args.limit_tokens, show_progress=False)
         start = time.perf_counter()  # the neighbours, retrieved once: retro_perplexity reads them from the DB's cache
-        text_neighbours(db, rstream, retro.cfg.neighbours, exclude_same_doc=False, show_progress=False)
+        text_neighbours(db, rstream, k=retro.cfg.neighbours, exclude_same_doc=False, show_progress=False)
         row["retro_retrieval_seconds"] = round(time.perf_counter() - start, 1)
         for name, retrieval in (("retro", True), ("retro_off", False)):
             start = time.perf_counter()
-            row[name] = retro_perplexity(retro, db, rstream, retrieval, device=device, show_progress=False)
+            row[name] = retro_perplexity(retro, db, rstream, retrieval=retrieval, device=device, show_progress=False)
             row[name]["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps({split: {k: row[k] for k in ("retro", "retro_off")}}), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -46,7 +46,7 @@ def time_engine(args) -> None:
         from ralm.runtime import resolve_device
 
         device = resolve_device(args.device)
-        search = ExactIndex(emb, device, dtype=args.engine).search
+        search = ExactIndex(emb, device=device, dtype=args.engine).search
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def best(queries, repeat):

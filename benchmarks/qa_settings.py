@@ -5,11 +5,11 @@ Chooses ralm's defaults (ralm/defaults.py) on held-back questions.
   python benchmarks/qa_settings.py --index runs/dev --questions runs/calibration.jsonl --work runs/tune/cal.json
 
 Per question it retrieves the top 100 of both sides of a hybrid index (the fusion candidates of
-ralm.retrieval.search.fusion) and reads, once, every block that any
-setting of the grid reads (about 20 per question), keeping each block's `N_BEST` spans and
-log-normaliser: exactly what `OpenQA.answer` uses, so each setting's answer is `pick_answer`'s.
-Each block is read whole, as `ralm eval qa` does, but alone, not batched with the question's other
-blocks, so bf16 rounding may move a few answers. The dump is kept in --work; a rerun only scores.
+ralm.retrieval.search.fusion) and reads, once, every block that any setting of the grid reads
+(about 20 per question) with the pipeline's `read_blocks`, keeping what its `pick_answer` needs of
+each block, so each setting's answer is `OpenQA.answer`'s. The blocks are batched as a question's
+union, not as each setting's top k, so bf16 rounding may move a few answers. The dump is kept in
+--work; a rerun only scores.
 """
 
 from __future__ import annotations
@@ -28,47 +28,38 @@ DEPTH = 100  # the fusion's default (ralm/defaults.py FUSION_DEPTH)
 
 @torch.inference_mode()
 def dump(qa, questions, show_progress: bool = True) -> list[dict]:
-    """Per question: both retrievers' scores over the union of their top DEPTH, and the reader's
-    best spans in each block some setting of the grid reads."""
-    from ralm.models.reader import NEG, top_spans, valid_spans
-    from ralm.pipeline import N_BEST
+    """Per question: both retrievers' scores over the union of their top DEPTH, and what the reader
+    found in each block some setting of the grid reads."""
+    from ralm.pipeline import read_blocks
     from ralm.progress import track
     from ralm.retrieval.search.fusion import candidates, fuse_weighted
-    from ralm.runtime import autocast
 
-    hs, reader = qa.searcher, qa.reader
+    hs = qa.searcher
     snap = hs.current
-    blocks = snap.blocks
     out = []
     for q in track(questions, len(questions), "reading", enabled=show_progress):
         encoded = {s: hs.encode([q.question], s) for s in ("dense", "bm25")}
         lists = {s: hs.side_search(encoded[s], DEPTH, snap, s) for s in encoded}
-        c = candidates(hs, encoded, lists, 0, snap)  # as the fusion of `ralm search` draws them
+        c = candidates(hs, encoded, lists, i=0, snap=snap)  # as the fusion of `ralm search` draws them
         rows, dense, bm25 = c.rows, c.scores["dense"], c.scores["bm25"]
         b_scores, b_rows = (x[:, : max(KS)] for x in lists["bm25"])  # BM25 alone
         read = set(b_rows[0].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())
         for a in ALPHAS:
             read |= set(rows[np.argsort(-fuse_weighted({"dense": dense, "bm25": bm25}, {}, a), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)
-        batch = reader.featurize([q.question] * len(read), [blocks.record(r)["text"] for r in read], max_len=reader.max_read_len)
-        with autocast(qa.device, qa.dtype):
-            scores = reader(batch.to(qa.device))
-        f, start, width, log_norm = (t.cpu() for t in top_spans(scores, valid_spans(batch, reader.cfg.max_span_width), N_BEST))
-        spans = {}
-        for n, r in enumerate(read):
-            has = batch.evidence_end[n] > batch.evidence_start[n]
-            spans[str(r)] = {"log_norm": float(log_norm[n]),
-                             "spans": [[float(f[n, j]), reader.span_text(batch, n, int(start[n, j]), int(width[n, j]))[0]]
-                                       for j in range(f.shape[1]) if has and f[n, j] > NEG / 2]}
+        blocks = read_blocks(qa.reader, [q.question] * len(read), [snap.blocks.record(r)["text"] for r in read],
+                             device=qa.device, dtype=qa.dtype)
         out.append({"answers": list(q.answers), "rows": rows.tolist(), "dense": dense.tolist(), "bm25": bm25.tolist(),
-                    "bm25_rows": b_rows[0].tolist(), "bm25_scores": b_scores[0].tolist(), "read": spans})
+                    "bm25_rows": b_rows[0].tolist(), "bm25_scores": b_scores[0].tolist(),
+                    "read": {str(r): {"log_norm": b.log_norm, "spans": [[s.score, s.text] for s in b.spans]}
+                             for r, b in zip(read, blocks)}})
     return out
 
 
 def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[float, float]:
     """EM, F1 (percent) of `pick_answer` over the dump, reading the top k of `system`."""
     from ralm.eval.metrics import exact_match, f1
-    from ralm.pipeline import pick_answer
+    from ralm.pipeline import ReadBlock, Span, pick_answer
     from ralm.retrieval.search.fusion import fuse_weighted
 
     em = f1_sum = 0.0
@@ -80,16 +71,8 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
             fused = dense if system == "dense" else fuse_weighted({"dense": dense, "bm25": bm25}, {}, alpha)
             top = np.argsort(-fused, kind="stable")[:k]
             s, r = fused[top], rows[top]
-        reads = [d["read"][str(int(x))] for x in r]
-        n = max(1, max(len(b["spans"]) for b in reads))
-        f = torch.full((len(reads), n), -1e4)
-        texts = []
-        for j, b in enumerate(reads):
-            f[j, : len(b["spans"])] = torch.tensor([v for v, _ in b["spans"]])
-            texts.append([(t, None) for _, t in b["spans"]] + [None] * (n - len(b["spans"])))
-        log_norm = torch.tensor([b["log_norm"] for b in reads])
-        _, best, shown = pick_answer(torch.log_softmax(torch.from_numpy(s), 0), f, log_norm, texts)
-        pred = texts[best][shown[best]][0] if best is not None else ""
+        blocks = [ReadBlock([Span(f, text, None) for f, text in b["spans"]], b["log_norm"]) for b in (d["read"][str(int(x))] for x in r)]
+        pred = pick_answer(torch.log_softmax(torch.from_numpy(s), 0), blocks).answer
         em += exact_match(pred, d["answers"])
         f1_sum += f1(pred, d["answers"])
     return round(100 * em / len(data), 2), round(100 * f1_sum / len(data), 2)

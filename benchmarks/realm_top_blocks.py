@@ -34,13 +34,14 @@ def main() -> None:
     retriever = Retriever.from_pretrained(args.retriever).eval()
     tok = retriever.tokenizer
     index = IndexDir(Path(args.run) / "index")
-    _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, args.corpus, tok, args.block_len,
+    _, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, args.corpus, hf_tokenizer=tok, block_len=args.block_len,
                                         show_progress=False)
     docs = np.zeros((len(blocks), retriever.dim), dtype=np.float32)
-    encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), docs, pad_id=tok.pad_token_id, show_progress=False)
+    encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), out=docs, pad_id=tok.pad_token_id, show_progress=False)
     x_len = RealmConfig().max_query_len - 2  # as `ralm pretrain` masks and embeds x
     chosen = np.random.default_rng(1).choice(table.with_spans(x_len), args.sentences, replace=False)
-    batch = masked_batch(table, blocks, chosen, MaskingConfig("salient", max_len=x_len), tok.mask_token_id, 7, 0)
+    batch = masked_batch(table, blocks, chosen, cfg=MaskingConfig("salient", max_len=x_len), mask_id=tok.mask_token_id, seed=7,
+                         step=0)
     with torch.inference_mode():
         queries = retriever.query(*pad_rows([[tok.cls_token_id, *e.ids, tok.sep_token_id] for e in batch], tok.pad_token_id))
         ranked = (queries @ torch.from_numpy(docs).T).topk(args.k + trivial_margin(blocks.doc_index)).indices.numpy()

@@ -130,7 +130,7 @@ def main() -> None:
         searcher = Searcher.open(index, dtype=dtype)
         result["blocks"] = len(searcher)
         for name, qs in question_sets.items():
-            r = evaluate_retrieval(searcher, qs, ks, show_progress=True, predictions=work / f"default_{dtype}-{name}")
+            r = evaluate_retrieval(searcher, qs, ks=ks, show_progress=True, predictions=work / f"default_{dtype}-{name}")
             result[f"default_{dtype}/{name}"] = {k: v for k, v in r.items() if k.startswith("recall") or k in ("questions", "seconds")}
             print(json.dumps({f"default_{dtype}/{name}": result[f"default_{dtype}/{name}"]}), flush=True)
     if not args.no_plain and searcher is not None:

@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random BERT (2 layers, hidden 32) with the bundled MiniLM
-wordpiece vocabulary, and a tiny self-made corpus. Everything runs on CPU in seconds."""
+wordpiece vocabulary, and a tiny self-made corpus. Everything runs on CPU in seconds, except
+tests marked `slow` (run with RALM_SLOW=1; CI does) and `gpu` (run where CUDA is)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # CPU threads for torch (default: at most 2). Results must not depend on it: float sums run in
 # another order with another count, so assertions need margins, not one run's values.
 torch.set_num_threads(int(os.environ.get("RALM_TEST_THREADS", min(2, torch.get_num_threads()))))
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `slow` tests unless RALM_SLOW=1, and `gpu` tests without CUDA, saying why."""
+    skips = {"slow": None if os.environ.get("RALM_SLOW") == "1" else "slow on 2 CPU cores: RALM_SLOW=1 runs it",
+             "gpu": None if torch.cuda.is_available() else "needs CUDA"}
+    for item in items:
+        for name, reason in skips.items():
+            if reason and name in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
 
 DOCS = [
     {"id": "paris", "title": "Paris", "text": "Paris is the capital of France. It lies on the Seine river. The Eiffel Tower was finished in 1889."},

@@ -52,7 +52,7 @@ def test_block_store_round_trip_is_memory_mapped(tmp_path, tokenizer):
     corpus = tmp_path / "c.jsonl"
     docs = [{"id": "a", "title": "Alpha", "text": LONG}, {"id": "b", "title": "Beta", "text": "Short text here."}]
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    store = build_block_store(corpus, tmp_path / "blocks", tokenizer, BlockConfig(max_len=100), show_progress=False)
+    store = build_block_store(corpus, tmp_path / "blocks", tokenizer, cfg=BlockConfig(max_len=100), show_progress=False)
     assert isinstance(store.tokens.values, np.memmap)
     assert store.manifest["documents"] == 2 and len(store) > 2
     last = store.record(len(store) - 1)
@@ -72,7 +72,7 @@ def test_duplicate_document_ids_are_rejected(tmp_path, tokenizer):
 
 
 def test_join_query_evidence_layout():
-    ids, types, start = join_query_evidence([5, 6, 7], np.array([8, 9, 10, 11]), 101, 102, max_len=9)
+    ids, types, start = join_query_evidence([5, 6, 7], np.array([8, 9, 10, 11]), cls_id=101, sep_id=102, max_len=9)
     assert ids == [101, 5, 6, 7, 102, 8, 9, 10, 102]
     assert types == [0, 0, 0, 0, 0, 1, 1, 1, 1]
     assert start == 5 and ids[start] == 8

@@ -64,7 +64,7 @@ def test_token_stream_separates_documents_and_limits(tmp_path, tiny_bert):
 def test_chunk_docs_and_values():
     s = TokenStream(np.arange(10, dtype=np.int32), np.array([0, 3, 10]), np.array([11, 22]), 0)
     np.testing.assert_array_equal(s.chunk_docs(4), [[11, 22], [22, 22], [22, 22]])  # chunk 0 spans both
-    values, mask = chunk_values(s.tokens, s.doc_starts, np.array([[1, -1, 0]]), 4, pad_id=-5)
+    values, mask = chunk_values(s.tokens, s.doc_starts, np.array([[1, -1, 0]]), chunk_len=4, pad_id=-5)
     np.testing.assert_array_equal(values[0, 0], [4, 5, 6, 7, 8, 9, -5, -5])  # chunk + the continuation that exists
     assert mask[0, 0].sum() == 6 and not mask[0, 1].any()
     np.testing.assert_array_equal(values[0, 2], np.arange(8))  # continues the document of its last token
@@ -74,7 +74,7 @@ def test_chunk_docs_and_values():
                                               ([0, 4, 12], [0, 1, 2, 3]),  # the document ends with the chunk
                                               ([0, 2, 5, 12], [0, 1, 2, 3, 4])])  # chunk 0 spans two documents
 def test_continuation_stops_at_the_document_boundary(doc_starts, value):
-    values, mask = chunk_values(np.arange(12, dtype=np.int32), np.array(doc_starts), np.array([0]), 4, pad_id=-1)
+    values, mask = chunk_values(np.arange(12, dtype=np.int32), np.array(doc_starts), np.array([0]), chunk_len=4, pad_id=-1)
     np.testing.assert_array_equal(values[0], value + [-1] * (8 - len(value)))
     np.testing.assert_array_equal(mask[0], np.arange(8) < len(value))
 
@@ -90,7 +90,7 @@ def test_exclude_same_document_by_hand():
 def test_context_windows_score_each_position_once_with_context(seq_len, stride, align):
     n = 37
     scored = []
-    for a, b, s in context_windows(0, n, seq_len, stride, align):
+    for a, b, s in context_windows(0, n, seq_len=seq_len, stride=stride, align=align):
         assert b - a <= seq_len and a % align == 0 and a <= s < b
         assert s - a >= min(s, seq_len - stride - align + 1)  # context, less only at the start / by alignment
         scored.extend(range(s, b))
@@ -171,11 +171,11 @@ def test_chunk_db_build_is_atomic_and_resumes(tmp_path, tiny_bert, monkeypatch):
                                                    batch_size=2, block_rows=8, show_progress=False))
     real, calls = chunkdb.embed_chunks, []
 
-    def crashing(tower, tokens, m, start, end, *a, **kw):
-        calls.append((start, end))
+    def crashing(tower, tokens, **kw):
+        calls.append((kw["start"], kw["end"]))
         if len(calls) == 2:
             raise KeyboardInterrupt  # killed while embedding the second block
-        return real(tower, tokens, m, start, end, *a, **kw)
+        return real(tower, tokens, **kw)
 
     monkeypatch.setattr(chunkdb, "embed_chunks", crashing)
     out = tmp_path / "db"
@@ -185,7 +185,7 @@ def test_chunk_db_build_is_atomic_and_resumes(tmp_path, tiny_bert, monkeypatch):
     with pytest.raises(RalmError, match="unfinished build"):
         chunkdb.ChunkDB(out)
     calls.clear()
-    monkeypatch.setattr(chunkdb, "embed_chunks", lambda *a, **kw: (calls.append(a[3:5]), real(*a, **kw))[1])
+    monkeypatch.setattr(chunkdb, "embed_chunks", lambda *a, **kw: (calls.append((kw["start"], kw["end"])), real(*a, **kw))[1])
     db = chunkdb.ChunkDB(chunkdb.build_chunk_db(corpus, out, model=str(tiny_bert), chunk_len=4, batch_size=2, block_rows=8, show_progress=False))
     assert calls and calls[0][0] == 8  # the first block (8 rows) was kept, not recomputed
     np.testing.assert_array_equal(db.embeddings, clean.embeddings)
@@ -202,8 +202,8 @@ def test_text_neighbours_are_computed_once(tmp_path, tiny_bert, monkeypatch):
     db = ChunkDB(build_chunk_db(corpus, tmp_path / "db", model=str(tiny_bert), chunk_len=8, show_progress=False))
     _, tok = db.encoder()
     stream = tokenize_text(corpus, tok, show_progress=False)
-    first = text_neighbours(db, stream, 2, True, show_progress=False)
+    first = text_neighbours(db, stream, k=2, exclude_same_doc=True, show_progress=False)
     docs = stream.chunk_docs(8, len(first))
     assert not any(set(db.chunk_docs[j]) & set(docs[i]) for i in range(len(first)) for j in first[i] if j >= 0)
     monkeypatch.setattr(db, "search", lambda *a, **kw: pytest.fail("neighbours were looked up again"))
-    np.testing.assert_array_equal(text_neighbours(db, stream, 2, True, show_progress=False), first)
+    np.testing.assert_array_equal(text_neighbours(db, stream, k=2, exclude_same_doc=True, show_progress=False), first)

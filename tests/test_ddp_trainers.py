@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from test_distributed import run_ranks
 
+pytestmark = pytest.mark.slow  # each trains in two processes and in one
 CPU = torch.device("cpu")
 
 

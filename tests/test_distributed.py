@@ -102,7 +102,7 @@ def test_a_restarted_build_encodes_only_missing_pieces(tmp_path, corpus, tiny_be
     real = sharded.encode_rows
 
     def counting(*args, **kwargs):
-        calls.append(args[3].shape[0])
+        calls.append(kwargs["out"].shape[0])
         if len(calls) == 2:
             raise KeyboardInterrupt  # killed while encoding the second piece
         return real(*args, **kwargs)
@@ -113,6 +113,6 @@ def test_a_restarted_build_encodes_only_missing_pieces(tmp_path, corpus, tiny_be
     staging = [p for p in (tmp_path / "idx" / "versions").iterdir() if p.name.startswith(".pieces")]
     assert len(staging) == 1 and len(list(staging[0].glob("rows-*.npy"))) == 1  # the finished piece only
     calls.clear()
-    monkeypatch.setattr(sharded, "encode_rows", lambda *a, **k: (calls.append(a[3].shape[0]), real(*a, **k))[1])
+    monkeypatch.setattr(sharded, "encode_rows", lambda *a, **k: (calls.append(k["out"].shape[0]), real(*a, **k))[1])
     _, name = build_index(corpus, tmp_path / "idx", model=str(tmp_path / "model"), show_progress=False, piece_rows=5)
     assert name == "v000001" and calls == [5, 3]  # 13 rows: pieces 0-5 kept; 5-10 and 10-13 encoded

@@ -141,7 +141,7 @@ def test_bucketed_encoding_equals_one_by_one(tiny_bert):
     rng = np.random.default_rng(0)
     rows = [np.concatenate([[101], rng.integers(1000, 2000, size=n), [102]]) for n in rng.integers(3, 40, size=23)]
     lengths = np.array([len(x) for x in rows])
-    out = encode_rows(r.doc, rows, lengths, np.zeros((23, 32), np.float32), batch_size=5, show_progress=False, dtype="fp32")
+    out = encode_rows(r.doc, rows, lengths, out=np.zeros((23, 32), np.float32), batch_size=5, show_progress=False, dtype="fp32")
     with torch.inference_mode():
         single = torch.cat([r.doc(torch.from_numpy(x[None]), torch.ones(1, len(x), dtype=torch.long)) for x in rows]).numpy()
     np.testing.assert_allclose(out, single, atol=1e-5)
@@ -155,4 +155,4 @@ def test_encoding_errors_surface_from_the_prefetch_thread(tiny_bert):
             raise OSError("disk gone")
 
     with pytest.raises(OSError, match="disk gone"):
-        encode_rows(r.doc, Broken(), np.array([3, 4]), np.zeros((2, 32), np.float32), show_progress=False)
+        encode_rows(r.doc, Broken(), np.array([3, 4]), out=np.zeros((2, 32), np.float32), show_progress=False)

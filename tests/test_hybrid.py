@@ -52,9 +52,10 @@ def test_a_default_build_publishes_one_version_with_both_sides(tiny_hybrid_index
 def test_alpha_one_is_dense_alpha_zero_is_bm25_and_one_side_searches_alone(tiny_hybrid_index):
     s = Searcher.open(tiny_hybrid_index)
     d = s.rank(QUERIES, 3, retriever="dense")
-    assert np.array_equal(rank(s, QUERIES, 3, s.current, ("dense", "bm25"), Fusion(alpha=1.0)).rows, d.rows)
+    assert np.array_equal(rank(s, QUERIES, k=3, snap=s.current, sides=("dense", "bm25"), fusion=Fusion(alpha=1.0)).rows, d.rows)
     b = s.rank(QUERIES, 1, retriever="bm25")
-    assert np.array_equal(rank(s, QUERIES, 1, s.current, ("dense", "bm25"), Fusion(alpha=0.0)).rows[:, 0], b.rows[:, 0])
+    assert np.array_equal(rank(s, QUERIES, k=1, snap=s.current, sides=("dense", "bm25"), fusion=Fusion(alpha=0.0)).rows[:, 0],
+                          b.rows[:, 0])
     assert all(f == [("dense",)] * 3 for f in d.found_by)
 
 
@@ -78,7 +79,7 @@ def test_queries_are_encoded_once_per_side_and_dense_scores_are_exact(tiny_hybri
     calls = []
     real = s.retriever.encode_queries
     s.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
-    ranked = rank(s, QUERIES, 2, s.current, ("dense", "bm25"), Fusion(alpha=1.0))
+    ranked = rank(s, QUERIES, k=2, snap=s.current, sides=("dense", "bm25"), fusion=Fusion(alpha=1.0))
     assert calls == [3]
     q = real(QUERIES).numpy()
     emb = np.load(IndexDir(tiny_hybrid_index).version_path("v000001") / "embeddings.npy")

@@ -19,7 +19,8 @@ from ralm.train.parallel import in_batch_contrastive
 def test_ict_pair_removes_the_sentence_unless_kept(tiny_bert, corpus_file, tmp_path):
     retriever = Retriever.from_pretrained(str(tiny_bert), dim=16)
     tok = retriever.tokenizer
-    _, blocks, table = corpus_sentences(tmp_path / "blocks", tmp_path / "sentences", str(corpus_file), tok, show_progress=False)
+    _, blocks, table = corpus_sentences(tmp_path / "blocks", tmp_path / "sentences", str(corpus_file), hf_tokenizer=tok,
+                                        show_progress=False)
     s = next(s for s in range(len(table)) if tok.decode(table.tokens(blocks, s).tolist()) == "it lies on the seine river.")
     query, context = ict_pair(blocks, table, s, False, tok.cls_token_id, tok.sep_token_id, 64)
     assert tok.decode(query) == "[CLS] it lies on the seine river. [SEP]"

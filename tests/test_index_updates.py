@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from conftest import DOCS
+
+from ralm.data.corpus import Document
+from ralm.errors import RalmError
+from ralm.retrieval.search.live import LiveSearcher
+from ralm.retrieval.search.update_log import UpdateLog
 
 NEW = [{"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar is an archipelago famous for cloves."},
        {"id": "kili", "title": "Kilimanjaro", "text": "Kilimanjaro is a dormant volcano in Tanzania."}]
@@ -65,3 +71,26 @@ def test_upgrade_a_dense_index_from_the_command_line(ralm, tiny_dense_index, tmp
     code, out, err = ralm("index", "upgrade", index, "--json")
     assert code == 0 and json.loads(out)["retriever"] == "hybrid" and json.loads(out)["version"] == "v000002"
     assert _ids(ralm, index, "Guido van Rossum", "bm25", k=1) == ["python:0"]
+
+
+def test_deleting_many_documents_takes_one_pass_and_one_log_append(tiny_hybrid_index, tmp_path, monkeypatch):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    live = LiveSearcher.open(index)
+    live.add([Document(d["id"], d["title"], d["text"]) for d in NEW])
+    appends, snapshots = [], []
+    append, snapshot = UpdateLog.append, LiveSearcher._snapshot
+    monkeypatch.setattr(UpdateLog, "append", lambda self, entries: appends.append(entries) or append(self, entries))
+    monkeypatch.setattr(LiveSearcher, "_snapshot", lambda self, *a: snapshots.append(a) or snapshot(self, *a))
+    with pytest.raises(KeyError, match="nowhere"):
+        live.delete(["paris", "nowhere"])
+    assert live.exists("paris") and appends == [] and snapshots == []  # all or nothing
+    with pytest.raises(RalmError, match="list of document ids"):
+        live.delete("paris")
+    live.delete(["zanzibar", "paris", "tokyo", "paris"])
+    assert [[e["id"] for e in batch] for batch in appends] == [["zanzibar", "paris", "tokyo"]] and len(snapshots) == 1
+    assert len(live) == len(DOCS) - 1  # 6 + kili - paris - tokyo, one block each
+    for searcher in (live, LiveSearcher.open(index)):  # the log replays to the same documents
+        assert [i for i in ("zanzibar", "paris", "tokyo", "kili", "nile") if searcher.exists(i)] == ["kili", "nile"]
+        found = {h.doc_id for h in searcher.search(["capital archipelago cloves volcano"], 10)[0]}
+        assert found == {d["id"] for d in DOCS} - {"paris", "tokyo"} | {"kili"}

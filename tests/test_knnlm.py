@@ -96,11 +96,11 @@ def test_datastore_build_is_atomic_and_resumes(tmp_path, tiny_lm, monkeypatch):
     clean = Datastore(build_datastore(model, path, stream, tmp_path / "clean", seq_len=16, stride=8, show_progress=False))
     real, seen = knnlm.lm_states, []
 
-    def crashing(m, tokens, start, end, *a, **kw):
-        seen.append(start)
-        if start > 0:
+    def crashing(m, tokens, **kw):
+        seen.append(kw["start"])
+        if kw["start"] > 0:
             raise KeyboardInterrupt
-        yield from real(m, tokens, start, end, *a, **kw)
+        yield from real(m, tokens, **kw)
 
     monkeypatch.setattr(knnlm, "lm_states", crashing)
     monkeypatch.setattr(datastore, "FLAT_MAX", 10**9)
@@ -111,7 +111,7 @@ def test_datastore_build_is_atomic_and_resumes(tmp_path, tiny_lm, monkeypatch):
         build_datastore(model, path, stream, out, seq_len=16, stride=8, show_progress=False)
     assert not out.exists() and (tmp_path / ".store.partial" / "keys.npy").is_file()
     seen.clear()
-    monkeypatch.setattr(knnlm, "lm_states", lambda m, tokens, start, end, *a, **kw: (seen.append(start), real(m, tokens, start, end, *a, **kw))[1])
+    monkeypatch.setattr(knnlm, "lm_states", lambda m, tokens, **kw: (seen.append(kw["start"]), real(m, tokens, **kw))[1])
     store = Datastore(build_datastore(model, path, stream, out, seq_len=16, stride=8, show_progress=False))
     assert seen[0] == 32  # the first block was kept
     np.testing.assert_array_equal(store.keys, clean.keys)
@@ -133,7 +133,8 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     store = Datastore(build_datastore(model, path, stream, tmp_path / "store", seq_len=16, stride=8, show_progress=False))
     res = knnlm_eval(model, store, stream, k=4, lambdas=(0.0, 0.5), temperatures=(1.0, 10.0), seq_len=16, stride=8,
                      show_progress=False)
-    lm = perplexity_report(lm_nll(model, stream, 16, 8, torch.device("cpu"), show_progress=False), stream.words)
+    lm = perplexity_report(lm_nll(model, stream, seq_len=16, stride=8, device=torch.device("cpu"), show_progress=False),
+                           stream.words)
     grid = {(r["lmbda"], r["temperature"]): {k: r[k] for k in lm} for r in res["knn"]}
     assert res["lm"] == lm == grid[0.0, 1.0] == grid[0.0, 10.0]
     # evaluated on its own datastore text, every query finds its own key: kNN-LM must help,

@@ -46,7 +46,7 @@ def test_the_spacy_pipeline_marks_the_facts_as_salient(tmp_path):
     tok = load_tokenizer()
     blocks: BlockStore = build_block_store(corpus, tmp_path / "blocks", tok, show_progress=False)
     pipeline = save_spacy_pipeline(tmp_path / "spacy")
-    table = find_sentences(blocks, tok, tmp_path / "sentences", SentenceConfig(str(pipeline)), show_progress=False)
+    table = find_sentences(blocks, tok, tmp_path / "sentences", cfg=SentenceConfig(str(pipeline)), show_progress=False)
     values = {w for e in task.entities for w in (e.city.lower(), e.founder.lower())}
     masked = [tok.decode(table.tokens(blocks, s)[a:b].tolist()) for s in range(len(table)) for a, b in table.salient_spans(s)]
     assert masked and set(masked) <= values  # the facts, never the entity names

@@ -16,6 +16,7 @@ from ralm.retrieval.towers.loading import save_random_encoder
 from ralm.train.dpr import DPRConfig, train_dpr
 from ralm.train.ict import IctConfig, train_ict
 
+pytestmark = pytest.mark.slow  # 100 training steps each
 CPU = torch.device("cpu")
 STEPS = 100
 

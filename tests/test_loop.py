@@ -308,6 +308,7 @@ def _exported(run):
             for k, v in load_file(str(f)).items()}
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_command_it_prints_resumes_the_run(tmp_path, tiny_bert, corpus_file, ralm):
     """SIGINT mid-run (no periodic checkpoint yet): the step finishes, a checkpoint is saved, the
     resume command is printed, and that command resumes to the weights of an uninterrupted run."""

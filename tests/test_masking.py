@@ -87,7 +87,7 @@ def test_pass_resumes_after_a_kill(blocks, tokenizer, nlp, table, tmp_path):
 
     out = tmp_path / "s"
     with pytest.raises(KeyboardInterrupt):
-        find_sentences(blocks, tokenizer, out, cfg, show_progress=False, nlp=DiesAfterFirstShard())
+        find_sentences(blocks, tokenizer, out, cfg=cfg, show_progress=False, nlp=DiesAfterFirstShard())
     assert not out.exists() and len(list((tmp_path / ".s.shards").glob("*.npz"))) == 1
 
     seen = []
@@ -97,7 +97,7 @@ def test_pass_resumes_after_a_kill(blocks, tokenizer, nlp, table, tmp_path):
             seen.extend(texts)
             return nlp.pipe(texts, batch_size=batch_size)
 
-    resumed = find_sentences(blocks, tokenizer, out, cfg, show_progress=False, nlp=Counting())
+    resumed = find_sentences(blocks, tokenizer, out, cfg=cfg, show_progress=False, nlp=Counting())
     assert len(seen) == len(blocks) - 2
     for name in ("rows", "starts", "ends", "span_offsets", "spans"):
         assert np.array_equal(getattr(resumed, name), getattr(table, name))
@@ -110,7 +110,8 @@ def test_salient_masking_masks_one_whole_span(table, blocks, tokenizer):
     spans = {(int(a), int(b)) for a, b in table.salient_spans(s)}
     masked_spans = set()
     for seed in range(20):
-        m = mask_sentence(tokens, table.salient_spans(s), cfg, tokenizer.mask_token_id, np.random.default_rng(seed), doc=3)
+        m = mask_sentence(tokens, table.salient_spans(s), cfg, mask_id=tokenizer.mask_token_id, rng=np.random.default_rng(seed),
+                          doc=3)
         span = (m.positions[0], m.positions[-1] + 1)
         assert span in spans and m.positions == list(range(*span))
         assert m.labels == tokens[span[0]:span[1]].tolist()
@@ -123,13 +124,15 @@ def test_salient_masking_masks_one_whole_span(table, blocks, tokenizer):
 def test_random_masking_rate_and_determinism(table, blocks, tokenizer):
     cfg = MaskingConfig("random", random_prob=0.15)
     tokens = np.arange(1000, 1200)
-    m = mask_sentence(tokens, np.zeros((0, 2)), MaskingConfig("random", max_len=200), 103, np.random.default_rng(0), doc=0)
+    m = mask_sentence(tokens, np.zeros((0, 2)), MaskingConfig("random", max_len=200), mask_id=103, rng=np.random.default_rng(0),
+                      doc=0)
     assert 15 <= len(m.positions) <= 45 and m.labels == [1000 + p for p in m.positions]
-    one = mask_sentence(np.arange(5), np.zeros((0, 2)), MaskingConfig("random", random_prob=1e-9), 103, np.random.default_rng(0), 0)
+    one = mask_sentence(np.arange(5), np.zeros((0, 2)), MaskingConfig("random", random_prob=1e-9), mask_id=103,
+                        rng=np.random.default_rng(0), doc=0)
     assert len(one.positions) == 1  # at least one wordpiece is always masked
-    a = masked_batch(table, blocks, [0, 3, 5], cfg, 103, seed=1, step=7)
-    b = masked_batch(table, blocks, [0, 3, 5], cfg, 103, seed=1, step=7)
-    c = masked_batch(table, blocks, [0, 3, 5], cfg, 103, seed=1, step=8)
+    a = masked_batch(table, blocks, [0, 3, 5], cfg=cfg, mask_id=103, seed=1, step=7)
+    b = masked_batch(table, blocks, [0, 3, 5], cfg=cfg, mask_id=103, seed=1, step=7)
+    c = masked_batch(table, blocks, [0, 3, 5], cfg=cfg, mask_id=103, seed=1, step=8)
     assert a == b and a != c
     assert [e.doc for e in a] == [int(blocks.doc_index[int(table.rows[s])]) for s in (0, 3, 5)]
 
@@ -139,6 +142,7 @@ def test_salient_selection_and_errors(table):
     assert all(len(table.salient_spans(s)) for s in usable)
     assert len(table.with_spans(1)) < len(usable)
     with pytest.raises(RalmError, match="salient"):
-        mask_sentence(np.arange(5), np.zeros((0, 2), dtype=np.int32), MaskingConfig(), 103, np.random.default_rng(0), 0)
+        mask_sentence(np.arange(5), np.zeros((0, 2), dtype=np.int32), MaskingConfig(), mask_id=103,
+                      rng=np.random.default_rng(0), doc=0)
     with pytest.raises(RalmError, match="masking"):
         MaskingConfig("bert")

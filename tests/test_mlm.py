@@ -64,7 +64,7 @@ def test_evidence_is_the_block_without_the_sentence(tiny_bert, corpus_file, tmp_
     from ralm.data.masking import corpus_sentences
 
     _, blocks, table = corpus_sentences(tmp_path / "blocks", tmp_path / "sentences", str(corpus_file),
-                                        AutoTokenizer.from_pretrained(str(tiny_bert)))
+                                        hf_tokenizer=AutoTokenizer.from_pretrained(str(tiny_bert)))
     s = int(np.flatnonzero(np.bincount(np.asarray(table.rows))[np.asarray(table.rows)] >= 2)[0])
     body = blocks.body(int(table.rows[s])).tolist()
     a, b = int(table.starts[s]), int(table.ends[s])

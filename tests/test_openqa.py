@@ -18,7 +18,7 @@ from ralm.errors import RalmError
 from ralm.eval.openqa import evaluate_qa
 from ralm.data.qa import normalize_answer
 from ralm.models.reader import Reader, default_reader_path, is_reader_dir, valid_spans, write_calibration
-from ralm.pipeline import OpenQA, open_searcher, pick_answer, resolve_reader
+from ralm.pipeline import OpenQA, ReadBlock, Span, open_searcher, pick_answer, resolve_reader
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import Searcher
@@ -68,49 +68,49 @@ def test_answers_come_from_evidence_with_consistent_scores(oracle_reader, tiny_d
     assert json.loads(json.dumps(a.to_json()))["evidence"][a.best]["span"] == [start, end]
 
 
-def _span(text):
-    return (text, (0, len(text)))
+def _blocks(f, texts, log_norm=None):
+    """ReadBlocks from span scores f [k, n] and texts[j][r] (None: no such span)."""
+    log_norm = torch.logsumexp(torch.tensor(f), 1) if log_norm is None else log_norm
+    return [ReadBlock([Span(s, t, (0, len(t))) for s, t in zip(row, names) if t is not None], float(z))
+            for row, names, z in zip(f, texts, log_norm)]
 
 
 def test_an_answer_found_in_several_blocks_adds_up():
     """Block 0 (p 0.6): "K" 2, "B" 1; block 1 (p 0.4): "B" 2, "C" 0. "K" is the best single span
     (0.6 e^2 > 0.4 e^2) but "B" has more mass in all (0.6 e + 0.4 e^2). ("A" would normalise to "".)"""
-    f = torch.tensor([[2.0, 1.0], [2.0, 0.0]])
-    log_norm = torch.logsumexp(f, 1)  # these are all the valid spans
-    texts = [[_span("K"), _span("B")], [_span("B"), _span("the c")]]
-    score, best, shown = pick_answer(torch.log(torch.tensor([0.6, 0.4])), f, log_norm, texts)
+    log_pz = torch.log(torch.tensor([0.6, 0.4]))
+    r = pick_answer(log_pz, _blocks([[2.0, 1.0], [2.0, 0.0]], [["K", "B"], ["B", "the c"]]))
     e = math.e
-    assert score == pytest.approx((0.6 * e + 0.4 * e**2) / (0.6 * (e**2 + e) + 0.4 * (e**2 + 1)), rel=1e-5)
-    assert best == 1 and shown == [0, 0]  # block 1 adds most to "B"; block 0 still shows its own best
+    partition = 0.6 * (e**2 + e) + 0.4 * (e**2 + 1)
+    assert r.score == pytest.approx((0.6 * e + 0.4 * e**2) / partition, rel=1e-5)
+    assert r.answer == "B" and r.best == 1 and r.shown == [0, 0]  # block 1 adds most to "B"; block 0 still shows its own best
+    assert r.signals["score"] == r.score and r.signals["log_partition"] == pytest.approx(math.log(partition), rel=1e-6)
+    assert r.signals["retrieval_entropy"] == pytest.approx(-(0.6 * math.log(0.6) + 0.4 * math.log(0.4)), rel=1e-6)
 
 
 def test_one_softmax_over_all_blocks_lets_a_confident_block_win():
     """Per-block softmaxes would pick "X" (p(X|z0) = 1 as its only span, 0.5 x 1 > 0.5 x 0.5);
     over one softmax "X" scores e^0 against e^5 for "Y"."""
-    f = torch.tensor([[0.0, NEG_FILL], [5.0, 4.9]])
-    texts = [[_span("X"), None], [_span("Y"), _span("Z")]]
-    log_norm = torch.tensor([0.0, float(torch.logsumexp(f[1], 0))])
-    score, best, shown = pick_answer(torch.log(torch.tensor([0.5, 0.5])), f, log_norm, texts)
-    assert best == 1 and shown == [0, 0] and score == pytest.approx(math.exp(5) / (1 + math.exp(5) + math.exp(4.9)), rel=1e-5)
-    shown_second = pick_answer(torch.log(torch.tensor([0.5, 0.5])), torch.tensor([[0.0, NEG_FILL], [5.0, 5.5]]),
-                               log_norm, [[_span("X"), None], [_span("Y"), _span("X")]])[2]
+    log_norm = [0.0, math.log(math.exp(5) + math.exp(4.9))]
+    half = torch.log(torch.tensor([0.5, 0.5]))
+    r = pick_answer(half, _blocks([[0.0], [5.0, 4.9]], [["X"], ["Y", "Z"]], log_norm))
+    assert r.best == 1 and r.shown == [0, 0] and r.score == pytest.approx(math.exp(5) / (1 + math.exp(5) + math.exp(4.9)), rel=1e-5)
+    shown_second = pick_answer(half, _blocks([[0.0], [5.0, 5.5]], [["X"], ["Y", "X"]], log_norm)).shown
     assert shown_second == [0, 1]  # "X" wins through block 1's second span, which that block then shows
-    assert pick_answer(torch.zeros(2), f, log_norm, [[None, None], [None, None]]) == (0.0, None, [None, None])
+    none = pick_answer(torch.zeros(2), _blocks([[], []], [[], []], log_norm))
+    assert (none.answer, none.score, none.best, none.shown) == ("", 0.0, None, [None, None])
 
 
 def test_a_span_with_empty_normalised_text_never_wins():
     """ "the" and "," normalise to "": even the best-scoring spans, pooled, are no answer."""
-    f = torch.tensor([[9.0, 8.0, 1.0], [9.0, 0.5, NEG_FILL]])
-    texts = [[_span("the"), _span(","), _span("Paris")], [_span("The"), _span("Paris."), None]]
-    log_norm = torch.logsumexp(f, 1)
-    score, best, shown = pick_answer(torch.log(torch.tensor([0.5, 0.5])), f, log_norm, texts)
+    f = [[9.0, 8.0, 1.0], [9.0, 0.5]]
+    log_norm = [math.log(sum(map(math.exp, row))) for row in f]
+    r = pick_answer(torch.log(torch.tensor([0.5, 0.5])), _blocks(f, [["the", ",", "Paris"], ["The", "Paris."]], log_norm))
     e = math.exp
-    assert best == 0 and shown == [2, 1]  # each block shows its best span with text
-    assert score == pytest.approx((e(1.0) + e(0.5)) / (e(9) + e(8) + e(1) + e(9) + e(0.5)), rel=1e-5)  # "paris", in both
-    assert pick_answer(torch.zeros(1), f[:1, :2], log_norm[:1], [texts[0][:2]]) == (0.0, None, [None])
-
-
-NEG_FILL = -1e9
+    assert r.best == 0 and r.shown == [2, 1] and r.answer == "Paris"  # each block shows its best span with text
+    assert r.score == pytest.approx((e(1.0) + e(0.5)) / (e(9) + e(8) + e(1) + e(9) + e(0.5)), rel=1e-5)  # "paris", in both
+    r = pick_answer(torch.zeros(1), _blocks(f[:1], [["the", ","]], log_norm[:1]))
+    assert (r.score, r.best, r.shown) == (0.0, None, [None])
 
 
 @pytest.fixture(scope="module")

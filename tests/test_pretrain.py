@@ -28,6 +28,7 @@ def _losses(run) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
+@pytest.mark.slow
 def test_resumed_run_reproduces_the_uninterrupted_one(tiny_bert, corpus_file, tmp_path):
     cpu = torch.device("cpu")
     whole = pretrain(_cfg(corpus_file, tiny_bert), tmp_path / "whole", cpu, show_progress=False)

@@ -60,6 +60,7 @@ def test_build_index_from_documents_in_memory(tiny_bert, tmp_path, corpus_file):
             build_index(bad, tmp_path / "bad", kind="bm25", model=str(tiny_bert), show_progress=False)
 
 
+@pytest.mark.slow
 def test_the_python_api_guide_runs_as_written(tmp_path, monkeypatch):
     """The ```python blocks of docs/python-api.md, in order, in one namespace, in a fresh directory."""
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)

@@ -79,18 +79,19 @@ WRITER = textwrap.dedent("""
     from ralm.retrieval.index.store import IndexDir
 
     real = build.encode_rows
-    def slow(encode, rows, lengths, out, batch_size, *args, **kwargs):  # one block at a time with a pause
+    def slow(encode, rows, lengths, **kwargs):  # one block at a time with a pause
         def sleepy(ids, mask):
             time.sleep(float(sys.argv[3]))
             return encode(ids, mask)
-        return real(sleepy, rows, lengths, out, 1, *args, **kwargs)
+        return real(sleepy, rows, lengths, **{**kwargs, "batch_size": 1})
     build.encode_rows = slow
     index = IndexDir(sys.argv[1])
     manifest = index.version_manifest(index.latest())
     retriever = Retriever.from_pretrained(index.root / manifest["retriever"])
     print("ready", flush=True)
     for step in range(1, int(sys.argv[2]) + 1):
-        publish_embeddings(index, retriever, manifest["blocks"], index.blocks(manifest["blocks"]), step, torch.device("cpu"), keep=100)
+        publish_embeddings(index, retriever, blocks_key=manifest["blocks"], blocks=index.blocks(manifest["blocks"]), step=step,
+                           device=torch.device("cpu"), keep=100)
 """)
 
 
@@ -141,7 +142,8 @@ def test_sync_publish_records_step_and_prunes_old_retrievers(index, tmp_path):
     for step in (1, 2, 3, 4):
         with torch.no_grad():
             retriever.doc.proj.bias.add_(0.01)  # a new document tower each time
-        publish_embeddings(index, retriever, key, index.blocks(key), step, torch.device("cpu"), keep=2)
+        publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, device=torch.device("cpu"),
+                           keep=2)
     assert [index.version_manifest(v)["step"] for v in index.versions()] == [3, 4]
     saved = {p.name for p in (index.root / "retriever").iterdir()}
     assert saved == {index.version_manifest(v)["retriever"].split("/")[-1] for v in index.versions()}

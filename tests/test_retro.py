@@ -141,7 +141,7 @@ class _ToyDB:
     def values(self, ids, pad_id=0):
         from ralm.data.chunks import chunk_values
 
-        return chunk_values(self.tokens, np.array([0, len(self.tokens)]), ids, M, pad_id)
+        return chunk_values(self.tokens, np.array([0, len(self.tokens)]), ids, chunk_len=M, pad_id=pad_id)
 
 
 def test_generate_retrieves_once_per_completed_chunk(tiny_bert, tmp_path):
@@ -265,6 +265,7 @@ def test_cli_retrofit_keeps_the_lm_with_retrieval_off(tmp_path, tiny_bert, corpu
     assert ppl["on"] != pytest.approx(ppl["off"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_learns_to_copy_the_continuation_from_its_neighbours():
     """When chunk i's neighbours hold chunk i + 1 (as the DB's continuation does), training makes
     retrieval pay. Scored where the answer is visible (positions m - 1 on, which see the

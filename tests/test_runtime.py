@@ -77,7 +77,7 @@ def test_bf16_encoding_matches_fp32_to_cosine_0_99(tiny_bert):
     rng = np.random.default_rng(1)
     rows = [np.concatenate([[101], rng.integers(1000, 5000, size=int(n)), [102]]) for n in rng.integers(5, 60, size=20)]
     lengths = np.array([len(x) for x in rows])
-    out = {d: encode_rows(r.doc, rows, lengths, np.zeros((20, r.dim), np.float32), 4, show_progress=False, dtype=d)
+    out = {d: encode_rows(r.doc, rows, lengths, out=np.zeros((20, r.dim), np.float32), batch_size=4, show_progress=False, dtype=d)
            for d in ("fp32", "bf16")}
     cos = torch.nn.functional.cosine_similarity(torch.from_numpy(out["fp32"]), torch.from_numpy(out["bf16"]))
     assert cos.min() > 0.99 and not np.array_equal(out["fp32"], out["bf16"])  # bf16 really ran

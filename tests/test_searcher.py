@@ -114,8 +114,8 @@ def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
-    _, blocks = ensure_block_store(tmp_path / "blocks", corpus, r.tokenizer, BlockConfig(), False)
-    pooled = init_projection(r, blocks, torch.device("cpu"), show_progress=False)
+    _, blocks = ensure_block_store(tmp_path / "blocks", corpus, r.tokenizer, cfg=BlockConfig(), show_progress=False)
+    pooled = init_projection(r, blocks, device=torch.device("cpu"), show_progress=False)
     assert pooled is not None
     a = embed_blocks(r, blocks, tmp_path / "a.npy", torch.device("cpu"), show_progress=False, pooled=pooled)
     b = embed_blocks(r, blocks, tmp_path / "b.npy", torch.device("cpu"), show_progress=False)

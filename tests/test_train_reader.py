@@ -157,11 +157,15 @@ def test_resume_reproduces_an_uninterrupted_run(questions_file, corpus_file, tin
 
 @pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
 def test_bf16_autocast_trains(questions_file, corpus_file, tiny_bert, tmp_path):
-    summary = train_reader(_cfg(questions_file, corpus_file, tiny_bert, steps=2, dtype="bf16"), tmp_path / "run",
-                           show_progress=False)
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert summary.steps == 2 and all(0 < m["loss"] < 100 for m in metrics)
-    reader = Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
+    loss = {}
+    for dtype in ("fp32", "bf16"):
+        summary = train_reader(_cfg(questions_file, corpus_file, tiny_bert, steps=2, dtype=dtype), tmp_path / dtype,
+                               show_progress=False)
+        assert summary.steps == 2
+        loss[dtype] = [json.loads(line)["loss"] for line in (tmp_path / dtype / "metrics.jsonl").read_text().splitlines()]
+    # the fp32 run's losses, before and after an update, up to bf16 rounding (which must show)
+    assert loss["bf16"] == pytest.approx(loss["fp32"], rel=5e-3) and loss["bf16"] != loss["fp32"]
+    reader = Reader.from_pretrained(tmp_path / "bf16" / "final" / "reader")
     assert all(p.dtype == torch.float32 for p in reader.parameters())  # fp32 master weights
 
 

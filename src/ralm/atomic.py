@@ -129,7 +129,7 @@ def write_json(target: str | os.PathLike, obj) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, fmt: str, config: dict,
+def write_model_dir(out: str | os.PathLike, tensors: dict, tokenizer, *, fmt: str, config: dict,
                     metadata: dict[str, str] | None = None) -> None:
     """A model directory (config.json with its format tag, model.safetensors, tokenizer),
     published atomically: what every ralm model's `save_pretrained` writes. `metadata` goes into

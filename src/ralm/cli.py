@@ -41,6 +41,7 @@ eval_app.command("retrieval")(eval_retrieval)
 
 @app.command()
 def demo(
+    *,
     k: int = typer.Option(READ_K, "-k", "--k", help="passages read per question (as `ralm ask`)"),
     rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
     min_confidence: float = MinConfidenceOpt,
@@ -72,13 +73,14 @@ app.add_typer(knnlm_app, name="knnlm")
 
 # -- open-domain QA: `ralm eval qa`, `ralm ask`, `ralm serve` (pipeline.py; the trainers: commands/train.py) --
 
-def _open_qa(model: Optional[str], index_dir: Path, k: int, retriever: Optional[str], device: str, dtype: str,
+def _open_qa(model: Optional[str], index_dir: Path, *, k: int, retriever: Optional[str], device: str, dtype: str,
              min_confidence: float, hybrid: Optional[Path] = None):
     from ralm.pipeline import OpenQA
 
     refuse_second_index("--hybrid", hybrid, index_dir)
     rt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, positive("-k", k), retriever, rt.device, rt.dtype, min_confidence)
+    return OpenQA.open(index_dir, model, k=positive("-k", k), retriever=retriever, device=rt.device, dtype=rt.dtype,
+                       min_confidence=min_confidence)
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that
@@ -88,6 +90,7 @@ ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpo
 
 @eval_app.command("qa")
 def eval_qa(
+    *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
@@ -122,9 +125,11 @@ def eval_qa(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
+                  hybrid=hybrid)
     predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
-    result = evaluate_qa(qa, qs, (1, 5, 20), positive("--batch-size", batch_size), predictions, calibrate=calibrate)
+    result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=positive("--batch-size", batch_size), predictions=predictions,
+                         calibrate=calibrate)
     result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
         save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())
@@ -148,6 +153,7 @@ def eval_qa(
 def ask(
     question: Optional[str] = typer.Argument(None, help="the question; without it, questions are read from stdin, one a line, "
                                                         "and answered as they come with the models loaded once"),
+    *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
@@ -163,7 +169,8 @@ def ask(
     quiet_libraries()
     if question is not None and not question.strip():
         raise RalmError("the question is empty")
-    qa = _open_qa(model, index_dir, k, retriever, device, dtype, min_confidence, hybrid=hybrid)
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
+                  hybrid=hybrid)
     for q in [question] if question is not None else _stdin_questions():
         answer = qa.answer([q])[0]
         if as_json:
@@ -189,6 +196,7 @@ def _stdin_questions():
 
 @app.command()
 def serve(
+    *,
     index_dir: Path = typer.Option(..., "--index", help="index directory; new versions are swapped in live"),
     model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),

@@ -13,15 +13,19 @@ retriever kind searched; below `min_confidence` the answer is withheld, "no answ
 corpus" (the best guess and the evidence are kept).
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
-through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run.
+through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run. Its
+reading step is two functions, `read_blocks` (the reader over (question, block) pairs) and
+`pick_answer` (one question's answer and signals from its blocks read), which studies of reading
+settings call directly (benchmarks/qa_settings.py reads once and picks under many settings).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -91,7 +95,7 @@ class OpenQA:
     """A reader over a searcher: questions in, answers with evidence out. The searcher's every
     side is searched (fused) unless `retriever` picks one ("dense", "bm25")."""
 
-    def __init__(self, reader: Reader, searcher: Searcher, k: int = READ_K, device: torch.device | None = None,
+    def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, device: torch.device | None = None,
                  dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, retriever: str | None = None):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
@@ -117,7 +121,7 @@ class OpenQA:
                 f"{self.calibration is not None}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})")
 
     @classmethod
-    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, k: int = READ_K,
+    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
              retriever: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
              min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
@@ -125,7 +129,8 @@ class OpenQA:
         package's general-purpose reader); `retriever`: one side instead of all, fused."""
         device = device or torch.device("cpu")
         reader = Reader.from_pretrained(resolve_reader(model)).to(device)
-        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k, device, dtype, min_confidence, retriever)
+        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k=k, device=device, dtype=dtype,
+                   min_confidence=min_confidence, retriever=retriever)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -141,68 +146,93 @@ class OpenQA:
         blocks = snap.blocks
         k = min(self.k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
-        # Whole blocks (up to the encoder's positions), not the training window, which would hide
-        # the tail of every long block from the reader.
-        batch = self.reader.featurize([q for q in questions for _ in range(k)], [rec["text"] for qrec in records for rec in qrec[:k]],
-                                      max_len=self.reader.max_read_len)
-        dev_batch = batch.to(self.device)
-        with autocast(self.device, self.dtype):
-            span_scores = self.reader(dev_batch)  # [Q*k, L, W]
-        valid = valid_spans(dev_batch, self.reader.cfg.max_span_width)
-        f, start, width, log_norm = (t.cpu() for t in top_spans(span_scores, valid, N_BEST))  # [Q*k, n] x3, [Q*k]
-        p_z = torch.softmax(torch.from_numpy(np.asarray(scores[:, :k], dtype=np.float32)), -1)  # [Q, k]
+        read = read_blocks(self.reader, [q for q in questions for _ in range(k)],
+                           [rec["text"] for qrec in records for rec in qrec[:k]], device=self.device, dtype=self.dtype)
+        log_pz = torch.log_softmax(torch.from_numpy(np.asarray(scores[:, :k], dtype=np.float32)), -1)  # [Q, k]
         out = []
         for qi, question in enumerate(questions):
-            pairs = range(qi * k, qi * k + k)  # this question's (question, block) pairs, block j at pairs[j]
-            texts = [[self.reader.span_text(batch, n, int(start[n, r]), int(width[n, r]))
-                      if batch.evidence_end[n] > batch.evidence_start[n] and f[n, r] > NEG / 2 else None
-                      for r in range(f.shape[1])] for n in pairs]
-            log_pz = torch.log(p_z[qi])
-            score, best, shown = pick_answer(log_pz, f[pairs.start : pairs.stop], log_norm[pairs.start : pairs.stop], texts)
+            mine = read[qi * k : qi * k + k]  # this question's blocks, in retrieval order
+            reading = pick_answer(log_pz[qi], mine)
             evidence = []
-            for j, n in enumerate(pairs):
-                rec, r = records[qi][j], shown[j]
-                text, span = texts[j][r] if r is not None else ("", None)
-                span_prob = float((f[n, r] - log_norm[n]).exp()) if r is not None else 0.0
+            for j, (block, r) in enumerate(zip(mine, reading.shown)):
+                rec, span = records[qi][j], block.spans[r] if r is not None else None
                 evidence.append(Evidence(int(rows[qi, j]), rec["id"], rec["title"], rec["text"], float(scores[qi, j]),
-                                         float(p_z[qi, j]), text, span_prob, span, ranked.found_by[qi][j]))
-            signals = {"score": score,
-                       "log_partition": float(torch.logsumexp(log_pz + log_norm[pairs.start : pairs.stop], 0)),
-                       "retrieval_entropy": float(-(p_z[qi] * log_pz).sum()),
-                       "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
+                                         float(log_pz[qi, j].exp()), span.text if span else "",
+                                         math.exp(span.score - block.log_norm) if span else 0.0,
+                                         span.offsets if span else None, ranked.found_by[qi][j]))
+            signals = {**reading.signals, "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
                        **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}}
             confidence = None if self.calibration is None else float(self.calibration.of_signals([signals])[0])
-            guess = evidence[best].span_text if best is not None else ""
-            withheld = best is None or (confidence is not None and confidence < self.min_confidence)
-            out.append(Answer(question, "" if withheld else guess, score, confidence, evidence, best or 0,
-                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], guess, self.kind, snap.name, signals))
+            withheld = reading.best is None or (confidence is not None and confidence < self.min_confidence)
+            out.append(Answer(question, "" if withheld else reading.answer, reading.score, confidence, evidence, reading.best or 0,
+                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], reading.answer, self.kind,
+                              snap.name, signals))
         return out
 
 
-def pick_answer(log_pz: torch.Tensor, f: torch.Tensor, log_norm: torch.Tensor,
-                texts: list[list[tuple[str, tuple[int, int]] | None]]) -> tuple[float, int | None, list[int | None]]:
-    """The most probable answer of one question (see the module's docstring).
+# -- reading: blocks in, one question's answer out ----------------------------------------------
 
-    log_pz [k]: log p(z|x); f [k, n]: each block's n best span scores; log_norm [k]: log Σ exp f
-    over each block's valid spans; texts[j][r]: (text, char span) of span r of block j, None where
-    there is no such span, in descending score order. Spans whose text normalises to "" are
-    skipped. Returns (p(answer|x), the block adding most to it (None: no span at all), the span
-    each block shows: its best, except the answer's block, which shows the answer).
-    """
-    log_w = log_pz - torch.logsumexp(log_pz + log_norm, 0)  # [k]: a shared softmax over all blocks' spans
-    keys = {(j, r): normalize_answer(t[0]) for j, row in enumerate(texts) for r, t in enumerate(row) if t}
+class Span(NamedTuple):
+    score: float  # the reader's span score f(s)
+    text: str
+    offsets: tuple[int, int] | None  # character offsets of the span in the block's text
+
+
+@dataclass(frozen=True)
+class ReadBlock:
+    """What the reader found in one block for one question: all any answer needs."""
+    spans: list[Span]  # the block's N_BEST highest-scoring valid spans, best first
+    log_norm: float  # log Σ exp f over every valid span of the block, so blocks can share one softmax
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One question's answer over the blocks read (see the module's docstring)."""
+    answer: str  # the most probable answer as its best block shows it ("" when no block had a span)
+    score: float  # p(answer|x)
+    best: int | None  # the block adding most to p(answer|x) (None: no span at all)
+    shown: list[int | None]  # the span each block shows: its best, except the answer's block, which shows the answer
+    signals: dict  # p(answer|x), the log-partition of the shared softmax, the entropy of p(z|x)
+
+
+def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], *, device: torch.device,
+                dtype: torch.dtype) -> list[ReadBlock]:
+    """Read block texts[n] for questions[n] (N pairs), each block whole (up to the encoder's
+    positions), not the training window, which would hide the tail of every long block."""
+    batch = reader.featurize(questions, texts, max_len=reader.max_read_len)
+    dev_batch = batch.to(device)
+    with autocast(device, dtype):
+        span_scores = reader(dev_batch)  # [N, L, W]
+    valid = valid_spans(dev_batch, reader.cfg.max_span_width)
+    f, start, width, log_norm = (t.cpu() for t in top_spans(span_scores, valid, N_BEST))  # [N, n] x3, [N]
+    out = []
+    for n in range(len(texts)):
+        has_evidence = batch.evidence_end[n] > batch.evidence_start[n]
+        spans = [Span(float(f[n, r]), *reader.span_text(batch, n, int(start[n, r]), int(width[n, r])))
+                 for r in range(f.shape[1]) if has_evidence and f[n, r] > NEG / 2]
+        out.append(ReadBlock(spans, float(log_norm[n])))
+    return out
+
+
+def pick_answer(log_pz: torch.Tensor, blocks: Sequence[ReadBlock]) -> Reading:
+    """The most probable answer of one question over its k blocks read, log_pz [k] = log p(z|x).
+    Spans whose text normalises to "" are skipped."""
+    log_partition = torch.logsumexp(log_pz + torch.tensor([b.log_norm for b in blocks]), 0)
+    log_w = (log_pz - log_partition).tolist()  # [k]: a shared softmax over all blocks' spans
+    keys = {(j, r): normalize_answer(s.text) for j, b in enumerate(blocks) for r, s in enumerate(b.spans)}
     # a span that normalises to nothing ("the", ",") is no answer: it neither wins nor pools mass
-    joint = {(j, r): float((log_w[j] + f[j, r]).exp()) for (j, r), key in keys.items() if key}
-    shown = [next((r for r in range(len(row)) if (j, r) in joint), None) for j, row in enumerate(texts)]  # spans come best first
+    joint = {(j, r): math.exp(log_w[j] + blocks[j].spans[r].score) for (j, r), key in keys.items() if key}
+    shown = [next((r for r in range(len(b.spans)) if (j, r) in joint), None) for j, b in enumerate(blocks)]  # best first
     mass: dict[str, float] = {}
     for jr, p in joint.items():
         mass[keys[jr]] = mass.get(keys[jr], 0.0) + p
+    signals = {"log_partition": float(log_partition), "retrieval_entropy": float(-(log_pz.exp() * log_pz).sum())}
     if not mass:
-        return 0.0, None, shown
+        return Reading("", 0.0, None, shown, {"score": 0.0, **signals})
     answer = max(mass, key=mass.get)
     best_j, best_r = max((jr for jr in joint if keys[jr] == answer), key=joint.get)
     shown[best_j] = best_r
-    return mass[answer], best_j, shown
+    return Reading(blocks[best_j].spans[best_r].text, mass[answer], best_j, shown, {"score": mass[answer], **signals})
 
 
 # -- loading a fine-tuned run against an index ------------------------------------------------
@@ -232,4 +262,4 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
         if tuned.doc_fingerprint() != idx.version(idx.latest()).doc_fingerprint:
             tuned = None
-    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device, dtype=dtype))
+    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device=device, dtype=dtype))

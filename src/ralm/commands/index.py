@@ -21,6 +21,7 @@ index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus,
 @index_app.command("build")
 def index_build(
     corpus: Path = typer.Argument(..., help="JSONL {id,title,text}, TSV with a header, or a folder of .txt files"),
+    *,
     out_dir: Path = typer.Option(..., "--out", help="index directory (created, or given a new version)"),
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
     retriever: str = typer.Option("hybrid", "--retriever", help="what each version holds: hybrid (a dense and a BM25 side, "
@@ -83,6 +84,7 @@ def index_check(
 def search(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
     query: str = typer.Argument(..., help="free text"),
+    *,
     k: int = typer.Option(5, "-k", "--k", help="number of passages"),
     retriever: Optional[str] = RetrieverOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
@@ -108,6 +110,7 @@ def search(
 
 
 def eval_retrieval(
+    *,
     index_dir: Path = typer.Option(..., "--index", help="index directory from `ralm index build`"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
     ks: str = typer.Option("1,5,20,100", "--ks", help="comma-separated cut-offs"),
@@ -138,7 +141,7 @@ def eval_retrieval(
     rt = runtime(device, dtype)
     searcher = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype)
     reports = main_rank()
-    result = evaluate_retrieval(searcher, qs, cutoffs, predictions=predictions if reports else None, show_progress=reports,
+    result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports,
                                 retriever=retriever)
     if not reports:
         return
@@ -156,6 +159,7 @@ def eval_retrieval(
 @index_app.command("upgrade")
 def index_upgrade(
     index_dir: Path = typer.Argument(..., help="an index directory (e.g. a dense index built before indexes were hybrid)"),
+    *,
     retriever: str = typer.Option("hybrid", "--retriever", help="the kind to upgrade to (hybrid: add the missing side)"),
     model: Optional[str] = typer.Option(None, "--model", help="encoder for a dense side added to a BM25 index (default: bundled MiniLM)"),
     batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
@@ -169,7 +173,7 @@ def index_upgrade(
     quiet_libraries()
     start = time.perf_counter()
     rt = runtime(device, dtype)
-    index, version = upgrade_index(index_dir, retriever, model=model, batch_size=positive("--batch-size", batch_size),
+    index, version = upgrade_index(index_dir, kind=retriever, model=model, batch_size=positive("--batch-size", batch_size),
                                    device=rt.device, dtype=rt.dtype)
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s")
@@ -179,6 +183,7 @@ def index_upgrade(
 def index_add(
     index_dir: Path = typer.Argument(..., help="index directory"),
     corpus: Path = typer.Argument(..., help="documents to add or replace: JSONL {id,title,text}, TSV with a header, or a folder of .txt"),
+    *,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -207,10 +212,10 @@ def index_delete(
 
     quiet_libraries()
     live = LiveSearcher.open(index_dir)
-    missing = [i for i in dict.fromkeys(ids) if not live.exists(i)]
+    ids = list(dict.fromkeys(ids))
+    missing = [i for i in ids if not live.exists(i)]
     if missing:
         raise RalmError(f"{index_dir} holds no document {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    for doc_id in dict.fromkeys(ids):
-        live.delete(doc_id)
-    summary = {"index": str(index_dir), "deleted": len(dict.fromkeys(ids)), "blocks": len(live), "index_version": live.current.name}
+    live.delete(ids)
+    summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]deleted[/green] {summary['deleted']} documents from {index_dir}: {len(live)} blocks searchable")

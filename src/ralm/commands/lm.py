@@ -48,6 +48,7 @@ knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidd
 
 @lm_app.command("eval")
 def lm_eval(
+    *,
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
@@ -66,14 +67,16 @@ def lm_eval(
     quiet_libraries()
     rt = runtime(device, dtype)
     lm, tok = load_lm(model)
-    report = lm_perplexity(lm.to(rt.device), tokenize_text(text, tok, token_limit(limit_tokens)), optional_positive("--seq-len", seq_len),
-                           optional_positive("--stride", stride), rt.device, positive("--batch-size", batch_size), dtype=rt.dtype)
+    report = lm_perplexity(lm.to(rt.device), tokenize_text(text, tok, token_limit(limit_tokens)),
+                           seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
+                           device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
 
 
 @retro_app.command("build-db")
 def retro_build_db(
     corpus: Path = typer.Argument(..., help=TEXT_HELP),
+    *,
     db: Path = typer.Option(..., "--out", help="chunk DB directory (must not exist; an interrupted build resumes)"),
     model: Optional[str] = typer.Option(None, "--model", help="frozen key encoder: HF BERT directory (default: bundled MiniLM, mean-pooled)"),
     chunk_len: int = typer.Option(64, "--chunk-len", help="wordpieces per chunk (RETRO: 64)"),
@@ -100,6 +103,7 @@ def retro_build_db(
 
 @retro_app.command("eval")
 def retro_eval(
+    *,
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
     db: Path = typer.Option(..., "--db", help="chunk DB from `ralm retro build-db` (the one the model trained with)"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
@@ -121,8 +125,8 @@ def retro_eval(
     rt = runtime(device, dtype)
     retro, tok = load_retro(model)
     report = retro_perplexity(retro.to(rt.device), ChunkDB(db, rt.device, dtype=rt.dtype), tokenize_text(text, tok, token_limit(limit_tokens)),
-                              not no_retrieval, optional_positive("--stride", stride), rt.device,
-                              positive("--batch-size", batch_size), dtype=rt.dtype)
+                              retrieval=not no_retrieval, stride=optional_positive("--stride", stride), device=rt.device,
+                              batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     print_perplexity(f"RETRO perplexity on {text.name}", [("retro" + (" (retrieval off)" if no_retrieval else ""), report)],
                      as_json, {"retrieval": not no_retrieval})
 
@@ -130,6 +134,7 @@ def retro_eval(
 @retro_app.command("generate")
 def retro_generate(
     prompt: str = typer.Argument(..., help="the text to continue"),
+    *,
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
     db: Path = typer.Option(..., "--db", help="chunk DB from `ralm retro build-db` (the one the model trained with)"),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="wordpieces to generate"),
@@ -149,8 +154,8 @@ def retro_generate(
     check_sampling(top_p, temperature)
     dev = torch_device(device)
     retro, tok = load_retro(model)
-    text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt, positive("--max-new-tokens", max_new_tokens),
-                          top_p, temperature, torch.Generator().manual_seed(seed), dev)
+    text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt,
+                          max_new_tokens=positive("--max-new-tokens", max_new_tokens), top_p=top_p, temperature=temperature, generator=torch.Generator().manual_seed(seed), device=dev)
     if as_json:
         print_json({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False)
         return
@@ -163,6 +168,7 @@ def retro_generate(
 
 @knnlm_app.command("build")
 def knnlm_build(
+    *,
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
     store: Path = typer.Option(..., "--out", help="datastore directory (must not exist; an interrupted build resumes)"),
@@ -187,8 +193,8 @@ def knnlm_build(
     lm, tok = load_lm(model)
     with removed_on_error(store):
         path = build_datastore(lm.to(rt.device), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
-                               optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), faiss,
-                               positive("--batch-size", batch_size), rt.device, dtype=rt.dtype)
+                               seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
+                               faiss_spec=faiss, batch_size=positive("--batch-size", batch_size), device=rt.device, dtype=rt.dtype)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")
@@ -196,6 +202,7 @@ def knnlm_build(
 
 @knnlm_app.command("eval")
 def knnlm_eval_cmd(
+    *,
     model: Path = typer.Option(..., "--model", help="the LM the datastore was built with (`ralm lm train` run or HF causal-LM directory)"),
     store: Path = typer.Option(..., "--store", help="datastore from `ralm knnlm build`"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
@@ -228,8 +235,8 @@ def knnlm_eval_cmd(
     lm, tok = load_lm(model)
     ds = Datastore(store, nprobe=positive("--nprobe", nprobe))
     ds.check_model(model)
-    res = knnlm_eval(lm.to(rt.device), ds, tokenize_text(text, tok, token_limit(limit_tokens)), positive("-k", k), lambdas,
-                     temperatures, optional_positive("--seq-len", seq_len), optional_positive("--stride", stride), rt.device,
-                     positive("--batch-size", batch_size), dtype=rt.dtype)
+    res = knnlm_eval(lm.to(rt.device), ds, tokenize_text(text, tok, token_limit(limit_tokens)), k=positive("-k", k), lambdas=lambdas,
+                     temperatures=temperatures, seq_len=optional_positive("--seq-len", seq_len),
+                     stride=optional_positive("--stride", stride), device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     rows = [("lm", res["lm"])] + [(f"knn-lm (λ={r['lmbda']}, T={r['temperature']}, k={k})", r) for r in res["knn"]]
     print_perplexity(f"kNN-LM perplexity on {text.name}", rows, as_json, {"k": k, "seconds": res["seconds"]})

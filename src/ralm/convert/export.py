@@ -49,7 +49,7 @@ def export_model(source: str | os.PathLike, out: str | os.PathLike, fmt: str) ->
         with atomic_path(out) as tmp:
             tmp.mkdir(parents=True)
             for name, tower in (("query", retriever.query), ("document", retriever.doc)):
-                _write_tower(tower, retriever, tmp / name, fmt, max_len=retriever.cfg.query_max_len if name == "query"
+                _write_tower(tower, retriever, tmp / name, fmt=fmt, max_len=retriever.cfg.query_max_len if name == "query"
                              else retriever.cfg.block_max_len)
         return {"kind": "retriever", "source": str(found), "format": fmt, "out": str(out),
                 "parts": {"query": str(out / "query"), "document": str(out / "document")}}
@@ -94,7 +94,7 @@ def _write_bert(bert, tokenizer, path: Path, encoder_config: dict) -> None:
     tokenizer.save_pretrained(str(path))
 
 
-def _write_tower(tower: Tower, retriever: Retriever, path: Path, fmt: str, max_len: int) -> None:
+def _write_tower(tower: Tower, retriever: Retriever, path: Path, *, fmt: str, max_len: int) -> None:
     from safetensors.torch import save_file
 
     cfg = retriever.cfg

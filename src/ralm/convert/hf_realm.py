@@ -251,7 +251,7 @@ def _bert(config: dict):
     return bert_from_config(bert_config(config))
 
 
-def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, query_prefix: str, doc_prefix: str | None,
+def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, *, query_prefix: str, doc_prefix: str | None,
                     doc: HfRealmCheckpoint | None = None):
     """Retriever from one or two RealmEmbedders in `ckpt` (`doc_prefix` None: the document tower
     comes from `doc`, another embedder checkpoint, or else is a copy of the query tower)."""
@@ -360,7 +360,7 @@ def convert_hf_realm(src: str | os.PathLike, run: str | os.PathLike, doc_embedde
     if "retriever" in plan:
         query, doc = plan["retriever"]
         doc_ckpt = read_checkpoint(doc_embedder) if doc_embedder is not None else None
-        models["retriever"] = build_retriever(ckpt, tokenizer, query, doc, doc_ckpt)
+        models["retriever"] = build_retriever(ckpt, tokenizer, query_prefix=query, doc_prefix=doc, doc=doc_ckpt)
         if doc is not None:
             summary["doc_tower"] = "separate embedder" if doc != query else "shared with the query tower"
         else:

@@ -80,7 +80,7 @@ def _sentence_ids(text: str, starts: np.ndarray) -> np.ndarray:
     return np.searchsorted(ends, starts, side="right")
 
 
-def split_document(doc: Document, ids: list[int], offsets: list[tuple[int, int]], title_ids: list[int],
+def split_document(doc: Document, ids: list[int], offsets: list[tuple[int, int]], *, title_ids: list[int],
                    cls_id: int, sep_id: int, cfg: BlockConfig) -> list[Block]:
     """Pack whole sentences greedily into blocks of at most cfg.max_len wordpieces."""
     title_ids = title_ids[: cfg.max_title_len]
@@ -122,7 +122,7 @@ def iter_blocks(docs: Iterable[Document], hf_tokenizer, cfg: BlockConfig = Block
         bodies = tok.encode_batch([d.text for d in batch], add_special_tokens=False)
         titles = tok.encode_batch([d.title for d in batch], add_special_tokens=False)
         for d, body, title in zip(batch, bodies, titles):
-            yield d, split_document(d, body.ids, body.offsets, title.ids, cls_id, sep_id, cfg)
+            yield d, split_document(d, body.ids, body.offsets, title_ids=title.ids, cls_id=cls_id, sep_id=sep_id, cfg=cfg)
 
     for doc in docs:
         batch.append(doc)
@@ -141,7 +141,7 @@ def _count_lines(path: Path) -> int | None:
 
 
 def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_tokenizer,
-                      cfg: BlockConfig = BlockConfig(), show_progress: bool = True) -> "BlockStore":
+                      *, cfg: BlockConfig = BlockConfig(), show_progress: bool = True) -> "BlockStore":
     """Stream `corpus` into a block store at `out` (published atomically when complete)."""
     corpus = Path(corpus)
     total = _count_lines(corpus) if corpus.exists() else None
@@ -183,7 +183,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
     return BlockStore(out)
 
 
-def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_tokenizer, cfg: BlockConfig = BlockConfig(),
+def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_tokenizer, *, cfg: BlockConfig = BlockConfig(),
                        show_progress: bool = True) -> tuple[str, "BlockStore"]:
     """(key, store): the block store of this corpus + tokenizer + config, kept in `folder`
     under a key of all three, so it is built once and reused."""
@@ -193,7 +193,7 @@ def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_
     key = hashlib.sha256(raw.encode()).hexdigest()[:16]
     path = Path(folder) / key
     if not manifest_file(path).is_file():
-        build_block_store(corpus, path, hf_tokenizer, cfg, show_progress)
+        build_block_store(corpus, path, hf_tokenizer, cfg=cfg, show_progress=show_progress)
     return key, BlockStore(path)
 
 
@@ -266,7 +266,7 @@ class BlockStore:
         self._meta.close()
 
 
-def join_query_evidence(query_ids: list[int], body_ids, cls_id: int, sep_id: int,
+def join_query_evidence(query_ids: list[int], body_ids, *, cls_id: int, sep_id: int,
                         max_len: int = 288, max_query_len: int = 64) -> tuple[list[int], list[int], int]:
     """`[CLS] x [SEP] z_body [SEP]`, the knowledge-augmented encoder's and reader's input.
 

@@ -139,7 +139,7 @@ def separator_doc_starts(tokens: np.ndarray, sep_id: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], ends, [len(tokens)]])).astype(np.int64)
 
 
-def chunk_values(tokens: np.ndarray, doc_starts: np.ndarray, ids: np.ndarray, chunk_len: int,
+def chunk_values(tokens: np.ndarray, doc_starts: np.ndarray, ids: np.ndarray, *, chunk_len: int,
                  pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Chunk + continuation of chunk ids [...] (-1: none) -> tokens [..., 2m] int64, mask [..., 2m] bool.
     `doc_starts` [n_docs + 1] are the document offsets in `tokens`: the continuation stops where
@@ -174,7 +174,7 @@ def exclude_same_document(ids: np.ndarray, query_docs: np.ndarray, db_docs: np.n
     return out
 
 
-def context_windows(start: int, end: int, seq_len: int, stride: int, align: int = 1) -> list[tuple[int, int, int]]:
+def context_windows(start: int, end: int, *, seq_len: int, stride: int, align: int = 1) -> list[tuple[int, int, int]]:
     """Windows (win_start, win_end, score_from) whose scored spans [score_from, win_end) tile
     [start, end) in steps of `stride`; each scored position sees at least seq_len - stride
     earlier tokens (fewer at the start of the text). `align` rounds window starts up to a

@@ -109,7 +109,7 @@ def _write_shard(path: Path, records: list[tuple[int, int, int, list[tuple[int, 
             np.savez(f, rows=rows, bounds=bounds, counts=counts, spans=spans)
 
 
-def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg: SentenceConfig = SentenceConfig(),
+def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, *, cfg: SentenceConfig = SentenceConfig(),
                    show_progress: bool = True, nlp=None) -> "SentenceTable":
     """Run spaCy over every block once and cache the sentences + salient spans at `out`.
 
@@ -150,18 +150,19 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, cfg
                 records.extend((row, a, b, spans) for a, b, spans in _block_sentences(doc, offsets, labels, cfg.min_len))
             _write_shard(shard, records)
             bar.advance(task, last - first)
-    _merge_shards(shards, out, len(starts), cfg, mismatched)
+    _merge_shards(shards, out, count=len(starts), cfg=cfg, mismatched=mismatched)
     shutil.rmtree(shards, ignore_errors=True)
     return SentenceTable(out)
 
 
 def corpus_sentences(blocks_dir: str | os.PathLike, sentences_dir: str | os.PathLike, corpus: str | os.PathLike,
-                     hf_tokenizer, block_len: int = 288, show_progress: bool = True,
+                     *, hf_tokenizer, block_len: int = 288, show_progress: bool = True,
                      cfg: SentenceConfig = SentenceConfig()) -> tuple[str, BlockStore, "SentenceTable"]:
     """(key, blocks, sentences): the corpus' block store, kept in `blocks_dir`, and its spaCy
     sentence pass, cached in `sentences_dir` under the same key (ICT and pre-training)."""
-    key, blocks = ensure_block_store(blocks_dir, corpus, hf_tokenizer, BlockConfig(max_len=block_len), show_progress)
-    return key, blocks, find_sentences(blocks, hf_tokenizer, Path(sentences_dir) / key, cfg, show_progress)
+    key, blocks = ensure_block_store(blocks_dir, corpus, hf_tokenizer, cfg=BlockConfig(max_len=block_len),
+                                     show_progress=show_progress)
+    return key, blocks, find_sentences(blocks, hf_tokenizer, Path(sentences_dir) / key, cfg=cfg, show_progress=show_progress)
 
 
 def _config_json(cfg: SentenceConfig) -> dict:
@@ -170,7 +171,7 @@ def _config_json(cfg: SentenceConfig) -> dict:
     return d
 
 
-def _merge_shards(shards: Path, out: Path, count: int, cfg: SentenceConfig, mismatched: int) -> None:
+def _merge_shards(shards: Path, out: Path, *, count: int, cfg: SentenceConfig, mismatched: int) -> None:
     parts = []
     for i in range(count):
         with np.load(shards / f"{i:06d}.npz", allow_pickle=False) as z:
@@ -243,7 +244,7 @@ class MaskedSentence:
     doc: int  # source document ordinal (BlockStore.doc_index), for trivial-retrieval exclusion
 
 
-def mask_sentence(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, mask_id: int,
+def mask_sentence(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, *, mask_id: int,
                   rng: np.random.Generator, doc: int) -> MaskedSentence:
     """Mask one salient span (chosen uniformly) or random wordpieces (at least one)."""
     x = [int(t) for t in tokens[: cfg.max_len]]
@@ -262,13 +263,13 @@ def mask_sentence(tokens: np.ndarray, spans: np.ndarray, cfg: MaskingConfig, mas
     return MaskedSentence(x, positions, labels, doc)
 
 
-def masked_batch(table: SentenceTable, blocks: BlockStore, sentences: Sequence[int], cfg: MaskingConfig,
+def masked_batch(table: SentenceTable, blocks: BlockStore, sentences: Sequence[int], *, cfg: MaskingConfig,
                  mask_id: int, seed: int, step: int) -> list[MaskedSentence]:
     """Mask the sentences of one batch. The masks depend only on (seed, step, sentence), so a
     resumed run masks exactly as the uninterrupted one."""
     out = []
     for s in sentences:
         rng = np.random.default_rng([seed, step, int(s)])
-        out.append(mask_sentence(table.tokens(blocks, s), table.salient_spans(s), cfg, mask_id, rng,
-                                 int(blocks.doc_index[int(table.rows[s])])))
+        out.append(mask_sentence(table.tokens(blocks, s), table.salient_spans(s), cfg, mask_id=mask_id, rng=rng,
+                                 doc=int(blocks.doc_index[int(table.rows[s])])))
     return out

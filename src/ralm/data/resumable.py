@@ -54,7 +54,7 @@ class PartialBuild:
         return target
 
     def fill(self, name: str, shape: tuple[int, ...], dtype, compute: Callable[[int, int], np.ndarray],
-             block: int = 4096, show_progress: bool = True, description: str = "building") -> np.ndarray:
+             *, block: int = 4096, show_progress: bool = True, description: str = "building") -> np.ndarray:
         """Fill the .npy `name` [shape] by rows: `compute(start, end)` -> rows [end - start, ...].
         Finished rows are recorded after each block, so a crash loses at most one block."""
         target, done_file = self.path / name, self.path / f"{name}.rows"

@@ -67,7 +67,7 @@ def check_fittable(correct: Sequence[float]) -> None:
                         f"{'right' if y[0] else 'wrong'}): is the index the questions' corpus?")
 
 
-def fit_selective(signals: Sequence[dict], correct: Sequence[float], features: Sequence[str] = FEATURES,
+def fit_selective(signals: Sequence[dict], correct: Sequence[float], *, features: Sequence[str] = FEATURES,
                   l2: float = 1.0, steps: int = 100) -> SelectiveCalibration:
     """Logistic regression of `correct` (0/1) on the named features of each answer's signals,
     standardised; features constant over these questions (a side the index lacks) are left out."""

@@ -52,7 +52,8 @@ def fact_examples(sentences: Sequence[FactSentence], hf_tokenizer, max_len: int 
     for s, enc in zip(sentences, tok.encode_batch([s.text for s in sentences], add_special_tokens=False)):
         covered = [i for i, (a, b) in enumerate(enc.offsets) if a < s.span[1] and b > s.span[0]]
         spans = np.array([[covered[0], covered[-1] + 1]])
-        out.append(mask_sentence(np.array(enc.ids), spans, cfg, hf_tokenizer.mask_token_id, np.random.default_rng(0), -1))
+        out.append(mask_sentence(np.array(enc.ids), spans, cfg, mask_id=hf_tokenizer.mask_token_id,
+                                 rng=np.random.default_rng(0), doc=-1))
     return out
 
 

@@ -28,7 +28,7 @@ def default_predictions_path(questions: str | os.PathLike, index: str | os.PathL
     return Path(f"{Path(questions).stem}-{Path(index).name}-{retriever}.predictions.jsonl")
 
 
-def evaluate_qa(qa: OpenQA, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
+def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
                 predictions: Path | None = None, show_progress: bool = True, calibrate: bool = False) -> dict:
     """EM / F1 (percentages, max over gold answers) of the best answer (also when the threshold
     withholds it), `answered` (% of questions answered at `qa.min_confidence`) and

@@ -31,26 +31,28 @@ def perplexity_report(nll: np.ndarray, words: int) -> dict:
             "ppl": round(math.exp(total / max(len(nll), 1)), 3), "word_ppl": round(math.exp(total / max(words, 1)), 3)}
 
 
-def lm_nll(model, stream: TokenStream, seq_len: int, stride: int, device: torch.device, batch_size: int = 16,
+def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, device: torch.device, batch_size: int = 16,
            show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] of each next token under a causal LM (`features` / `head` interface)."""
     n = len(stream.tokens) - 1
     nll = np.empty(n, dtype=np.float64)
     with progress_bar(show_progress) as bar:
         task = bar.add_task("scoring", total=n)
-        for pos, _, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size, dtype):
+        for pos, _, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride, device=device,
+                                      batch_size=batch_size, dtype=dtype):
             nll[pos] = -logp.cpu().numpy()
             bar.advance(task, len(pos))
     return nll
 
 
-def lm_perplexity(model, stream: TokenStream, seq_len: int | None = None, stride: int | None = None,
+def lm_perplexity(model, stream: TokenStream, *, seq_len: int | None = None, stride: int | None = None,
                   device: torch.device | None = None, batch_size: int = 16, show_progress: bool = True,
                   dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of a causal LM on `stream`; the window defaults to the model's training
     length, the stride to half of it."""
     seq_len, stride = context(model, seq_len, stride)
-    nll = lm_nll(model, stream, seq_len, stride, device or torch.device("cpu"), batch_size, show_progress, dtype)
+    nll = lm_nll(model, stream, seq_len=seq_len, stride=stride, device=device or torch.device("cpu"), batch_size=batch_size,
+                 show_progress=show_progress, dtype=dtype)
     return perplexity_report(nll, stream.words)
 
 
@@ -62,7 +64,7 @@ def check_grid(lambdas, temperatures) -> None:
         raise RalmError(f"temperature must be a positive finite number, got {list(temperatures)}")
 
 
-def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
+def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
                seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
                batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
                dtype: str | torch.dtype | None = None) -> dict:
@@ -72,8 +74,8 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
     The window defaults to the model's training length, the stride to half of it."""
     check_grid(lambdas, temperatures)
     start = time.perf_counter()
-    p_lm, p_knn = knnlm_log_probs(model, store, stream, k, temperatures, seq_len=seq_len, stride=stride, device=device,
-                                  batch_size=batch_size, exact_distances=exact_distances, show_progress=show_progress,
+    p_lm, p_knn = knnlm_log_probs(model, store, stream, k=k, temperatures=temperatures, seq_len=seq_len, stride=stride,
+                                  device=device, batch_size=batch_size, exact_distances=exact_distances, show_progress=show_progress,
                                   search_batch=search_batch, dtype=dtype)
     result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
     for i, t in enumerate(temperatures):
@@ -83,7 +85,7 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, k: int = 1024, lamb
     return result
 
 
-def knnlm_log_probs(model, store: Datastore, stream: TokenStream, k: int = 1024, temperatures=(1.0,), *,
+def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = 1024, temperatures=(1.0,),
                     seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
                     batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True,
                     search_batch: int = 2048, dtype: str | torch.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +109,8 @@ def knnlm_log_probs(model, store: Datastore, stream: TokenStream, k: int = 1024,
 
     with progress_bar(show_progress) as bar:
         task = bar.add_task("kNN-LM scoring", total=n)
-        for pos, hidden, logp in lm_states(model, stream.tokens, 0, n, seq_len, stride, device, batch_size, dtype):
+        for pos, hidden, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride, device=device,
+                                           batch_size=batch_size, dtype=dtype):
             p_lm[pos] = logp.double().cpu().numpy()
             pending.append((np.asarray(pos), hidden.float().cpu().numpy()))
             if sum(len(p) for p, _ in pending) >= search_batch:
@@ -117,7 +120,7 @@ def knnlm_log_probs(model, store: Datastore, stream: TokenStream, k: int = 1024,
     return p_lm, p_knn
 
 
-def retro_perplexity(model, db, stream: TokenStream, retrieval: bool = True, stride: int | None = None,
+def retro_perplexity(model, db, stream: TokenStream, *, retrieval: bool = True, stride: int | None = None,
                      device: torch.device | None = None, batch_size: int = 8, show_progress: bool = True,
                      dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of RETRO on `stream`, with neighbours from chunk DB `db` (retrieved
@@ -127,14 +130,15 @@ def retro_perplexity(model, db, stream: TokenStream, retrieval: bool = True, str
     stride = stride or max(m, model.cfg.max_len // 2 // m * m)
     if stride % m:
         raise RalmError(f"stride must be a multiple of the chunk length {m}, got {stride}")
-    neighbours = (text_neighbours(db, stream, model.cfg.neighbours, exclude_same_doc=False, show_progress=show_progress)
+    neighbours = (text_neighbours(db, stream, k=model.cfg.neighbours, exclude_same_doc=False, show_progress=show_progress)
                   if retrieval else None)
-    nll = retro_nll(model, db, stream, neighbours, stride, device or torch.device("cpu"), batch_size, show_progress, dtype)
+    nll = retro_nll(model, db, stream, neighbours=neighbours, stride=stride, device=device or torch.device("cpu"),
+                    batch_size=batch_size, show_progress=show_progress, dtype=dtype)
     return perplexity_report(nll, stream.words)
 
 
 @torch.inference_mode()
-def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, stride: int, device: torch.device,
+def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, stride: int, device: torch.device,
               batch_size: int = 8, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
     chunks, or None for retrieval off. Windows start on chunk boundaries."""
@@ -145,7 +149,7 @@ def retro_nll(model, db, stream: TokenStream, neighbours: np.ndarray | None, str
     nll = np.empty(n, dtype=np.float64)
     with progress_bar(show_progress) as bar:
         task = bar.add_task("scoring" + ("" if neighbours is not None else " (retrieval off)"), total=n)
-        for part in window_batches(context_windows(0, n, seq_len, stride, align=m), batch_size):
+        for part in window_batches(context_windows(0, n, seq_len=seq_len, stride=stride, align=m), batch_size):
             ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
             targets = torch.from_numpy(np.stack([tokens[a + 1 : b + 1] for a, b, _ in part]).astype(np.int64)).to(device)
             nb = mask = None

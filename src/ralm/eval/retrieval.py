@@ -17,7 +17,7 @@ from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 
 
-def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], ks: Sequence[int] = (1, 5, 20, 100),
+def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20, 100),
                        batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True,
                        retriever: str | None = None) -> dict:
     """recall@k for each k over every side of the index, fused (or the one `retriever` names);

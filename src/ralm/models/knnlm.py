@@ -56,11 +56,11 @@ def interpolate(lm_logprobs: torch.Tensor, knn_probs: torch.Tensor, lmbda: float
 # -- hidden states of a text --------------------------------------------------------------
 
 @torch.inference_mode()
-def lm_states(model, tokens: np.ndarray, start: int, end: int, seq_len: int, stride: int, device: torch.device,
+def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, stride: int, device: torch.device,
               batch_size: int = 16, dtype: str | torch.dtype | None = None):
     """Yield (positions [P], hidden [P, D], log p_LM(next token) [P]) for positions start..end-1
     of `tokens` (end <= len - 1), each with >= seq_len - stride tokens of context."""
-    for part in window_batches(context_windows(start, end, seq_len, stride), batch_size):
+    for part in window_batches(context_windows(start, end, seq_len=seq_len, stride=stride), batch_size):
         ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
         with autocast(device, resolve_dtype(dtype, device)):
             hidden = model.features(ids)  # [B, L, D]
@@ -73,7 +73,7 @@ def lm_states(model, tokens: np.ndarray, start: int, end: int, seq_len: int, str
 # -- the datastore's keys ------------------------------------------------------------------
 
 def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike,
-                    seq_len: int | None = None, stride: int | None = None, faiss_spec: str | None = None,
+                    *, seq_len: int | None = None, stride: int | None = None, faiss_spec: str | None = None,
                     batch_size: int = 16, device: torch.device | None = None, show_progress: bool = True,
                     dtype: str | torch.dtype | None = None) -> Path:
     """Keys = LM hidden states at every position of `stream` but the last, values = next tokens;
@@ -87,10 +87,12 @@ def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, o
 
     def keys(start: int, end: int) -> np.ndarray:
         rows = np.empty((end - start, model.dim), dtype=np.float16)
-        for pos, hidden, _ in lm_states(model, stream.tokens, start, end, seq_len, stride, device, batch_size, dtype):
+        for pos, hidden, _ in lm_states(model, stream.tokens, start=start, end=end, seq_len=seq_len, stride=stride,
+                                        device=device, batch_size=batch_size, dtype=dtype):
             rows[pos - start] = hidden.cpu().numpy()
         return rows
 
     inputs = {"model": model_fingerprint(model_path), "text": stream.fingerprint(), "seq_len": seq_len, "stride": stride}
     block = max(stride, (65_536 // stride) * stride)
-    return write_datastore(out, inputs, stream.tokens[1:], model.dim, keys, block, faiss_spec, model_path, show_progress)
+    return write_datastore(out, inputs, stream.tokens[1:], dim=model.dim, keys=keys, block=block, faiss_spec=faiss_spec,
+                           model_path=model_path, show_progress=show_progress)

@@ -5,7 +5,8 @@ hidden states (the kNN-LM key), `head(hidden)` -> logits.
 Dimensions: B batch, T tokens, D model dim, Hd heads, Dh head dim, S key/value length,
 V vocabulary.
 
-The attention, MLP and block modules here are shared by RETRO (models/retro.py).
+The attention, MLP and block modules here, and the decoder itself, are shared by RETRO
+(models/retro.py: RetroLM is a TransformerLM with chunked cross-attention between its blocks).
 
 Model directory: config.json ({"format": "ralm.lm/1", LMConfig}), model.safetensors, tokenizer.
 """
@@ -85,7 +86,7 @@ class Attention(nn.Module):
         self.out = nn.Linear(dim, dim, bias=False)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, *, causal: bool = False,
                 key_mask: torch.Tensor | None = None, q_pos=None, k_pos=None) -> torch.Tensor:
         context = x if context is None else context
         q = rearrange(self.q(x), "b t (h d) -> b h t d", h=self.heads)  # [B, Hd, T, Dh]
@@ -112,7 +113,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm self-attention + MLP; causal in the decoder, bidirectional in RETRO's encoder."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int, dropout: float = 0.0, causal: bool = True):
+    def __init__(self, dim: int, heads: int, *, mlp_ratio: int, dropout: float = 0.0, causal: bool = True):
         super().__init__()
         self.causal = causal
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
@@ -129,12 +130,15 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     """Token embedding -> causal blocks -> final LayerNorm -> tied output layer."""
 
+    model_format: ClassVar[str] = FORMAT  # what save_pretrained writes into config.json
+
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+                                    for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.apply(_init_weights)
 
@@ -160,7 +164,7 @@ class TransformerLM(nn.Module):
         return self.head(self.features(ids))  # [B, T, V]
 
     def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, self.state_dict(), tokenizer, fmt=self.model_format, config=asdict(self.cfg))
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -278,7 +278,8 @@ class Reader(nn.Module):
                 raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {max_len}-wordpiece input)")
             first = 0
             while True:
-                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id, sep_id, max_len, self.cfg.max_query_len)
+                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id=cls_id, sep_id=sep_id, max_len=max_len,
+                                                        max_query_len=self.cfg.max_query_len)
                 after = first + len(ids) - 1 - ev_start  # the text's first wordpiece past this window
                 begin = [not c for c in self._is_continuation(ids).tolist()]
                 begin[-1] = after >= len(z.ids) or not self._is_continuation(z.ids[after : after + 1]).item()
@@ -338,7 +339,7 @@ class Reader(nn.Module):
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
         state = {k: v for k, v in self.state_dict().items() if self._is_trained(k)}
-        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg))
+        write_model_dir(out, state, self.tokenizer, fmt=FORMAT, config=asdict(self.cfg))
 
     @classmethod
     def from_encoder(cls, path: str | os.PathLike | None = None, **overrides) -> "Reader":

@@ -189,7 +189,7 @@ def read_pairs(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedSent
     seqs, types = [], []
     for e, zs in zip(examples, bodies):
         for body in zs:
-            ids, tt, _ = join_query_evidence(e.ids, body, cls_id, sep_id, cfg.max_len, x_len)
+            ids, tt, _ = join_query_evidence(e.ids, body, cls_id=cls_id, sep_id=sep_id, max_len=cfg.max_len, max_query_len=x_len)
             seqs.append(ids)
             types.append(tt)
     kept = [[p for p in e.positions if p < x_len] for e in examples]

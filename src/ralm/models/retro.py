@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -35,13 +35,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import read_json, write_model_dir
+from ralm.atomic import read_json
 from ralm.configs import ConfigError, option
 from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 from ralm.retrieval.lm.chunkdb import read_chunk_db_manifest
-from ralm.runtime import full_precision
 
 FORMAT = "ralm.retro/2"
 OLD_FORMAT = "ralm.retro/1"  # trained with CCA query positions lacking the m - 1 offset: refused, not silently shifted
@@ -84,7 +83,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: RetroConfig):
         super().__init__()
-        self.self_block = Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout, causal=False)
+        self.self_block = Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout, causal=False)
         self.ln_cross = nn.LayerNorm(cfg.dim)
         self.cross = Attention(cfg.dim, cfg.heads, cfg.dropout)
 
@@ -140,17 +139,19 @@ class ChunkedCrossAttention(nn.Module):
         return F.pad(y, (0, 0, m - 1, h.shape[1] - (m - 1) - length))  # back to positions [B, T, D]
 
 
-class RetroLM(nn.Module):
+class RetroLM(TransformerLM):
+    """TransformerLM's decoder (its embedding, blocks, final norm and tied fp32 head, under the
+    same weight names, so a trained LM retro-fits) with CCA layers between its blocks. Its
+    `features` are the decoder's with retrieval off."""
+
+    model_format: ClassVar[str] = FORMAT
+
     def __init__(self, cfg: RetroConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, cfg.mlp_ratio, cfg.dropout) for _ in range(cfg.layers))
+        super().__init__(cfg)
         self.cca = nn.ModuleDict({str(i): ChunkedCrossAttention(cfg) for i in cfg.cca_layers})
         self.encoder = NeighbourEncoder(cfg)
-        self.ln_f = nn.LayerNorm(cfg.dim)
-        self.apply(_init_weights)
+        self.cca.apply(_init_weights)
+        self.encoder.apply(_init_weights)
 
     def forward(self, ids: torch.Tensor, neighbours: torch.Tensor | None = None,
                 neighbour_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -174,11 +175,7 @@ class RetroLM(nn.Module):
                     chunks = rearrange(h[:, : n * m], "b (n m) d -> b n m d", m=m)
                     enc = self.encoder(self.embed(neighbours), neighbour_mask, chunks)  # [B, n, k, r, D]
                 h = h + self.cca[str(i)](h, enc, neighbour_mask)
-        with full_precision(h.device):  # fp32 logits, as LM.head
-            return self.ln_f(h).float() @ self.embed.weight.T  # [B, T, V]
-
-    def save_pretrained(self, out: str | os.PathLike, tokenizer) -> None:
-        write_model_dir(out, self.state_dict(), tokenizer, FORMAT, asdict(self.cfg))
+        return self.head(self.ln_f(h))  # [B, T, V]
 
 
 def retrofit(model: RetroLM, lm: TransformerLM) -> None:
@@ -241,7 +238,7 @@ def check_sampling(top_p: float | None, temperature: float) -> None:
 
 
 @torch.inference_mode()
-def generate(model: RetroLM, db, tokenizer, prompt: str, max_new_tokens: int = 64, top_p: float | None = None,
+def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int = 64, top_p: float | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
              device: torch.device | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it

@@ -120,7 +120,7 @@ class Service:
         return self.live.add(docs)
 
     def delete(self, doc_id: str) -> None:
-        self.live.delete(doc_id)
+        self.live.delete([doc_id])
 
     def exists(self, doc_id: str) -> bool:
         return self.live.exists(doc_id)

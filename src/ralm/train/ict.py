@@ -76,7 +76,8 @@ class IctTrainer(Trainer):
             self.retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
             index = IndexDir.create(ctx.path / "index", "dense")
             _, self.blocks, self.table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
-                                                          self.retriever.tokenizer, cfg.block_len, ctx.show_progress)
+                                                          hf_tokenizer=self.retriever.tokenizer, block_len=cfg.block_len,
+                                                          show_progress=ctx.show_progress)
         # A block needs a second sentence, or its context would be empty without the query.
         per_block = np.bincount(np.asarray(self.table.rows), minlength=len(self.blocks))
         self.examples = np.flatnonzero(per_block[np.asarray(self.table.rows)] >= 2)

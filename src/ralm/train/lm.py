@@ -191,7 +191,7 @@ class RetroTrainer(CausalLMTrainer):
             raise RalmError(f"the DB's tokenizer has {self.tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
         stream: TokenStream = tokenize_text(config.text, self.tokenizer, config.limit_tokens, ctx.show_progress)
         with main_first(ctx.env):  # rank 0 caches the neighbours in the DB, the others read them
-            self.neighbours = text_neighbours(db, stream, cfg.neighbours, config.exclude_same_document,
+            self.neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=config.exclude_same_document,
                                               show_progress=ctx.show_progress)
         self.tokens, self.seq, self.chunks = stream.tokens, cfg.max_len, cfg.max_len // cfg.chunk_len
         self.examples = _windows(self.tokens, self.seq, config.text)

@@ -133,8 +133,9 @@ class MlmTrainer(Trainer):
         if self.corpus is None:
             with main_first(ctx.env):
                 index = IndexDir.create(ctx.path / "index", "dense")
-                _, *self.corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus, self.encoder.tokenizer,
-                                                   cfg.block_len, ctx.show_progress, SentenceConfig(cfg.spacy_model))
+                _, *self.corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
+                                                   hf_tokenizer=self.encoder.tokenizer, block_len=cfg.block_len,
+                                                   show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))
         self.blocks, self.table = self.corpus
         self.masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
         self.examples = self.table.with_spans(self.masking.max_len) if cfg.masking == "salient" else np.arange(len(self.table))
@@ -161,7 +162,8 @@ class MlmTrainer(Trainer):
         for p in self.body:  # phase 1 skips the body's backward pass altogether
             p.requires_grad_(i >= cfg.head_steps)
         idx = self.examples[rank_batch(i, cfg.batch_size, len(self.examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, self.masking, self.encoder.tokenizer.mask_token_id, cfg.seed, i)
+        batch = masked_batch(table, blocks, idx, cfg=self.masking, mask_id=self.encoder.tokenizer.mask_token_id, seed=cfg.seed,
+                             step=i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
         draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(4) for s in idx])  # [B, 4]
         with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence

@@ -185,8 +185,8 @@ class IndexInUse:
             if cfg.index:
                 _import_version(cfg.index, index, key)
             else:
-                publish_embeddings(index, retriever, key, blocks, 0, ctx.device, show_progress=ctx.show_progress,
-                                   dtype=ctx.dtype)
+                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
+                                   show_progress=ctx.show_progress, dtype=ctx.dtype)
         ctx.env.barrier()
         self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
         self.snapshots = Snapshots(ctx.path / "refresh")
@@ -210,8 +210,8 @@ class IndexInUse:
             self.snapshots.write(self.retriever, step)
         if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
             if env.is_main:
-                publish_embeddings(self.index, self.retriever, self.key, self.blocks, step, self.ctx.device,
-                                   dtype=self.ctx.dtype)
+                publish_embeddings(self.index, self.retriever, blocks_key=self.key, blocks=self.blocks, step=step,
+                                   device=self.ctx.device, dtype=self.ctx.dtype)
             env.barrier()
         if cfg.refresh == "none":
             return
@@ -256,8 +256,8 @@ class PretrainTrainer(Trainer):
             self.retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
             self.index = IndexDir.create(ctx.path / "index", "dense")
             self.key, self.blocks, self.table = corpus_sentences(self.index.blocks_dir, self.index.sentences_dir, cfg.corpus,
-                                                                 self.retriever.tokenizer, cfg.block_len, ctx.show_progress,
-                                                                 SentenceConfig(cfg.spacy_model))
+                                                                 hf_tokenizer=self.retriever.tokenizer, block_len=cfg.block_len,
+                                                                 show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))
         margin = trivial_margin(self.blocks.doc_index)
         if len(self.blocks) < cfg.k + margin:
             raise RalmError(f"{cfg.corpus}: {len(self.blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
@@ -290,7 +290,8 @@ class PretrainTrainer(Trainer):
         cfg, in_use, blocks = self.cfg, self.in_use, self.blocks
         in_use.before_step(i)
         idx = self.examples[rank_batch(i, cfg.batch_size, len(self.examples), cfg.seed, self.ctx.env)]
-        batch = masked_batch(self.table, blocks, idx, self.masking, self.retriever.tokenizer.mask_token_id, cfg.seed, i)
+        batch = masked_batch(self.table, blocks, idx, cfg=self.masking, mask_id=self.retriever.tokenizer.mask_token_id,
+                             seed=cfg.seed, step=i)
         out = self.loop.ddp(batch, blocks, in_use.search)
         loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), self.ctx.env)  # per masked wordpiece, all ranks
         return loss, {"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),

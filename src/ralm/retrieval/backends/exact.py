@@ -92,7 +92,7 @@ def _scores(q: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
 
 
 class ExactIndex:
-    def __init__(self, embeddings: np.ndarray, device: torch.device | None = None, chunk_size: int | None = None,
+    def __init__(self, embeddings: np.ndarray, *, device: torch.device | None = None, chunk_size: int | None = None,
                  score_budget: int = 1 << 28, dtype: str | torch.dtype | None = None):
         if embeddings.ndim != 2:
             raise RalmError(f"embeddings must be a [N, D] matrix, got shape {embeddings.shape}")

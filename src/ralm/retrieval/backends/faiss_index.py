@@ -74,7 +74,7 @@ class FaissIndex:
         return f"FaissIndex({self.spec!r}, rows={self.count}, dim={self.dim})"
 
     @classmethod
-    def build(cls, embeddings: np.ndarray, spec: str = "Flat", metric: str = "ip",
+    def build(cls, embeddings: np.ndarray, spec: str = "Flat", *, metric: str = "ip",
               train_size: int = 262_144, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":
         """`spec` is a faiss index_factory string: "Flat", "IVF1024,Flat", "HNSW32", "IVF4096,PQ32"..."""
         faiss = _faiss()

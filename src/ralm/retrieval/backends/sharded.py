@@ -44,7 +44,7 @@ def piece_path(staging: Path, a: int, b: int) -> Path:
     return staging / f"rows-{a:012d}-{b:012d}.npy"
 
 
-def encode_pieces(encode, tokens, lengths: np.ndarray, dim: int, staging: Path, env: DistEnv, device: torch.device,
+def encode_pieces(encode, tokens, lengths: np.ndarray, *, dim: int, staging: Path, env: DistEnv, device: torch.device,
                   batch_size: int = 64, pad_id: int = 0, piece_rows: int = 1 << 20, show_progress: bool = True,
                   dtype: torch.dtype | None = None) -> int:
     """Embed this rank's missing pieces into `staging`; returns how many pieces it encoded."""
@@ -56,15 +56,15 @@ def encode_pieces(encode, tokens, lengths: np.ndarray, dim: int, staging: Path, 
             continue  # finished before a restart
         with atomic_path(target) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(b - a, dim))
-            encode_rows(encode, RowView(tokens, a), lengths[a:b], out, batch_size, device, pad_id,
-                        show_progress and env.is_main, f"embedding rows {a}-{b}", dtype)
+            encode_rows(encode, RowView(tokens, a), lengths[a:b], out=out, batch_size=batch_size, device=device, pad_id=pad_id,
+                        show_progress=show_progress and env.is_main, description=f"embedding rows {a}-{b}", dtype=dtype)
             out.flush()
             del out
         done += 1
     return done
 
 
-def assemble_pieces(staging: Path, n: int, dim: int, out: Path, world: int, piece_rows: int) -> None:
+def assemble_pieces(staging: Path, n: int, dim: int, *, out: Path, world: int, piece_rows: int) -> None:
     """Concatenate every rank's pieces, in row order, into `out` [n, dim]."""
     emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(n, dim))
     for rank in range(world):
@@ -84,7 +84,7 @@ class ShardedExactIndex:
         self.env = env
         self.count, self.dim = embeddings.shape
         self.lo, self.hi = shard_range(self.count, env.rank, env.world)
-        self.local = ExactIndex(embeddings[self.lo : self.hi], device, dtype=dtype) if self.hi > self.lo else None
+        self.local = ExactIndex(embeddings[self.lo : self.hi], device=device, dtype=dtype) if self.hi > self.lo else None
         self.device = device or torch.device("cpu")
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:

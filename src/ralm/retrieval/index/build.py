@@ -38,7 +38,7 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> di
     return {"kind": kind_of(sides), "sides": list(sides), "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
 
 
-def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = DEFAULT_KIND, model: str | None = None,
+def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
                 device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(),
                 show_progress: bool = True, piece_rows: int = 1 << 20,
@@ -63,11 +63,11 @@ def build_index(corpus: Corpus, out: str | os.PathLike, kind: str = DEFAULT_KIND
     tokenizer = side_class(sides[0]).tokenizer(model)  # every side's blocks: the same wordpieces
     if env.is_main:
         index = IndexDir.create(out, kind)
-        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, block_cfg, show_progress)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, show_progress=show_progress)
     env.barrier()
     if not env.is_main:
         index = IndexDir(out)
-        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, block_cfg, show_progress=False)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, show_progress=False)
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=model, dim=dim, faiss_spec=faiss_spec, batch_size=batch_size,
                        device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows)
     name = _publish(ctx, sides, {}) if env.is_main else None
@@ -96,7 +96,7 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict) -> str:
     return ctx.index.publish(write)
 
 
-def upgrade_index(path: str | os.PathLike, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = 64,
+def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = 64,
                   device: torch.device | None = None, show_progress: bool = True,
                   dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Publish a version of the index at `path` holding `kind`'s sides: those its latest version

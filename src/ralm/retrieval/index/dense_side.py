@@ -42,7 +42,7 @@ def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: to
             emb[:] = doc.norm(doc.proj(pooled)).numpy()
             retriever.doc.to(device)
     else:
-        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), emb, batch_size, device,
+        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), out=emb, batch_size=batch_size, device=device,
                     pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks", dtype=dtype)
     emb.flush()
     return emb
@@ -79,7 +79,7 @@ class _DenseBuilder:
             embed_blocks(self.retriever, c.blocks, out, c.device, batch_size=c.batch_size, show_progress=c.show_progress,
                          pooled=self.pooled, dtype=c.dtype)
         else:
-            assemble_pieces(self.staging, len(c.blocks), self.retriever.dim, out, c.env.world, c.piece_rows)
+            assemble_pieces(self.staging, len(c.blocks), self.retriever.dim, out=out, world=c.env.world, piece_rows=c.piece_rows)
             shutil.rmtree(self.staging, ignore_errors=True)  # the version holds them now (a failed publish re-encodes)
         manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": c.faiss_spec}
         if not c.faiss_spec:
@@ -113,7 +113,7 @@ class DenseSide:
         pooled = None
         if env.is_main:
             if not retriever.cfg.projection_ready:
-                pooled = init_projection(retriever, ctx.blocks, ctx.device, batch_size=ctx.batch_size,
+                pooled = init_projection(retriever, ctx.blocks, device=ctx.device, batch_size=ctx.batch_size,
                                          show_progress=ctx.show_progress, dtype=ctx.dtype)
             rpath = ctx.index.retriever_path(retriever.doc_fingerprint())
             if not (rpath / "config.json").is_file():
@@ -125,8 +125,9 @@ class DenseSide:
         if pooled is not None and not env.active:
             return _DenseBuilder(ctx, retriever, rpath, pooled, None)
         staging = ctx.index.root / "versions" / f".pieces-{rpath.name}-{ctx.key}-w{env.world}"
-        encode_pieces(retriever.doc, ctx.blocks.tokens, ctx.blocks.tokens.lengths(), retriever.dim, staging, env, ctx.device,
-                      ctx.batch_size, retriever.tokenizer.pad_token_id or 0, ctx.piece_rows, ctx.show_progress, ctx.dtype)
+        encode_pieces(retriever.doc, ctx.blocks.tokens, ctx.blocks.tokens.lengths(), dim=retriever.dim, staging=staging,
+                      env=env, device=ctx.device, batch_size=ctx.batch_size, pad_id=retriever.tokenizer.pad_token_id or 0,
+                      piece_rows=ctx.piece_rows, show_progress=ctx.show_progress, dtype=ctx.dtype)
         env.barrier()
         return _DenseBuilder(ctx, retriever, rpath, None, staging)
 
@@ -159,7 +160,7 @@ class DenseSide:
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows
             return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype)
-        return cls(model, ExactIndex(emb, device, dtype=dtype), emb, dtype)
+        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype)
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""
@@ -186,7 +187,7 @@ class DenseSide:
         r = self.retriever
         fresh = np.zeros((len(tokens), r.dim), np.float32)  # [M_new, D]
         if len(tokens):
-            encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), fresh, device=r.device,
+            encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), out=fresh, device=r.device,
                         pad_id=r.tokenizer.pad_token_id or 0, show_progress=False, dtype=self.dtype)
         base = state[list(keep)] if state is not None else np.zeros((0, r.dim), np.float32)
         return np.concatenate([base, fresh])

@@ -37,7 +37,7 @@ from ralm.retrieval.index.store import IndexDir, embeddings_file
 from ralm.runtime import DTYPES, resolve_dtype
 
 
-def publish_embeddings(index: IndexDir, retriever: Retriever, blocks_key: str, blocks: BlockStore, step: int,
+def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str, blocks: BlockStore, step: int,
                        device: torch.device, batch_size: int = 64, keep: int = 3, show_progress: bool = False,
                        dtype: torch.dtype | None = None) -> str:
     """Embed every block with `retriever`'s document tower and publish a new version built at
@@ -116,7 +116,7 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, device: torch.device,
+def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *, device: torch.device,
                   batch_size: int = 64, poll_s: float = 1.0, parent_pid: int | None = None,
                   max_versions: int | None = None, log=None, dtype: str | torch.dtype | None = None) -> int:
     """Publish a version for every new snapshot until the parent process is gone (or
@@ -142,7 +142,8 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, d
             continue
         key = index.version(index.latest()).blocks
         start = time.perf_counter()
-        name = publish_embeddings(index, retriever, key, index.blocks(key), step, device, batch_size, dtype=dtype)
+        name = publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, device=device,
+                                  batch_size=batch_size, dtype=dtype)
         done_step = step
         published += 1
         if log:
@@ -151,7 +152,7 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, d
 
 
 def start_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, log_file: str | os.PathLike,
-                    device: str = "cpu", batch_size: int = 64, threads: int = 1, dtype: str = "auto") -> subprocess.Popen:
+                    *, device: str = "cpu", batch_size: int = 64, threads: int = 1, dtype: str = "auto") -> subprocess.Popen:
     """Start the builder as a separate OS process that exits when this one does."""
     cmd = [sys.executable, "-m", "ralm.retrieval.index.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
            "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--dtype", dtype, "--parent-pid", str(os.getpid())]
@@ -177,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"time": round(time.time(), 3), **record}), flush=True)
 
     try:
-        run_refresher(args.index, args.snapshots, torch.device(args.device), args.batch_size, args.poll,
-                      args.parent_pid, args.max_versions, log, args.dtype)
+        run_refresher(args.index, args.snapshots, device=torch.device(args.device), batch_size=args.batch_size, poll_s=args.poll,
+                      parent_pid=args.parent_pid, max_versions=args.max_versions, log=log, dtype=args.dtype)
     except RalmError as e:
         log({"event": "error", "error": str(e)})
         return 2

@@ -49,16 +49,16 @@ def load_chunk_encoder(model: str | None) -> tuple[Tower, object, str]:
     return retriever.doc.eval().requires_grad_(False), retriever.tokenizer, retriever.doc_fingerprint()
 
 
-def embed_chunks(tower: Tower, tokens: np.ndarray, chunk_len: int, start: int, end: int, cls_id: int, sep_id: int,
+def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int, end: int, cls_id: int, sep_id: int,
                  device: torch.device, batch_size: int = 64, dtype: torch.dtype | None = None) -> np.ndarray:
     """Keys of chunks start..end-1 of `tokens` -> [end - start, H] float32."""
     rows = [np.concatenate([[cls_id], tokens[c * chunk_len : (c + 1) * chunk_len], [sep_id]]) for c in range(start, end)]
     out = np.empty((end - start, tower.bert.config.hidden_size), dtype=np.float32)
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    return encode_rows(tower, rows, lengths, out, batch_size, device, show_progress=False, dtype=dtype)
+    return encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=device, show_progress=False, dtype=dtype)
 
 
-def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str | None = None, chunk_len: int = 64,
+def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None, chunk_len: int = 64,
                    faiss_spec: str | None = None, batch_size: int = 64, device: torch.device | None = None,
                    limit_tokens: int | None = None, block_rows: int = 4096, show_progress: bool = True,
                    dtype: torch.dtype | None = None) -> Path:
@@ -78,8 +78,9 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, model: str
     build.stage("doc_starts.npy", lambda tmp: np.save(tmp, stream.doc_starts))
     build.stage("chunk_docs.npy", lambda tmp: np.save(tmp, stream.chunk_docs(chunk_len)))
     emb = build.fill("embeddings.npy", (n, tower.bert.config.hidden_size), np.float32,
-                     lambda s, e: embed_chunks(tower, stream.tokens, chunk_len, s, e, tokenizer.cls_token_id,
-                                               tokenizer.sep_token_id, device, batch_size, dtype),
+                     lambda s, e: embed_chunks(tower, stream.tokens, chunk_len=chunk_len, start=s, end=e,
+                                               cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id, device=device,
+                                               batch_size=batch_size, dtype=dtype),
                      block=block_rows, show_progress=show_progress, description="embedding chunks")
     if faiss_spec:
         build.stage("faiss.index", lambda tmp: FaissIndex.build(emb, faiss_spec).save(tmp))
@@ -114,7 +115,7 @@ class ChunkDB:
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)
         else:
-            self.index = ExactIndex(self.embeddings, device, dtype=dtype)
+            self.index = ExactIndex(self.embeddings, device=device, dtype=dtype)
         self.device = device or torch.device("cpu")
         self.dtype = dtype
         self._encoder = None
@@ -134,8 +135,8 @@ class ChunkDB:
     def embed(self, tokens: np.ndarray, count: int, batch_size: int = 64) -> np.ndarray:
         """Keys of the first `count` chunks of a token stream [count, H]."""
         tower, tokenizer = self.encoder()
-        return embed_chunks(tower, tokens, self.chunk_len, 0, count, tokenizer.cls_token_id, tokenizer.sep_token_id,
-                            self.device, batch_size, self.dtype)
+        return embed_chunks(tower, tokens, chunk_len=self.chunk_len, start=0, end=count, cls_id=tokenizer.cls_token_id,
+                            sep_id=tokenizer.sep_token_id, device=self.device, batch_size=batch_size, dtype=self.dtype)
 
     def search(self, queries: np.ndarray, k: int, query_docs: np.ndarray | None = None) -> np.ndarray:
         """queries [Q, H] -> chunk ids [Q, k] best first (-1: none). With `query_docs` [Q, 2],
@@ -154,10 +155,10 @@ class ChunkDB:
 
     def values(self, ids: np.ndarray, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Chunk + continuation in its document of ids [...]: tokens [..., 2m], mask [..., 2m]."""
-        return chunk_values(self.tokens, self.doc_starts, ids, self.chunk_len, pad_id)
+        return chunk_values(self.tokens, self.doc_starts, ids, chunk_len=self.chunk_len, pad_id=pad_id)
 
 
-def text_neighbours(db: ChunkDB, stream: TokenStream, k: int, exclude_same_doc: bool, batch_size: int = 64,
+def text_neighbours(db: ChunkDB, stream: TokenStream, *, k: int, exclude_same_doc: bool, batch_size: int = 64,
                     block: int = 2048, show_progress: bool = True) -> np.ndarray:
     """Neighbours [n, k] of the n = T // m complete chunks of a text, computed once and cached
     in DB/cache/ (keyed by the text's tokens, k and the exclusion rule)."""

@@ -49,7 +49,7 @@ def auto_faiss_spec(count: int, dim: int) -> str:
     return f"IVF{nlist},PQ{sub}"
 
 
-def write_datastore(out: str | os.PathLike, inputs: dict, values: np.ndarray, dim: int,
+def write_datastore(out: str | os.PathLike, inputs: dict, values: np.ndarray, *, dim: int,
                     keys: Callable[[int, int], np.ndarray], block: int, faiss_spec: str | None = None,
                     model_path: str | os.PathLike = "", show_progress: bool = True) -> Path:
     """Build the datastore `out` from `values` [N] and keys [N, dim] computed `block` rows at a

@@ -86,7 +86,7 @@ def fuse_rrf(scores: dict[str, np.ndarray], ranks: dict[str, np.ndarray], alpha:
 FUSIONS: dict[str, Callable] = {"weighted": fuse_weighted, "rrf": fuse_rrf}
 
 
-def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fusion: Fusion = Fusion()) -> Ranked:
+def rank(searcher, queries: list[str], *, k: int, snap, sides: tuple[str, ...], fusion: Fusion = Fusion()) -> Ranked:
     """The top k of each query over `sides` of `searcher`'s `snap` (see the module docstring).
     `searcher` provides encode / side_search / side_scores / is_result (search/searcher.py)."""
     encoded = {s: searcher.encode(queries, s) for s in sides}
@@ -100,7 +100,7 @@ def rank(searcher, queries: list[str], k: int, snap, sides: tuple[str, ...], fus
     lists = {s: searcher.side_search(encoded[s], max(k, fusion.depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
     out_scores, out_rows, out_found, agreement = [], [], [], []
     for i in range(len(queries)):
-        c = candidates(searcher, encoded, lists, i, snap)
+        c = candidates(searcher, encoded, lists, i=i, snap=snap)
         fused = FUSIONS[fusion.method](c.scores, c.ranks, fusion.alpha)
         top = np.argsort(-fused, kind="stable")[:k]
         out_scores.append(fused[top])
@@ -124,7 +124,7 @@ class Candidates:
     listed: dict  # side -> that side's real results, best first
 
 
-def candidates(searcher, encoded: dict, lists: dict, i: int, snap) -> Candidates:
+def candidates(searcher, encoded: dict, lists: dict, *, i: int, snap) -> Candidates:
     """Query i's candidates, from each side's list (`lists`: side -> (scores [Q, d], rows [Q, d]))."""
     listed, scored = {}, {}
     for s, (sc, rows) in lists.items():
@@ -135,7 +135,7 @@ def candidates(searcher, encoded: dict, lists: dict, i: int, snap) -> Candidates
     for s in lists:
         pos = {int(r): j for j, r in enumerate(listed[s])}
         ranks[s] = np.array([pos.get(int(r), -1) for r in cand], dtype=np.int64)  # [C]
-        exact = searcher.side_scores(encoded[s], i, cand, snap, s)
+        exact = searcher.side_scores(encoded[s], i, cand, snap=snap, side=s)
         full = lists[s][0][i]  # with a short list's fillers, whose score is what a row outside it scores
         floor = float(full.min()) if len(full) else 0.0
         listed_scores = scored[s][np.maximum(ranks[s], 0)] if len(scored[s]) else np.zeros(len(cand), np.float32)

@@ -62,8 +62,6 @@ class LiveSearcher(Searcher):
 
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
-        self.index, self.device, self.dtype, self.models = searcher.index, searcher.device, searcher.dtype, searcher.models
-        self.fusion = searcher.fusion
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # serialises writers; readers use snapshots
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
@@ -72,9 +70,16 @@ class LiveSearcher(Searcher):
         self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
 
     @classmethod
-    def open(cls, path, model: str | None = None, device: torch.device | None = None, check_model: bool = True,
+    def open(cls, path, model: str | None = None, *, device: torch.device | None = None, check_model: bool = True,
              dtype: str | torch.dtype | None = None) -> "LiveSearcher":
-        return cls(Searcher.open(path, model, device, check_model, dtype))
+        return cls(Searcher.open(path, model, device=device, check_model=check_model, dtype=dtype))
+
+    def __getattr__(self, name: str):
+        """What a live searcher does not hold itself (index, device, dtype, models, fusion, ...) is
+        its searcher's, so the searcher's methods it inherits read the one copy."""
+        if name == "searcher":  # not set yet (copying, unpickling): no searcher to ask
+            raise AttributeError(name)
+        return getattr(self.searcher, name)
 
     # -- snapshots ------------------------------------------------------------------------
     @property
@@ -136,13 +141,19 @@ class LiveSearcher(Searcher):
             self._snap = snap
         return [d.id for d in latest]
 
-    def delete(self, doc_id: str) -> None:
+    def delete(self, doc_ids: Sequence[str]) -> None:
+        """Delete documents, all or none (KeyError names the first id the index does not hold),
+        in one pass over the overlay and one durable log append however many there are."""
+        if isinstance(doc_ids, str):  # would delete each of its characters
+            raise RalmError("delete() takes a list of document ids; wrap a single id in a list")
+        ids = list(dict.fromkeys(doc_ids))
         self._rows_by_doc(self._snap.version)  # outside the lock
         with self._lock:
-            if not self.exists(doc_id):
-                raise KeyError(doc_id)
-            snap = self._snapshot(self._snap.version, without(self._snap.delta, doc_id, self._snap.version.sides))
-            self.updates.append([{"op": "delete", "id": doc_id}])
+            missing = next((i for i in ids if not self.exists(i)), None)
+            if missing is not None:
+                raise KeyError(missing)
+            snap = self._snapshot(self._snap.version, without(self._snap.delta, ids, self._snap.version.sides))
+            self.updates.append([{"op": "delete", "id": i} for i in ids])
             self._snap = snap
 
     def exists(self, doc_id: str) -> bool:
@@ -153,7 +164,7 @@ class LiveSearcher(Searcher):
 
     def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
         tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
-        return with_adds(old, docs, tokenizer, version.blocks.config, version.sides)
+        return with_adds(old, docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
 
     # -- search: the overlay on each side -------------------------------------------------
     def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -175,11 +186,11 @@ class LiveSearcher(Searcher):
         live = np.isfinite(s).all(0)  # drop columns that only hold hidden rows (tiny corpora)
         return s[:, live].astype(np.float32), r[:, live]
 
-    def side_scores(self, encoded, i: int, rows: np.ndarray, snap: Snapshot, side: str) -> np.ndarray | None:
+    def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
         """Query i's scores of rows [C] (main and overlay) on one side, or None."""
         n_main = len(snap.version.blocks)
         main = rows < n_main
-        a = self.searcher.side_scores(encoded, i, rows[main], snap.version, side)
+        a = self.searcher.side_scores(encoded, i, rows[main], snap=snap.version, side=side)
         b = snap.scorers[side].score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
         if a is None or b is None:
             return None

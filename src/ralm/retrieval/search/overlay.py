@@ -40,7 +40,7 @@ class OverlayBlocks:
         return self.main.record(row) if row < n else dict(self.delta.records[row - n])
 
 
-def with_adds(old: Delta, docs: Sequence[Document], tokenizer, block_cfg: BlockConfig, sides: dict) -> Delta:
+def with_adds(old: Delta, docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict) -> Delta:
     """`old` with `docs` (unique ids) added at the end, replacing their earlier versions; each
     of the version's `sides` (name -> loaded Side) extends its state with the new blocks."""
     if not docs:
@@ -59,12 +59,13 @@ def with_adds(old: Delta, docs: Sequence[Document], tokenizer, block_cfg: BlockC
     return _delta(records, state, old.hidden_docs | ids, docs_by_id)
 
 
-def without(old: Delta, doc_id: str, sides: dict) -> Delta:
-    """`old` with document `doc_id` deleted: its overlay blocks go and its main-index blocks hide."""
-    keep = [i for i, r in enumerate(old.records) if r["doc_id"] != doc_id]
+def without(old: Delta, doc_ids: Sequence[str], sides: dict) -> Delta:
+    """`old` with documents `doc_ids` deleted: their overlay blocks go and their main-index blocks hide."""
+    gone = frozenset(doc_ids)
+    keep = [i for i, r in enumerate(old.records) if r["doc_id"] not in gone]
     state = {name: side.overlay_state(old.state.get(name), keep, []) for name, side in sides.items()}
-    docs = {k: v for k, v in old.docs.items() if k != doc_id}
-    return _delta(tuple(old.records[i] for i in keep), state, old.hidden_docs | {doc_id}, docs)
+    docs = {k: v for k, v in old.docs.items() if k not in gone}
+    return _delta(tuple(old.records[i] for i in keep), state, old.hidden_docs | gone, docs)
 
 
 def _delta(records: tuple[dict, ...], state: dict, hidden: frozenset[str], docs: dict) -> Delta:

@@ -81,7 +81,7 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
 
 
 class Searcher:
-    def __init__(self, index: IndexDir, retriever=None, device: torch.device | None = None,
+    def __init__(self, index: IndexDir, retriever=None, *, device: torch.device | None = None,
                  check_model: bool = True, dtype: str | torch.dtype | None = None):
         """`retriever`: the dense side's query model, if not the one the index was built with
         (it must share the index's document tower)."""
@@ -97,7 +97,7 @@ class Searcher:
         self.current = self._load(latest)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, model: str | None = None, device: torch.device | None = None,
+    def open(cls, path: str | os.PathLike, model: str | None = None, *, device: torch.device | None = None,
              check_model: bool = True, dtype: str | torch.dtype | None = None) -> "Searcher":
         """Open the index at `path`. Its dense side, if any, uses the retriever it was built
         with unless `model` (a retriever checkpoint) is given; that model must share its
@@ -109,7 +109,7 @@ class Searcher:
             from ralm.retrieval.towers.encoders import Retriever
 
             retriever = Retriever.from_pretrained(model).to(device).eval()
-        return cls(index, retriever, device, check_model, dtype)
+        return cls(index, retriever, device=device, check_model=check_model, dtype=dtype)
 
     @property
     def retriever(self):
@@ -158,7 +158,7 @@ class Searcher:
         check_k(k)
         return snap.sides[side].search(encoded, k)
 
-    def side_scores(self, encoded: Any, i: int, rows: np.ndarray, snap: LoadedVersion, side: str) -> np.ndarray | None:
+    def side_scores(self, encoded: Any, i: int, rows: np.ndarray, *, snap: LoadedVersion, side: str) -> np.ndarray | None:
         """Query i's scores of rows [C] on one side, or None where it cannot score any row."""
         return snap.sides[side].score_rows(encoded, i, rows)
 
@@ -171,7 +171,8 @@ class Searcher:
         check_queries(queries)
         check_k(k)
         snap = snap or self.current
-        return rank(self, list(queries), k, snap, pick_sides(tuple(snap.sides), retriever, self.index.root), self.fusion)
+        return rank(self, list(queries), k=k, snap=snap, sides=pick_sides(tuple(snap.sides), retriever, self.index.root),
+                    fusion=self.fusion)
 
     def search_rows(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:

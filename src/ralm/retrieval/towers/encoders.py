@@ -165,16 +165,17 @@ class Retriever(nn.Module):
     def encode_queries(self, texts: Sequence[str], batch_size: int = 128, dtype: str | torch.dtype | None = None
                        ) -> torch.Tensor:
         """[Q] strings -> [Q, D] float32 on CPU; `dtype` is the compute dtype (None: auto)."""
-        return self._encode(self.query, self.tokenize_queries, texts, batch_size, dtype)
+        return self._encode(self.query, self.tokenize_queries, texts, batch_size=batch_size, dtype=dtype)
 
     def encode_documents(self, docs: Sequence[Document | str], batch_size: int = 64,
                          dtype: str | torch.dtype | None = None) -> np.ndarray:
         """[N] Documents (or texts) -> [N, D] float32: the vectors an index stores for them (of
         a document longer than one block, its first block's)."""
-        return self._encode(self.doc, self.tokenize_documents, docs, batch_size, dtype).numpy()
+        return self._encode(self.doc, self.tokenize_documents, docs, batch_size=batch_size, dtype=dtype).numpy()
 
     @torch.inference_mode()
-    def _encode(self, tower: Tower, tokenize, items: Sequence, batch_size: int, dtype: str | torch.dtype | None) -> torch.Tensor:
+    def _encode(self, tower: Tower, tokenize, items: Sequence, *, batch_size: int,
+                dtype: str | torch.dtype | None) -> torch.Tensor:
         if isinstance(items, str):
             raise RalmError("encode a list of texts; wrap a single text in a list")
         items, out, device, training = list(items), [], self.device, tower.training
@@ -207,7 +208,8 @@ class Retriever(nn.Module):
         # hashed afresh, not from the cache: an optimiser that writes without bumping tensor
         # versions (torch's fused AdamW) must not leave a stale fingerprint in a checkpoint
         self._doc_fp = None
-        write_model_dir(out, state, self.tokenizer, FORMAT, asdict(self.cfg), metadata={"doc_fingerprint": self.doc_fingerprint()})
+        write_model_dir(out, state, self.tokenizer, fmt=FORMAT, config=asdict(self.cfg),
+                        metadata={"doc_fingerprint": self.doc_fingerprint()})
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike | None = None, dim: int | None = None,

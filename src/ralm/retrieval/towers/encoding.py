@@ -74,7 +74,7 @@ def _prefetch(items, depth: int):
 
 
 @torch.inference_mode()
-def encode_rows(encode, rows, lengths: np.ndarray, out: np.ndarray, batch_size: int = 64,
+def encode_rows(encode, rows, lengths: np.ndarray, *, out: np.ndarray, batch_size: int = 64,
                 device: torch.device | None = None, pad_id: int = 0, show_progress: bool = True,
                 description: str = "encoding", dtype: str | torch.dtype | None = None) -> np.ndarray:
     """Run `encode(input_ids, attention_mask) -> [B, D]` over every row of `rows` (indexable

@@ -34,7 +34,7 @@ def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None
     cfg.projection_ready = True
 
 
-def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.device, sample: int = 4096,
+def init_projection(retriever: Retriever, blocks: BlockStore, *, device: torch.device, sample: int = 4096,
                     batch_size: int = 64, seed: int = 0, show_progress: bool = True,
                     dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
@@ -45,8 +45,8 @@ def init_projection(retriever: Retriever, blocks: BlockStore, device: torch.devi
     rows = np.sort(rng.choice(len(blocks), size=min(sample, len(blocks)), replace=False))
     hidden = retriever.doc.bert.config.hidden_size
     pooled = np.zeros((len(rows), hidden), dtype=np.float32)
-    encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], pooled,
-                batch_size, device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
+    encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], out=pooled,
+                batch_size=batch_size, device=device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
                 description="projection (PCA)", dtype=dtype)
     init_projection_pca(retriever, torch.from_numpy(pooled))
     return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
