@@ -156,10 +156,10 @@ class ToyConfig:
 
 def _toy_run(run, cfg: ToyConfig, stop_after: int | None = None):
     """A linear model on seeded batches; step 1 has nothing to learn (loss None)."""
-    ctx = start_run(run, cfg, None, False)
+    ctx = start_run(run, cfg, show_progress=False)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
+    loop = TrainLoop(ctx, cfg, model, opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
     seen = loop.resumed.get("seen", 0)
 
     def step(i: int):

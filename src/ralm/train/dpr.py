@@ -65,7 +65,7 @@ class DPRResult(TrainResult):
     retriever: str  # RUN/final/retriever
 
 
-def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
+def mine(searcher: Searcher, questions: list[Question], *, depth: int, negatives: int,
          show_progress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(question ordinals [M], positive rows [M], hard-negative rows [M, h]) for the M questions
     with an answer-bearing block in BM25's top `depth` (and `h` negatives there)."""
@@ -98,7 +98,7 @@ def _load_mined(run: Path, searcher: Searcher, questions: list[Question], cfg: D
     if path.is_file():
         with np.load(path, allow_pickle=False) as f:
             return f["questions"], f["positives"], f["negatives"]
-    keep, pos, neg = mine(searcher, questions, cfg.bm25_depth, cfg.hard_negatives, show_progress)
+    keep, pos, neg = mine(searcher, questions, depth=cfg.bm25_depth, negatives=cfg.hard_negatives, show_progress=show_progress)
     if len(keep) == 0:
         raise RalmError(f"{cfg.questions}: no question has an answer-bearing block in BM25's top {cfg.bm25_depth}")
     with atomic_path(path) as tmp:
@@ -145,7 +145,7 @@ class DPRTrainer(QuestionTrainer):
 
     def step(self, i: int):
         env, device = self.ctx.env, self.ctx.device
-        idx = rank_batch(i, self.batch_size, len(self.keep), self.cfg.seed, env)
+        idx = rank_batch(i, self.batch_size, n=len(self.keep), seed=self.cfg.seed, env=env)
         texts = [self.questions[int(self.keep[j])].question for j in idx]
         rows = np.concatenate([self.pos[idx], self.neg[idx].reshape(-1)])  # [B + B*h]: positives first
         tok = self.retriever.tokenize_queries(texts)

@@ -115,7 +115,7 @@ def load_reader(source: str | None, max_len: int, trainable_layers: int | None =
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
-def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int,
+def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int, *,
                      device: torch.device, env: DistEnv) -> tuple[torch.Tensor, np.ndarray]:
     """(logits [B, K] for p(z|x), block rows [B, K]). Dense: scores recomputed with gradients
     from the query tower against the fixed document embeddings; BM25: the BM25 scores."""
@@ -132,7 +132,7 @@ def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, question
         return torch.einsum("bd,bkd->bk", q, cand), rows
 
 
-def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray,
+def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray, *,
                     device: torch.device):
     """Reader inputs for every (question, retrieved block): batch, valid [N, L, W], match [N, L, W]."""
     blocks = searcher.current.blocks
@@ -157,8 +157,9 @@ class QAModel(torch.nn.Module):
     def forward(self, questions: list[Question], k: int) -> tuple[torch.Tensor, ...]:
         """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W]."""
         device = self.reader.device
-        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device, self.env)
-        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device)
+        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device=device,
+                                        env=self.env)
+        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device=device)
         scores = self.reader(batch)  # [B*K, L, W]
         shape = (len(questions), rows.shape[1], *scores.shape[1:])
         return logits, scores.view(shape), valid.view(shape), match.view(shape)
@@ -199,7 +200,7 @@ class FinetuneTrainer(QuestionTrainer):
 
     def step(self, i: int):
         cfg, env, device = self.cfg, self.ctx.env, self.ctx.device
-        qs = [self.questions[int(j)] for j in rank_batch(i, cfg.batch_size, len(self.questions), cfg.seed, env)]
+        qs = [self.questions[int(j)] for j in rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)]
         logits, scores, valid, match = self.loop.ddp(qs, cfg.k)
         with full_precision(device):  # the marginal likelihood outside autocast
             loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable

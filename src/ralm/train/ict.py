@@ -54,7 +54,7 @@ class IctResult(TrainResult):
     retriever: str  # RUN/final/retriever
 
 
-def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, keep: bool, cls_id: int, sep_id: int,
+def ict_pair(blocks: BlockStore, table: SentenceTable, s: int, *, keep: bool, cls_id: int, sep_id: int,
              max_query_len: int) -> tuple[list[int], list[int]]:
     """(query `[CLS] sentence [SEP]`, context `[CLS] title [SEP] body-without-sentence [SEP]`)."""
     row = int(table.rows[s])
@@ -90,10 +90,11 @@ class IctTrainer(Trainer):
 
     def step(self, i: int):
         cfg, env, device, tok = self.cfg, self.ctx.env, self.ctx.device, self.retriever.tokenizer
-        idx = self.examples[rank_batch(i, cfg.batch_size, len(self.examples), cfg.seed, env)]
+        idx = self.examples[rank_batch(i, cfg.batch_size, n=len(self.examples), seed=cfg.seed, env=env)]
         # drawn for the global batch, so the positives do not depend on the number of ranks
         keep = np.random.default_rng([cfg.seed, i]).random(cfg.batch_size * env.world) < cfg.keep_sentence
-        pairs = [ict_pair(self.blocks, self.table, int(s), bool(k), tok.cls_token_id, tok.sep_token_id, cfg.max_query_len)
+        pairs = [ict_pair(self.blocks, self.table, int(s), keep=bool(k), cls_id=tok.cls_token_id, sep_id=tok.sep_token_id,
+                          max_query_len=cfg.max_query_len)
                  for s, k in zip(idx, keep[rank_slice(cfg.batch_size, env)])]
         q_ids, q_mask = pad_rows([q for q, _ in pairs], tok.pad_token_id or 0)  # [B, Lq]
         c_ids, c_mask = pad_rows([c for _, c in pairs], tok.pad_token_id or 0)  # [B, Lc]

@@ -137,7 +137,7 @@ class CausalLMTrainer(Trainer):
         raise NotImplementedError
 
     def step(self, i: int):
-        loss = self.loss(rank_batch(i, self.cfg.batch_size, self.examples, self.cfg.seed, self.ctx.env), self.loop.ddp)
+        loss = self.loss(rank_batch(i, self.cfg.batch_size, n=self.examples, seed=self.cfg.seed, env=self.ctx.env), self.loop.ddp)
         return loss, {"loss": loss.item()}
 
     def log_extra(self, record: dict) -> dict:

@@ -285,7 +285,7 @@ class TrainLoop:
     """Construct (resumes the run, wraps DDP: use `.ddp` for forward passes, `.resumed` for the
     checkpoint's extra state), then `run` a step function."""
 
-    def __init__(self, ctx: RunContext, cfg: LoopConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, ctx: RunContext, cfg: LoopConfig, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, lr_names: Sequence[str] = ("lr",),
                  grad_clip: float = 1.0):
         self.ctx, self.cfg, self.model = ctx, cfg, model
@@ -299,7 +299,7 @@ class TrainLoop:
         self.ddp = wrap_ddp(model, ctx.env, ctx.device)  # broadcasts rank 0's weights (fresh heads, PCA)
         self.last: dict = {}  # the last logged record
 
-    def run(self, step: Step, kind: str, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
+    def run(self, step: Step, kind: str, *, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
             log_extra: Callable[[dict], dict] | None = None, checkpoint_extra: Callable[[], dict] | None = None,
             on_metrics: Callable[[dict], None] | None = None) -> TrainResult:
         """Train from `self.step` to cfg.steps. `kind` names the trainer (progress, trainer.json);
@@ -360,7 +360,7 @@ class TrainLoop:
         """Rank 0 writes the checkpoint (its path is returned there) and the exports."""
         path = None
         if self.ctx.env.is_main:
-            path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, self.scheduler,
+            path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, scheduler=self.scheduler,
                                    extra=checkpoint_extra() if checkpoint_extra else None)
             if exports:
                 export_final(self.ctx.path, self.step, kind, exports)

@@ -161,7 +161,7 @@ class MlmTrainer(Trainer):
         cfg, env, blocks, table = self.cfg, self.ctx.env, self.blocks, self.table
         for p in self.body:  # phase 1 skips the body's backward pass altogether
             p.requires_grad_(i >= cfg.head_steps)
-        idx = self.examples[rank_batch(i, cfg.batch_size, len(self.examples), cfg.seed, env)]
+        idx = self.examples[rank_batch(i, cfg.batch_size, n=len(self.examples), seed=cfg.seed, env=env)]
         batch = masked_batch(table, blocks, idx, cfg=self.masking, mask_id=self.encoder.tokenizer.mask_token_id, seed=cfg.seed,
                              step=i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same

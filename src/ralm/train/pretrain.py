@@ -176,7 +176,7 @@ class IndexInUse:
     """The index version pre-training searches, refreshed between steps as `refresh` says (see
     the module doc). Rank 0 builds the starting version and runs the async builder."""
 
-    def __init__(self, cfg: PretrainConfig, ctx: RunContext, index: IndexDir, key: str, blocks: BlockStore,
+    def __init__(self, cfg: PretrainConfig, ctx: RunContext, index: IndexDir, key: str, *, blocks: BlockStore,
                  retriever: Retriever, start: int):
         self.cfg, self.ctx, self.index, self.key, self.blocks, self.retriever = cfg, ctx, index, key, blocks, retriever
         self.start = start  # the step this process starts (or resumes) at
@@ -283,13 +283,14 @@ class PretrainTrainer(Trainer):
         return [warmup_constant(self.cfg.warmup), delayed(warmup_constant(self.cfg.warmup), self.cfg.retriever_warmup)]
 
     def started(self) -> None:
-        self.in_use = IndexInUse(self.cfg, self.ctx, self.index, self.key, self.blocks, self.retriever, start=self.loop.step)
+        self.in_use = IndexInUse(self.cfg, self.ctx, self.index, self.key, blocks=self.blocks, retriever=self.retriever,
+                                 start=self.loop.step)
         self.model.train()
 
     def step(self, i: int):
         cfg, in_use, blocks = self.cfg, self.in_use, self.blocks
         in_use.before_step(i)
-        idx = self.examples[rank_batch(i, cfg.batch_size, len(self.examples), cfg.seed, self.ctx.env)]
+        idx = self.examples[rank_batch(i, cfg.batch_size, n=len(self.examples), seed=cfg.seed, env=self.ctx.env)]
         batch = masked_batch(self.table, blocks, idx, cfg=self.masking, mask_id=self.retriever.tokenizer.mask_token_id,
                              seed=cfg.seed, step=i)
         out = self.loop.ddp(batch, blocks, in_use.search)

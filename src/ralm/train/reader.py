@@ -137,7 +137,7 @@ def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[S
     return batch, match, torch.tensor([pairs[o][0] for o in owner])
 
 
-def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor,
+def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor, *,
                  questions: int) -> torch.Tensor:
     """[B] bool: the highest-scoring valid span over all windows read for each question is a gold span."""
     flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
@@ -171,7 +171,7 @@ class ReaderTrainer(QuestionTrainer):
 
     def step(self, i: int):
         cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
-        idx = rank_batch(i, cfg.batch_size, len(self.questions), cfg.seed, env)
+        idx = rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)
         qs = [self.questions[j] for j in idx]
         distractors = retrieve_distractors(self.searcher, qs, cfg.distractors) if self.searcher else [[] for _ in qs]
         texts = [[self.passages[j], *d] for j, d in zip(idx, distractors)]
@@ -185,7 +185,7 @@ class ReaderTrainer(QuestionTrainer):
             mine = int(labelled.sum())
             loss, labelled_now = global_mean(loss * mine, mine, env)
             with torch.no_grad():
-                hit = best_is_gold(scores.detach(), valid, match, question, len(qs))[labelled]
+                hit = best_is_gold(scores.detach(), valid, match, question, questions=len(qs))[labelled]
         self.count.add(len(idx) * env.world, labelled_now)
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if mine else 0.0,

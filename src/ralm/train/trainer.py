@@ -102,15 +102,15 @@ class Trainer:
         `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run.
         `inputs` go to the trainer's constructor."""
         trainer = cls(cfg, **inputs)
-        trainer.ctx = start_run(run, cfg, device, show_progress, notify)
+        trainer.ctx = start_run(run, cfg, device, show_progress=show_progress, notify=notify)
         try:
             model = trainer.build()
             optimizer = trainer.optimizer(model)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, trainer.schedule())
-            trainer.loop = TrainLoop(trainer.ctx, cfg, model, optimizer, scheduler, lr_names=cls.lr_names,
+            trainer.loop = TrainLoop(trainer.ctx, cfg, model, optimizer, scheduler=scheduler, lr_names=cls.lr_names,
                                      grad_clip=trainer.grad_clip)
             trainer.started()
-            done = trainer.loop.run(trainer.step, cls.name, trainer.exports(), plots=cls.plots, log_extra=trainer.log_extra,
+            done = trainer.loop.run(trainer.step, cls.name, exports=trainer.exports(), plots=cls.plots, log_extra=trainer.log_extra,
                                     checkpoint_extra=trainer.checkpoint_extra, on_metrics=on_metrics)
         finally:
             trainer.close()
