@@ -62,7 +62,8 @@ def environment(src: Path) -> dict:
 
 
 def demo_index(env: dict) -> str:
-    code = "import torch; from ralm.demo import demo_index; print(demo_index(torch.device('cpu'), show_progress=False)[0])"
+    code = ("from ralm.demo import demo_index; from ralm.runtime import Runtime; "
+            "print(demo_index(Runtime.resolve('cpu', show_progress=False))[0])")
     return subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 

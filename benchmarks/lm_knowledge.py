@@ -107,10 +107,10 @@ def main() -> None:
     results = {}
 
     lm_run = train_lm(LMTrainConfig(text=str(train), model=LMConfig(**sizes), **optim), out / "lm", cpu, show_progress=False)
-    lm, tokenizer = load_lm(out / "lm" / "model")
+    lm, tokenizer = load_lm(out / "lm")
     streams = {name: tokenize_text(path, tokenizer, show_progress=False) for name, path in texts.items()}
     positions = {name: fact_positions(streams[name], sets[name], tokenizer) for name in sets}
-    store = Datastore(build_datastore(lm, out / "lm" / "model", tokenize_text(stating, tokenizer, show_progress=False),
+    store = Datastore(build_datastore(lm, out / "lm", tokenize_text(stating, tokenizer, show_progress=False),
                                       out / "datastore", device=cpu, show_progress=False))
     temperatures, lambdas = (1.0, 3.0, 10.0), (0.25, 0.5, 0.75)
     for name, stream in streams.items():
@@ -130,7 +130,7 @@ def main() -> None:
     cfg = training_config(db_path, **sizes, neighbours=2, cca_start=0, cca_every=1, encoder_layers=1)
     retro_run = train_retro(RetroTrainConfig(text=str(train), db=str(db_path), model=cfg, **optim), out / "retro", cpu,
                             show_progress=False)
-    retro, _ = load_retro(out / "retro" / "model")
+    retro, _ = load_retro(out / "retro")
     db = ChunkDB(db_path, cpu)
     stride = max(cfg.chunk_len, cfg.max_len // 2 // cfg.chunk_len * cfg.chunk_len)
     for name, stream in streams.items():

@@ -15,7 +15,6 @@ import argparse
 import shutil
 from pathlib import Path
 
-import torch
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -41,6 +40,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from ralm.demo import demo_index
+    from ralm.runtime import Runtime
     from ralm.models.reader import default_reader_path
     from ralm.serve.app import serve_in_background
     from ralm.serve.service import ServeConfig, Service
@@ -48,7 +48,7 @@ def main() -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("no Chromium found (Debian: apt-get install chromium)")
-    index, _ = demo_index(torch.device("cpu"))
+    index, _ = demo_index(Runtime.resolve("cpu"))
     svc = Service(ServeConfig(index=str(index), model=str(default_reader_path())))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     shots = [("web-page.png", DESKTOP, args.question, False), ("web-page-phone.png", PHONE, args.question, False),

@@ -157,4 +157,4 @@ def test_lm_on_two_ranks_equals_one_process_with_the_doubled_batch(tiny_bert, co
     _two_ranks_and_one("ralm.train.lm.train_lm", cfg, tmp_path)
     _same_checkpoint(tmp_path / "one", tmp_path / "two", 2)
     assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-5)
-    assert (tmp_path / "two" / "model" / "config.json").is_file()
+    assert (tmp_path / "two" / "final" / "model" / "config.json").is_file()

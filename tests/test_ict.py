@@ -22,10 +22,10 @@ def test_ict_pair_removes_the_sentence_unless_kept(tiny_bert, corpus_file, tmp_p
     _, blocks, table = corpus_sentences(tmp_path / "blocks", tmp_path / "sentences", str(corpus_file), hf_tokenizer=tok,
                                         show_progress=False)
     s = next(s for s in range(len(table)) if tok.decode(table.tokens(blocks, s).tolist()) == "it lies on the seine river.")
-    query, context = ict_pair(blocks, table, s, False, tok.cls_token_id, tok.sep_token_id, 64)
+    query, context = ict_pair(blocks, table, s, keep=False, cls_id=tok.cls_token_id, sep_id=tok.sep_token_id, max_query_len=64)
     assert tok.decode(query) == "[CLS] it lies on the seine river. [SEP]"
     assert tok.decode(context) == "[CLS] paris [SEP] paris is the capital of france. the eiffel tower was finished in 1889. [SEP]"
-    _, kept = ict_pair(blocks, table, s, True, tok.cls_token_id, tok.sep_token_id, 64)
+    _, kept = ict_pair(blocks, table, s, keep=True, cls_id=tok.cls_token_id, sep_id=tok.sep_token_id, max_query_len=64)
     assert kept == blocks.tokens[int(table.rows[s])].tolist()
 
 
@@ -48,7 +48,7 @@ def test_train_ict_updates_both_towers_resumes_and_exports(tiny_bert, corpus_fil
         before = getattr(start, tower).bert.encoder.layer[0].attention.self.query.weight
         after = getattr(trained, tower).bert.encoder.layer[0].attention.self.query.weight
         assert not torch.allclose(before, after), f"the {tower} tower did not change"
-    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "ict"}
+    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "ict", "parts": ["retriever"]}
     assert not (run / "final" / "encoder").exists()  # ICT exports only the retriever
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)

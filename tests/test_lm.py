@@ -82,6 +82,31 @@ def test_train_lm_learns_and_resume_reproduces(tmp_path, tiny_bert):
         train_lm(LMTrainConfig(steps=12, **{**cfg, "lr": 1e-3}), tmp_path / "a", show_progress=False)
 
 
+def test_an_lm_run_exports_to_final_and_an_older_run_with_run_model_still_loads(tmp_path, tiny_bert):
+    """Every trainer exports to RUN/final; a run from before kept RUN/model, which still loads,
+    with the same datastore fingerprint (the same model)."""
+    import shutil
+
+    from ralm.retrieval.lm.datastore import model_fingerprint
+    from ralm.rundir import RunExport
+    from ralm.train.lm import LMTrainConfig, train_lm
+
+    cfg = LMTrainConfig(text=str(_text(tmp_path)), model=LMConfig(dim=16, layers=1, heads=2, max_len=16), batch_size=4,
+                        steps=2, tokenizer=str(tiny_bert), log_every=1)
+    train_lm(cfg, tmp_path / "new", show_progress=False)
+    assert RunExport.read(tmp_path / "new") == RunExport("lm", 2, ("model",)) and not (tmp_path / "new" / "model").exists()
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "new" / "checkpoints", old / "checkpoints")
+    shutil.copytree(tmp_path / "new" / "final" / "model", old / "model")
+    (a, _), (b, _) = load_lm(tmp_path / "new"), load_lm(old)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    assert model_fingerprint(old) == model_fingerprint(tmp_path / "new") == model_fingerprint(tmp_path / "new" / "final" / "model")
+    shutil.rmtree(old / "model")
+    with pytest.raises(RalmError, match="not a language model"):
+        load_lm(old)
+
+
 def test_hf_causal_lm_directory_loads_behind_the_same_interface(tmp_path, tiny_bert):
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import KW_ONLY, dataclass
 
 import pytest
 import torch
@@ -18,8 +19,11 @@ import torch
 from ralm.atomic import temp_dir
 from ralm.errors import RalmError
 from ralm.train import checkpoints as loop
-from ralm.train.loop import TrainLoop, warmup_constant
+from ralm.configs import option
+from ralm.rundir import RunExport, find_model, is_model_dir
+from ralm.train.loop import LoopConfig, TrainingInterrupted, TrainLoop, warmup_constant
 from ralm.train.parallel import start_run
+from ralm.train.trainer import Trainer, discover
 
 
 def _model_and_optimizer(seed: int):
@@ -75,32 +79,39 @@ def test_out_pointing_at_a_file_is_an_error(tmp_path):
         loop.prepare_run(tmp_path / "f", {"lr": 0.1})
 
 
-def _trainer_configs():
-    from ralm.train.dpr import DPRConfig
-    from ralm.train.finetune import FinetuneConfig
-    from ralm.train.ict import IctConfig
-    from ralm.train.lm import LMTrainConfig, RetroTrainConfig
-    from ralm.train.mlm import MlmConfig
-    from ralm.train.pretrain import PretrainConfig
-    from ralm.train.reader import ReaderTrainConfig
-
-    return [(IctConfig, ("c.jsonl",)), (PretrainConfig, ("c.jsonl",)), (MlmConfig, ("c.jsonl",)),
-            (FinetuneConfig, ("q.jsonl", "idx")), (DPRConfig, ("q.jsonl", "c.jsonl")), (ReaderTrainConfig, ("q.jsonl",)),
-            (LMTrainConfig, ()), (RetroTrainConfig, ())]
+def _required(config_cls) -> dict:
+    """A value for each field of a config that has none (a file name; no file is read)."""
+    return {f.name: "x" for f in dataclasses.fields(config_cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
 
 
-@pytest.mark.parametrize("make, args", _trainer_configs(), ids=lambda x: getattr(x, "__name__", ""))
-def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dtype(make, args):
+def test_the_trainers_are_found_and_each_has_a_command():
+    """Every Trainer subclass in ralm.train registers itself; the command line runs each."""
+    from ralm.commands.lm import lm_app, retro_app
+    from ralm.commands.train import TRAINERS
+
+    found = discover()
+    assert set(found) == {"ict", "realm", "mlm", "reader", "finetune", "dpr", "lm", "retro"}
+    commands = [*TRAINERS.values(), lm_app.info.cls.registry["train"], retro_app.info.cls.registry["train"]]
+    assert sorted(c.trainer for c in commands) == sorted(cls.__name__ for cls in found.values())
+    for cls in found.values():
+        assert issubclass(cls.config, LoopConfig) and cls.fit.__func__ is Trainer.fit.__func__
+
+
+@pytest.mark.parametrize("trainer", sorted(discover()), ids=str)
+def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dtype(trainer):
     """A negative learning rate is gradient ascent: it must stop the run before anything loads."""
+    make = discover()[trainer].config
+    args = _required(make)
     for bad in (-1e-3, 0.0):
         with pytest.raises(RalmError, match="lr must be positive"):
-            make(*args, lr=bad)
+            make(**args, lr=bad)
     for bad in (float("nan"), float("inf")):  # inf passes `> 0` and trains NaN weights
         with pytest.raises(RalmError, match="lr must be a finite number"):
-            make(*args, lr=bad)
+            make(**args, lr=bad)
     with pytest.raises(RalmError, match="dtype must be one of auto, fp32, bf16"):
-        make(*args, dtype="fp16")
-    make(*args)  # the defaults pass
+        make(**args, dtype="fp16")
+    make(**args)  # the defaults pass
 
 
 def test_trainers_check_their_other_numbers():
@@ -145,10 +156,10 @@ class ToyConfig:
 
 def _toy_run(run, cfg: ToyConfig, stop_after: int | None = None):
     """A linear model on seeded batches; step 1 has nothing to learn (loss None)."""
-    ctx = start_run(run, cfg, None, False)
+    ctx = start_run(run, cfg, show_progress=False)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
+    loop = TrainLoop(ctx, cfg, model, opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, warmup_constant(cfg.warmup)))
     seen = loop.resumed.get("seen", 0)
 
     def step(i: int):
@@ -179,6 +190,100 @@ def test_the_loop_logs_window_means_and_a_resumed_run_matches_an_uninterrupted_o
     torch.testing.assert_close(other.weight, model.weight, rtol=0, atol=0)
     again = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in again] == [r["loss"] for r in rows]
+
+
+# -- a new trainer: one small module (here, this file), no edit elsewhere ---------------------
+
+@dataclass
+class LinearConfig(LoopConfig):
+    """A linear model learning y = sum(x): its own field, the loop's fields from LoopConfig."""
+
+    width: int = option(3, "inputs of the linear model")
+    _: KW_ONLY
+    steps: int = option(30, "training steps")
+    batch_size: int = option(16, "examples per step")
+    positive_fields = ("width",)
+
+
+class Linear(torch.nn.Linear):
+    def save_pretrained(self, out) -> None:
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps({"width": self.in_features}))
+        save_file(self.state_dict(), str(out / "model.safetensors"))
+
+
+class LinearTrainer(Trainer):
+    name, config = "linear", LinearConfig
+
+    def build(self) -> Linear:
+        self.model = Linear(self.cfg.width, 1)
+        return self.model
+
+    def started(self) -> None:
+        self.seen = self.loop.resumed.get("seen", 0)
+
+    def step(self, i: int):
+        self.seen += 1
+        x = torch.randn(self.cfg.batch_size, self.cfg.width, generator=torch.Generator().manual_seed(i))
+        loss = (self.loop.ddp(x) - x.sum(1, keepdim=True)).pow(2).mean()
+        return loss, {"loss": loss.item()}
+
+    def exports(self):
+        return {"linear": self.model}
+
+    def checkpoint_extra(self) -> dict:
+        return {"seen": self.seen}
+
+
+def _weights(run):
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "final" / "linear" / "model.safetensors"))
+
+
+def test_a_new_trainer_is_one_class_and_the_loop_gives_it_checkpoints_resume_and_exports(tmp_path):
+    cfg = LinearConfig(lr=0.1, warmup=1, save_every=10, log_every=1, dtype="fp32")
+    assert Trainer.registry["linear"] is LinearTrainer and "linear" not in discover()  # found, but not a ralm trainer
+    with pytest.raises(RalmError, match="width must be positive"):  # the loop's checks cover its own fields
+        LinearConfig(width=0)
+    straight = LinearTrainer.fit(cfg, tmp_path / "a", show_progress=False)
+    assert straight.steps == 30 and straight.plots == [str(tmp_path / "a" / "loss.png")]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 30 and sum(losses[-5:]) < sum(losses[:5]) / 4  # it learns
+    assert RunExport.read(tmp_path / "a") == RunExport("linear", 30, ("linear",))
+    assert find_model(tmp_path / "a", "linear", is_model_dir) == tmp_path / "a" / "final" / "linear"
+
+    def stop_at_13(record: dict) -> None:  # Ctrl-C while step 13 is logged: the loop saves after it
+        if record["step"] == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted) as stopped:
+        LinearTrainer.fit(cfg, tmp_path / "b", show_progress=False, on_metrics=stop_at_13)
+    assert stopped.value.step == 13 and RunExport.read(tmp_path / "b").step == 13
+    resumed = LinearTrainer.fit(cfg, tmp_path / "b", show_progress=False)
+    assert resumed.steps == 30 and RunExport.read(tmp_path / "b").step == 30
+    again = [json.loads(line)["loss"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert again == losses  # the resumed run is the uninterrupted one
+    for name, value in _weights(tmp_path / "a").items():
+        torch.testing.assert_close(_weights(tmp_path / "b")[name], value, rtol=0, atol=0)
+    with pytest.raises(RalmError, match="different config \\(width\\)"):
+        LinearTrainer.fit(dataclasses.replace(cfg, width=4), tmp_path / "b", show_progress=False)
+
+
+def test_a_run_manifest_from_before_parts_were_recorded_loads_and_a_bad_one_is_named(tmp_path):
+    (tmp_path / "final" / "reader").mkdir(parents=True)
+    RunExport.file(tmp_path).write_text(json.dumps({"step": 5, "kind": "finetune"}))
+    assert RunExport.read(tmp_path) == RunExport("finetune", 5, ("reader",))
+    RunExport.file(tmp_path).write_text(json.dumps({"step": -1, "kind": "finetune"}))
+    with pytest.raises(RalmError, match="trainer.json: 'step' must be a whole number >= 0, got -1"):
+        RunExport.read(tmp_path)
+    RunExport.file(tmp_path).write_text(json.dumps({"step": 1}))
+    with pytest.raises(RalmError, match="'kind' must name the trainer"):
+        RunExport.read(tmp_path)
+    with pytest.raises(RalmError, match="no exported models"):
+        RunExport.read(tmp_path / "nothing")
 
 
 def _lm_args(text, run, steps, tokenizer) -> list[str]:

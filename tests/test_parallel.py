@@ -10,7 +10,7 @@ from test_distributed import run_ranks
 
 
 def test_rank_batches_partition_the_global_batch():
-    parts = [rank_batch(7, 4, 100, 3, DistEnv(r, 3)) for r in range(3)]
+    parts = [rank_batch(7, 4, n=100, seed=3, env=DistEnv(r, 3)) for r in range(3)]
     np.testing.assert_array_equal(np.concatenate(parts), batch_indices(7, 12, 100, 3))
 
 
@@ -42,7 +42,7 @@ def _rank(rank, out):
     towers = _towers()
     model = wrap_ddp(Pair(towers), env, torch.device("cpu"))
     opt = torch.optim.SGD(towers.parameters(), lr=0.5)
-    rows = rank_batch(0, 4, 8, 0, env)
+    rows = rank_batch(0, 4, n=8, seed=0, env=env)
     q, p = model(DATA_Q[rows], DATA_P[rows])
     loss, _ = in_batch_contrastive(q, p, env)
     opt.zero_grad()

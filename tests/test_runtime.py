@@ -11,7 +11,7 @@ from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.backends.exact import ExactIndex
-from ralm.runtime import autocast, cpu_has_bf16, resolve_dtype
+from ralm.runtime import Runtime, autocast, cpu_has_bf16, resolve_dtype
 
 CPU = torch.device("cpu")
 needs_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
@@ -30,6 +30,18 @@ def test_auto_is_bf16_on_cuda_and_on_cpus_with_native_bf16(monkeypatch):
         resolve_dtype("bf16", CPU)
     with pytest.raises(RalmError, match="^dtype must be one of auto, fp32, bf16"):  # the library names the field
         resolve_dtype("fp16", CPU)
+
+
+def test_a_runtime_is_the_device_dtype_and_progress_of_a_job_resolved_once(monkeypatch):
+    import ralm.runtime as runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
+    assert Runtime.resolve("cpu", "fp32", show_progress=False) == Runtime(torch.device("cpu"), torch.float32, False)
+    assert Runtime.resolve("cpu").dtype == torch.float32  # auto on a CPU without native bf16
+    with pytest.raises(RalmError, match="dtype bf16: this CPU has no native bf16"):
+        Runtime.resolve("cpu", "bf16")
+    with pytest.raises(RalmError, match="--device must be auto, cpu, cuda or cuda:N"):
+        Runtime.resolve("gpu0")
 
 
 def test_cli_bf16_on_a_cpu_without_it_is_a_one_line_error(monkeypatch, ralm, tiny_bert, corpus_file, tmp_path):

@@ -18,7 +18,8 @@ from ralm.retrieval.index.store import IndexDir
 def _write_version(value: float, n: int = 1000):
     def write(tmp):
         np.save(tmp / "embeddings.npy", np.full((n, 4), value, np.float32))
-        return {"kind": "dense", "value": value}
+        return {"sides": ["dense"], "count": n, "blocks": "k", "dim": 4, "retriever": "retriever/fp", "doc_fingerprint": "fp",
+                "value": value}
     return write
 
 
@@ -35,6 +36,29 @@ def test_old_versions_are_pruned_but_latest_kept(tmp_path):
     for v in range(5):
         index.publish(_write_version(float(v)), keep=2)
     assert index.versions() == ["v000004", "v000005"]
+
+
+def test_a_version_manifest_is_typed_validated_and_an_older_one_still_loads(tmp_path):
+    from ralm.retrieval.index.store import VersionManifest
+
+    index = IndexDir.create(tmp_path / "idx", "dense")
+    index.publish(_write_version(1.0, n=3))
+    m = index.version("v000001")
+    assert (m.version, m.sides, m.count, m.blocks, m.dim, m.kind) == ("v000001", ("dense",), 3, "k", 4, "dense")
+    assert m.extra["value"] == 1.0 and set(m.extra["files"]) == {"embeddings.npy"}  # a side's own field, the inventory
+    assert VersionManifest.from_json(m.to_json(), "here") == m
+    path = index.version_path("v000001") / "manifest.json"
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k != "sides"}  # from before "sides"
+    path.write_text(json.dumps({**old, "kind": "dense"}))
+    assert index.version("v000001").sides == ("dense",)
+    for broken, message in (({"count": -1}, "'count' must be positive, got -1"), ({"count": "3"}, "'count' must be int"),
+                            ({"dim": None}, "'dim' must be present"), ({"version": "latest"}, "'version' must be a version name")):
+        path.write_text(json.dumps({**old, **broken}))
+        with pytest.raises(RalmError, match=f"manifest.json: {message}.*rebuild it"):
+            index.version("v000001")
+    with pytest.raises(RalmError, match="'blocks' must be present"):  # a build that forgets a field publishes nothing
+        index.publish(lambda tmp: {"sides": ["bm25"], "count": 3})
+    assert index.versions() == ["v000001"]
 
 
 def test_a_failing_write_leaves_the_old_version_intact(tmp_path):

@@ -89,7 +89,7 @@ def test_best_is_gold_looks_over_all_windows_of_a_question():
     match[0, 1, 0] = True  # question 0: the gold span is in input 0, but input 1 has the best span
     scores[0, 1, 0], scores[1, 0, 0] = 2.0, 3.0
     match[2, 0, 0], scores[2, 0, 0] = True, 1.0  # question 1: its one input's best span is gold
-    hit = best_is_gold(scores, valid, match, torch.tensor([0, 0, 1]), 2)
+    hit = best_is_gold(scores, valid, match, torch.tensor([0, 0, 1]), questions=2)
     assert hit.tolist() == [False, True]
 
 

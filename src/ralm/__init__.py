@@ -40,6 +40,7 @@ _EXPORTS = {
     "evaluate_qa": "ralm.eval.openqa",
     # trainers: one config dataclass and one function each, returning a typed result
     "TrainResult": "ralm.train.loop", "TrainingInterrupted": "ralm.train.loop", "with_preset": "ralm.configs",
+    "LoopConfig": "ralm.train.loop", "Trainer": "ralm.train.trainer",  # to write a trainer (docs/usage.md)
     "IctConfig": "ralm.train.ict", "train_ict": "ralm.train.ict",
     "MlmConfig": "ralm.train.mlm", "warm_up_encoder": "ralm.train.mlm",
     "PretrainConfig": "ralm.train.pretrain", "pretrain": "ralm.train.pretrain",

@@ -54,8 +54,7 @@ def demo(
 
     quiet_libraries()
     start = time.perf_counter()
-    dev, dt = runtime(device, dtype)
-    path, built, results = run_demo(dev, dtype=dt, k=positive("-k", k), rebuild=rebuild, min_confidence=min_confidence)
+    path, built, results = run_demo(runtime(device, dtype), k=positive("-k", k), rebuild=rebuild, min_confidence=min_confidence)
     if as_json:
         print_json([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
                                                                         for e in a.evidence]} for q, a in results], ensure_ascii=False)
@@ -79,8 +78,8 @@ def _open_qa(model: Optional[str], index_dir: Path, *, k: int, retriever: Option
     from ralm.pipeline import OpenQA
 
     refuse_second_index("--hybrid", hybrid, index_dir)
-    dev, dt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, k=positive("-k", k), retriever=retriever, device=dev, dtype=dt,
+    rt = runtime(device, dtype)
+    return OpenQA.open(index_dir, model, k=positive("-k", k), retriever=retriever, device=rt.device, dtype=rt.dtype,
                        min_confidence=min_confidence)
 
 
@@ -221,7 +220,7 @@ def serve(
         raise RalmError(f"--port must be in 1..65535, got {port}")
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
-                  *runtime(device, dtype))
+                  runtime(device, dtype))
     serve_forever(svc, host, port, announce=lambda: err.print(
         f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
         f", reader {svc.cfg.model}) on http://{host}:{port}"))

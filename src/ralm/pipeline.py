@@ -40,7 +40,7 @@ from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
-from ralm.rundir import final_dir, find_model
+from ralm.rundir import find_model
 from ralm.runtime import autocast, resolve_dtype
 
 N_BEST = 10  # spans per block that may add to an answer's probability
@@ -256,10 +256,10 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
     (RUN/final/retriever) when it was built with that run's document tower, else its own."""
     device = device or torch.device("cpu")
     idx = IndexDir(index)
-    candidate = final_dir(model, "retriever") if model is not None else None
+    candidate = find_model(model, "retriever", is_retriever_dir) if model is not None else None
     tuned = None
-    if "dense" in idx.sides and candidate is not None and is_retriever_dir(candidate):
+    if "dense" in idx.sides and candidate is not None:
         tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
-        if tuned.doc_fingerprint() != idx.version_manifest(idx.latest())["doc_fingerprint"]:
+        if tuned.doc_fingerprint() != idx.version(idx.latest()).doc_fingerprint:
             tuned = None
     return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device=device, dtype=dtype))

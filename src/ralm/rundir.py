@@ -7,19 +7,22 @@ that read one (`--init RUN`, `--encoder RUN`, `--model RUN`).
   RUN/checkpoints/LATEST          name of the newest complete checkpoint
   RUN/metrics.jsonl               one JSON object per logged step
   RUN/<metric>.png                its curve, drawn at the end
-  RUN/final/<part>/               the exported models (retriever, encoder, reader), each a
-                                  directory its class's `from_pretrained` reads
-  RUN/final/trainer.json          {"step", "kind"}: the trainer and step of that export
-The language models export RUN/model instead (models.lm.model_dir reads it).
+  RUN/final/<part>/               the exported models (retriever, encoder, reader, model), each
+                                  a directory its class's `from_pretrained` (or `load_lm`) reads
+  RUN/final/trainer.json          the export's manifest (`RunExport`): trainer kind, step, parts
+Language-model runs from before RUN/final kept their model in RUN/model; `find_model` still
+finds it there.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ralm.atomic import write_json
+from ralm.atomic import read_json, write_json
+from ralm.errors import RalmError
 
 
 def config_file(run: str | os.PathLike) -> Path:
@@ -43,14 +46,63 @@ def final_dir(run: str | os.PathLike, part: str = "") -> Path:
     return Path(run) / "final" / part if part else Path(run) / "final"
 
 
+@dataclass(frozen=True)
+class RunExport:
+    """RUN/final/trainer.json: which trainer exported RUN/final, at which step, and its parts."""
+
+    kind: str  # the trainer: "ict", "realm", "mlm", "dpr", "finetune", "reader", "lm", "retro" ...
+    step: int
+    parts: tuple[str, ...]  # the folders of RUN/final, each one model
+
+    @staticmethod
+    def file(run: str | os.PathLike) -> Path:
+        return final_dir(run) / "trainer.json"
+
+    def write(self, run: str | os.PathLike) -> None:
+        write_json(self.file(run), {"step": self.step, "kind": self.kind, "parts": list(self.parts)})
+
+    @classmethod
+    def read(cls, run: str | os.PathLike) -> RunExport:
+        """The manifest of RUN/final; one written before `parts` was recorded lists the
+        folders RUN/final holds."""
+        path = cls.file(run)
+        if not path.is_file():
+            raise RalmError(f"{run}: no exported models (no final/trainer.json); train the run, or name a model directory")
+        raw = read_json(path)
+        parts = raw.get("parts", sorted(p.name for p in final_dir(run).iterdir() if p.is_dir()))
+        if not isinstance(raw.get("kind"), str) or not raw["kind"]:
+            raise RalmError(f"{path}: 'kind' must name the trainer, got {raw.get('kind')!r}")
+        if not isinstance(raw.get("step"), int) or isinstance(raw["step"], bool) or raw["step"] < 0:
+            raise RalmError(f"{path}: 'step' must be a whole number >= 0, got {raw.get('step')!r}")
+        if not isinstance(parts, list) or not all(isinstance(p, str) and p and "/" not in p for p in parts):
+            raise RalmError(f"{path}: 'parts' must list the folder names of RUN/final, got {parts!r}")
+        return cls(raw["kind"], raw["step"], tuple(parts))
+
+
 def export_final(run: str | os.PathLike, step: int, kind: str, parts: Mapping[str, object]) -> None:
-    """Save each model (anything with `save_pretrained`) as RUN/final/<name>, then trainer.json."""
+    """Save each model (anything with `save_pretrained`) as RUN/final/<name>, then the manifest."""
     for name, model in parts.items():
         model.save_pretrained(final_dir(run, name))
-    write_json(final_dir(run) / "trainer.json", {"step": step, "kind": kind})
+    RunExport(kind, step, tuple(parts)).write(run)
+
+
+def is_run(path: str | os.PathLike) -> bool:
+    """A run directory (it has checkpoints or exports), not a model directory."""
+    return checkpoints_dir(path).is_dir() or final_dir(path).is_dir()
+
+
+def is_model_dir(path: Path) -> bool:
+    """A directory a `from_pretrained` may read (it has a config.json)."""
+    return (path / "config.json").is_file()
 
 
 def find_model(path: str | os.PathLike, part: str, accept: Callable[[Path], bool]) -> Path | None:
-    """The `part` a path names: RUN/final/<part> of a run, else the path itself; None when
-    `accept` takes neither."""
-    return next((p for p in (final_dir(path, part), Path(path)) if accept(p)), None)
+    """The one place that decides what a path names as model `part`: of a run, RUN/final/<part>
+    (for part "model", an older language-model run's RUN/model too); of anything else, the path
+    itself. None when `accept` takes none of them."""
+    path = Path(path)
+    if is_run(path):
+        found = (final_dir(path, part), *([path / part] if part == "model" else []))
+    else:
+        found = (path,)
+    return next((p for p in found if accept(p)), None)

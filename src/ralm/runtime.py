@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -57,6 +58,23 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
             raise ConfigError("dtype", "bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use fp32 or auto")
         return torch.bfloat16
     raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a job computes, passed as one value: the device, the compute dtype (autocast;
+    weights stay fp32) and whether it draws progress bars."""
+
+    device: torch.device
+    dtype: torch.dtype
+    show_progress: bool = True
+
+    @classmethod
+    def resolve(cls, device: str | None = None, dtype: str | torch.dtype | None = None,
+                show_progress: bool = True) -> Runtime:
+        """From --device and --dtype spellings (None: auto); `bf16` on a CPU without it fails here."""
+        resolved = resolve_device(device)
+        return cls(resolved, resolve_dtype(dtype, resolved), show_progress)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

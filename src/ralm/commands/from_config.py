@@ -40,20 +40,20 @@ PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an 
 
 @dataclass(frozen=True)
 class Trainer:
-    """A trainer command: where its config and train function live (imported when it runs), its
-    help, and the line it prints at the end (`done(result, cfg)`)."""
+    """A trainer command: where its trainer class lives (imported when it runs; its `config` and
+    `fit`, ralm.train.trainer), its help, and the line it prints at the end (`done(result, cfg)`)."""
 
     module: str  # e.g. "ralm.train.ict"
-    config: str  # the config dataclass in it
-    train: str  # train(cfg, run, device, notify=, on_metrics=) -> a TrainResult
+    trainer: str  # the ralm.train.trainer.Trainer subclass in it
     help: str
     done: Callable[[Any, Any], str]
     # build(config class, {option: value}, {options given}) -> config; None: the generic one
     build: Callable[[type, dict, set], Any] | None = None
 
     def load(self) -> tuple[type, Callable]:
-        module = importlib.import_module(self.module)
-        return getattr(module, self.config), getattr(module, self.train)
+        """(the config class, fit(cfg, run, device, notify=, on_metrics=) -> a TrainResult)."""
+        trainer = getattr(importlib.import_module(self.module), self.trainer)
+        return trainer.config, trainer.fit
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,12 @@ def index_build(
     quiet_libraries()
     start = time.perf_counter()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     if faiss:
         check_spec(faiss, (dim,) if dim > 0 else FACTORY_DIMS)
     with removed_on_error(out_dir):
         index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
-                                     batch_size=positive("--batch-size", batch_size), device=dev, show_progress=reports, dtype=dt)
+                                     batch_size=positive("--batch-size", batch_size), device=rt.device, show_progress=reports, dtype=rt.dtype)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
@@ -99,8 +99,8 @@ def search(
     positive("-k", k)
     if not query.strip():
         raise RalmError("the query is empty")
-    dev, dt = runtime(device, dtype)
-    hits = LiveSearcher.open(index_dir, model=model, device=dev, dtype=dt).search([query], k, retriever)[0]
+    rt = runtime(device, dtype)
+    hits = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype).search([query], k, retriever)[0]
     if not main_rank():
         return
     if as_json:
@@ -138,8 +138,8 @@ def eval_retrieval(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
-    dev, dt = runtime(device, dtype)
-    searcher = LiveSearcher.open(index_dir, model=model, device=dev, dtype=dt)
+    rt = runtime(device, dtype)
+    searcher = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype)
     reports = main_rank()
     result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports,
                                 retriever=retriever)
@@ -172,9 +172,9 @@ def index_upgrade(
 
     quiet_libraries()
     start = time.perf_counter()
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     index, version = upgrade_index(index_dir, kind=retriever, model=model, batch_size=positive("--batch-size", batch_size),
-                                   device=dev, dtype=dt)
+                                   device=rt.device, dtype=rt.dtype)
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s")
 
@@ -194,8 +194,8 @@ def index_add(
 
     quiet_libraries()
     docs = list(read_corpus(corpus))
-    dev, dt = runtime(device, dtype)
-    live = LiveSearcher.open(index_dir, device=dev, dtype=dt)
+    rt = runtime(device, dtype)
+    live = LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype)
     ids = live.add(docs)
     summary = {"index": str(index_dir), "added": len(ids), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]added[/green] {len(ids)} documents to {index_dir}: {len(live)} blocks searchable")

@@ -21,7 +21,7 @@ from ralm.errors import RalmError
 
 def _lm_done(result, _cfg) -> str:
     return (f"{result.steps} steps, loss {result.loss}, {result.parameters / 1e6:.2f}M parameters, {result.seconds} s; "
-            f"model in {result.run}/model")
+            f"model in {result.run}/final/model")
 
 
 def _retro_config(config_cls: type, values: dict, given: set):
@@ -37,10 +37,10 @@ def _retro_config(config_cls: type, values: dict, given: set):
 
 
 lm_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
-    "ralm.train.lm", "LMTrainConfig", "train_lm", "Train a causal Transformer LM on a text (exports RUN/model).", _lm_done)}),
+    "ralm.train.lm", "LMTrainer", "Train a causal Transformer LM on a text (exports RUN/final/model).", _lm_done)}),
     no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
 retro_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
-    "ralm.train.lm", "RetroTrainConfig", "train_retro",
+    "ralm.train.lm", "RetroTrainer",
     "Train RETRO on a text, with neighbours from the chunk DB looked up once and cached.", _lm_done, build=_retro_config)}),
     no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")
 knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidden states, interpolated perplexity.")
@@ -65,11 +65,11 @@ def lm_eval(
     from ralm.models.lm import load_lm
 
     quiet_libraries()
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     lm, tok = load_lm(model)
-    report = lm_perplexity(lm.to(dev), tokenize_text(text, tok, token_limit(limit_tokens)),
+    report = lm_perplexity(lm.to(rt.device), tokenize_text(text, tok, token_limit(limit_tokens)),
                            seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
-                           device=dev, batch_size=positive("--batch-size", batch_size), dtype=dt)
+                           device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
 
 
@@ -91,11 +91,11 @@ def retro_build_db(
     from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
 
     quiet_libraries()
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     start = time.perf_counter()
     with removed_on_error(db):
         path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
-                              batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+                              batch_size=positive("--batch-size", batch_size), device=rt.device, dtype=rt.dtype)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
                   f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
@@ -122,11 +122,11 @@ def retro_eval(
     from ralm.retrieval.lm.chunkdb import ChunkDB
 
     quiet_libraries()
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     retro, tok = load_retro(model)
-    report = retro_perplexity(retro.to(dev), ChunkDB(db, dev, dtype=dt), tokenize_text(text, tok, token_limit(limit_tokens)),
-                              retrieval=not no_retrieval, stride=optional_positive("--stride", stride), device=dev,
-                              batch_size=positive("--batch-size", batch_size), dtype=dt)
+    report = retro_perplexity(retro.to(rt.device), ChunkDB(db, rt.device, dtype=rt.dtype), tokenize_text(text, tok, token_limit(limit_tokens)),
+                              retrieval=not no_retrieval, stride=optional_positive("--stride", stride), device=rt.device,
+                              batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     print_perplexity(f"RETRO perplexity on {text.name}", [("retro" + (" (retrieval off)" if no_retrieval else ""), report)],
                      as_json, {"retrieval": not no_retrieval})
 
@@ -189,12 +189,12 @@ def knnlm_build(
 
     quiet_libraries()
     start = time.perf_counter()
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     lm, tok = load_lm(model)
     with removed_on_error(store):
-        path = build_datastore(lm.to(dev), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
+        path = build_datastore(lm.to(rt.device), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
                                seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
-                               faiss_spec=faiss, batch_size=positive("--batch-size", batch_size), device=dev, dtype=dt)
+                               faiss_spec=faiss, batch_size=positive("--batch-size", batch_size), device=rt.device, dtype=rt.dtype)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")
@@ -231,12 +231,12 @@ def knnlm_eval_cmd(
     except ValueError:
         raise RalmError(f"--lmbda and --temperature must be comma-separated numbers, got {lmbda!r}, {temperature!r}") from None
     check_grid(lambdas, temperatures)
-    dev, dt = runtime(device, dtype)
+    rt = runtime(device, dtype)
     lm, tok = load_lm(model)
     ds = Datastore(store, nprobe=positive("--nprobe", nprobe))
     ds.check_model(model)
-    res = knnlm_eval(lm.to(dev), ds, tokenize_text(text, tok, token_limit(limit_tokens)), k=positive("-k", k), lambdas=lambdas,
+    res = knnlm_eval(lm.to(rt.device), ds, tokenize_text(text, tok, token_limit(limit_tokens)), k=positive("-k", k), lambdas=lambdas,
                      temperatures=temperatures, seq_len=optional_positive("--seq-len", seq_len),
-                     stride=optional_positive("--stride", stride), device=dev, batch_size=positive("--batch-size", batch_size), dtype=dt)
+                     stride=optional_positive("--stride", stride), device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
     rows = [("lm", res["lm"])] + [(f"knn-lm (λ={r['lmbda']}, T={r['temperature']}, k={k})", r) for r in res["knn"]]
     print_perplexity(f"kNN-LM perplexity on {text.name}", rows, as_json, {"k": k, "seconds": res["seconds"]})

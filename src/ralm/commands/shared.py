@@ -43,13 +43,12 @@ def torch_device(name: str):
     return resolve_device(name)
 
 
-def runtime(device: str, dtype: str):
-    """(torch device, compute dtype) from --device and --dtype; `--dtype bf16` on a CPU
-    without native bf16 is an input error here, before any model loads."""
-    from ralm.runtime import resolve_dtype
+def runtime(device: str, dtype: str, show_progress: bool = True):
+    """The Runtime (device, compute dtype, progress) of --device and --dtype; `--dtype bf16` on
+    a CPU without native bf16 is an input error here, before any model loads."""
+    from ralm.runtime import Runtime
 
-    dev = torch_device(device)
-    return dev, resolve_dtype(dtype, dev)
+    return Runtime.resolve(device, dtype, show_progress)
 
 
 def quiet_libraries() -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from ralm.atomic import read_json, read_weights, write_model_dir
 from ralm.configs import ConfigError, option
 from ralm.errors import RalmError
+from ralm.rundir import find_model
 from ralm.runtime import full_precision
 
 FORMAT = "ralm.lm/1"
@@ -181,12 +182,11 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -10
 # -- directories --------------------------------------------------------------------------
 
 def model_dir(path: str | os.PathLike, fmt: str) -> Path | None:
-    """The model directory of `path` in format `fmt`: the path itself, or RUN/model of a training run."""
-    for cand in (Path(path), Path(path) / "model"):
-        cfg = cand / "config.json"
-        if cfg.is_file() and read_json(cfg).get("format") == fmt:
-            return cand
-    return None
+    """The model directory of `path` in format `fmt`: the path itself, or a training run's export."""
+    def in_format(cand: Path) -> bool:
+        return (cand / "config.json").is_file() and read_json(cand / "config.json").get("format") == fmt
+
+    return find_model(path, "model", in_format)
 
 
 def load_model_dir(path: Path, model_cls, config_cls):

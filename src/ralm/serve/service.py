@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
@@ -20,7 +19,7 @@ from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.index.kinds import KINDS, kind_of
 from ralm.retrieval.search.searcher import Hit
-from ralm.runtime import resolve_dtype
+from ralm.runtime import Runtime
 
 log = logging.getLogger("ralm.serve")
 
@@ -42,10 +41,10 @@ class ServeConfig:
 
 
 class Service:
-    def __init__(self, cfg: ServeConfig, device: torch.device | None = None, dtype: str | torch.dtype | None = None):
+    def __init__(self, cfg: ServeConfig, runtime: Runtime | None = None):
         self.cfg = cfg
-        self.device = device or torch.device("cpu")
-        self.dtype = resolve_dtype(dtype, self.device)
+        runtime = runtime or Runtime.resolve("cpu")
+        self.device, self.dtype = runtime.device, runtime.dtype
         self.live = open_searcher(cfg.index, cfg.model, device=self.device, dtype=self.dtype)  # where documents are written
         self.reader = None
         if cfg.model:

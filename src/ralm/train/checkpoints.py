@@ -61,7 +61,7 @@ def world_size() -> int:
     return dist_env().world
 
 
-def save_checkpoint(run: str | os.PathLike, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+def save_checkpoint(run: str | os.PathLike, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
                     scheduler=None, extra: dict | None = None, keep: int = 2) -> Path:
     """Write RUN/checkpoints/step-N atomically, then move LATEST to it; keep the last `keep`."""
     ckdir = checkpoints_dir(run)

@@ -13,50 +13,49 @@ RUN/final/retriever, ready for `ralm index build --model RUN/final/retriever`.
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from ralm.atomic import atomic_path
-from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
+from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
-from ralm.data.qa import Question, has_answer, read_questions
+from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import pad_rows
-from ralm.retrieval.towers.projection import init_projection
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
-from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
-from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, start_run
+from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
+from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch
+from ralm.train.trainer import QuestionTrainer, start_projection
 
 
 @dataclass
-class DPRConfig(RunOptions):
+class DPRConfig(LoopConfig):
     questions: str = option(help=QUESTIONS_HELP, path="content")
     corpus: str = option(help="the evidence corpus (positives and negatives are mined from it with BM25): " + CORPUS_HELP,
                          path="content")
     model: str | None = option(None, "initial encoder: HF directory or retriever checkpoint", shown="bundled MiniLM", path="location")
     dim: int | None = option(128, "retrieval dimension of a fresh projection (0 or None: the encoder's own vectors)")
-    steps: int = option(1000, "training steps")
-    batch_size: int = option(16, "questions per step and rank (in-batch negatives from all ranks)")
     hard_negatives: int = option(1, "BM25 hard negatives per question")
     bm25_depth: int = option(50, "BM25 depth searched for positives and negatives")
+    limit: int | None = option(None, LIMIT_HELP)
+    _: KW_ONLY
+    batch_size: int = option(16, "questions per step and rank (in-batch negatives from all ranks)")
     lr: float = option(2e-5, "learning rate")
     warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
-    limit: int | None = option(None, LIMIT_HELP)
-    save_every: int = option(200, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 8, "warmup": 20, "save_every": 50}}
+    positive_fields = ("bm25_depth", "limit", "dim")
+    non_negative_fields = ("hard_negatives",)
+    presets = {"cpu": {"steps": 200, "batch_size": 8, "warmup": 20, "save_every": 50}}
 
     def __post_init__(self):
         self.dim = self.dim or None  # 0 asks for no projection, as an index build does
-        check_options(self, positive=("bm25_depth", "limit", "dim"), non_negative=("hard_negatives",))
+        super().__post_init__()
 
 
 @dataclass
@@ -66,7 +65,7 @@ class DPRResult(TrainResult):
     retriever: str  # RUN/final/retriever
 
 
-def mine(searcher: Searcher, questions: list[Question], depth: int, negatives: int,
+def mine(searcher: Searcher, questions: list[Question], *, depth: int, negatives: int,
          show_progress: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(question ordinals [M], positive rows [M], hard-negative rows [M, h]) for the M questions
     with an answer-bearing block in BM25's top `depth` (and `h` negatives there)."""
@@ -99,7 +98,7 @@ def _load_mined(run: Path, searcher: Searcher, questions: list[Question], cfg: D
     if path.is_file():
         with np.load(path, allow_pickle=False) as f:
             return f["questions"], f["positives"], f["negatives"]
-    keep, pos, neg = mine(searcher, questions, cfg.bm25_depth, cfg.hard_negatives, show_progress)
+    keep, pos, neg = mine(searcher, questions, depth=cfg.bm25_depth, negatives=cfg.hard_negatives, show_progress=show_progress)
     if len(keep) == 0:
         raise RalmError(f"{cfg.questions}: no question has an answer-bearing block in BM25's top {cfg.bm25_depth}")
     with atomic_path(path) as tmp:
@@ -121,40 +120,46 @@ def _per_rank_batch(cfg: DPRConfig, trainable: int, world: int) -> int:
     return min(cfg.batch_size, trainable // world)
 
 
-def train_dpr(cfg: DPRConfig, out: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
-              notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> DPRResult:
-    """Train (or resume) the run at `out`. Under torchrun every rank trains on its
-    `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    ctx = start_run(out, cfg, device, show_progress, notify)
-    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
-    retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(device)
-    if env.broadcast_object(not (run / "bm25" / "LATEST").is_file()):
-        build_index(cfg.corpus, run / "bm25", kind="bm25", model=cfg.model, show_progress=show_progress)  # rank 0 builds
-    searcher = Searcher.open(run / "bm25")
-    blocks = searcher.current.blocks
-    if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:  # PCA, as in `ralm index build`
-        init_projection(retriever, blocks, device=device, show_progress=show_progress, dtype=ctx.dtype)
-    retriever.cfg.projection_ready = True
-    with main_first(env):
-        keep, pos, neg = _load_mined(run, searcher, questions, cfg, show_progress)
-    batch_size = _per_rank_batch(cfg, len(keep), env.world)
+class DPRTrainer(QuestionTrainer):
+    name, config = "dpr", DPRConfig
+    plots = ("loss", "accuracy")
 
-    optimizer = torch.optim.AdamW(retriever.parameters(), lr=cfg.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
-    loop = TrainLoop(ctx, cfg, retriever, optimizer, scheduler)
-    retriever.train()
+    def build(self) -> Retriever:
+        cfg, ctx = self.cfg, self.ctx
+        self.retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim).to(ctx.device)
+        if ctx.env.broadcast_object(not (ctx.path / "bm25" / "LATEST").is_file()):  # rank 0 builds
+            build_index(cfg.corpus, ctx.path / "bm25", kind="bm25", model=cfg.model, show_progress=ctx.show_progress)
+        searcher = Searcher.open(ctx.path / "bm25")
+        self.blocks = searcher.current.blocks
+        start_projection(ctx, self.retriever, self.blocks)  # PCA, as in `ralm index build`
+        with main_first(ctx.env):
+            self.keep, self.pos, self.neg = _load_mined(ctx.path, searcher, self.questions, cfg, ctx.show_progress)
+        self.batch_size = _per_rank_batch(cfg, len(self.keep), ctx.env.world)
+        return self.retriever
 
-    def step(i: int):
-        idx = rank_batch(i, batch_size, len(keep), cfg.seed, env)
-        texts = [questions[int(keep[j])].question for j in idx]
-        rows = np.concatenate([pos[idx], neg[idx].reshape(-1)])  # [B + B*h]: positives first
-        tok = retriever.tokenize_queries(texts)
-        q, p = loop.ddp(tok["input_ids"].to(device), tok["attention_mask"].to(device),
-                        *_block_inputs(retriever, blocks, rows, device))  # [B, D], [B(1+h), D]
+    def schedule(self):
+        return warmup_linear_decay(self.cfg.steps, self.cfg.warmup)
+
+    def started(self) -> None:
+        self.retriever.train()
+
+    def step(self, i: int):
+        env, device = self.ctx.env, self.ctx.device
+        idx = rank_batch(i, self.batch_size, n=len(self.keep), seed=self.cfg.seed, env=env)
+        texts = [self.questions[int(self.keep[j])].question for j in idx]
+        rows = np.concatenate([self.pos[idx], self.neg[idx].reshape(-1)])  # [B + B*h]: positives first
+        tok = self.retriever.tokenize_queries(texts)
+        q, p = self.loop.ddp(tok["input_ids"].to(device), tok["attention_mask"].to(device),
+                             *_block_inputs(self.retriever, self.blocks, rows, device))  # [B, D], [B(1+h), D]
         loss, acc = in_batch_contrastive(q, p, env)  # every rank's passages are negatives
         return loss, {"loss": loss.item(), "accuracy": acc.item()}
 
-    done = loop.run(step, "dpr", {"retriever": retriever}, plots=("loss", "accuracy"), on_metrics=on_metrics)
-    return DPRResult(**asdict(done), questions=len(questions), trainable_questions=int(len(keep)),
-                     retriever=str(final_dir(run, "retriever")))
+    def exports(self):
+        return {"retriever": self.retriever}
+
+    def result(self, done: TrainResult) -> DPRResult:
+        return DPRResult(**asdict(done), questions=len(self.questions), trainable_questions=int(len(self.keep)),
+                         retriever=str(final_dir(self.ctx.path, "retriever")))
+
+
+train_dpr = DPRTrainer.fit

@@ -16,51 +16,47 @@ fine-tuned query tower with the index's unchanged document tower).
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
-from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
-from ralm.data.qa import Question, read_questions
+from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
+from ralm.data.qa import Question
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
 from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.retrieval.search.searcher import Searcher
-from ralm.rundir import final_dir
+from ralm.rundir import final_dir, find_model, is_model_dir, is_run
 from ralm.runtime import full_precision
-from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
-from ralm.train.parallel import global_mean, rank_batch, search_rank_queries, start_run
+from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
+from ralm.train.parallel import global_mean, rank_batch, search_rank_queries
+from ralm.train.trainer import QuestionTrainer
 
 
 @dataclass
-class FinetuneConfig(RunOptions):
+class FinetuneConfig(LoopConfig):
     questions: str = option(help=QUESTIONS_HELP, path="content")
     index: str = option(help="dense or BM25 index over the evidence corpus (kept fixed)", path="location")
     init: str | None = option(None, "ICT/pre-training run, retriever checkpoint, reader, or HF encoder directory",
                               shown="bundled MiniLM", path="location")
-    steps: int = option(1000, "training steps")
-    batch_size: int = option(8, "questions per step and rank (under torchrun)")
     k: int = option(5, "retrieved blocks read per question", aliases=("-k",))
-    lr: float = option(3e-5, "reader learning rate")
     retriever_lr: float = option(1e-5, "query-tower learning rate")
     train_retriever: bool = option(True, "fine-tune the query tower through p(z|x) (dense indexes)",
                                    flag="--train-retriever/--freeze-retriever")
-    warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
     max_len: int = option(384, "reader input length: [CLS] question [SEP] block [SEP] (a reader given as init is read at it too)")
     trainable_layers: int | None = option(None, "train only the reader's top N layers and span scorer (small checkpoints, "
                                                 "faster on CPU)", shown="all")
     limit: int | None = option(None, LIMIT_HELP)
-    save_every: int = option(200, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "warmup": 20, "trainable_layers": 2,
-                                                  "save_every": 50}}
-
-    def __post_init__(self):
-        check_options(self, positive=("k", "max_len", "retriever_lr", "limit"), non_negative=("trainable_layers",))
+    _: KW_ONLY
+    batch_size: int = option(8, "questions per step and rank (under torchrun)")
+    lr: float = option(3e-5, "reader learning rate")
+    warmup: int = option(100, WARMUP_HELP + " (then linear decay to 0)")
+    positive_fields = ("k", "max_len", "retriever_lr", "limit")
+    non_negative_fields = ("trainable_layers",)
+    presets = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "warmup": 20, "trainable_layers": 2, "save_every": 50}}
 
 
 @dataclass
@@ -95,21 +91,19 @@ def resolve_init(init: str | None) -> tuple[str | None, str | None]:
     a reader checkpoint, or an HF encoder directory. None means the defaults."""
     if init is None:
         return None, None
-    path = Path(init)
-    if not path.exists():
+    if not Path(init).exists():
         raise RalmError(f"{init}: no such run or model directory")
-    if final_dir(path).is_dir():
-        reader = next((str(p) for p in (final_dir(path, "reader"), final_dir(path, "encoder"))
-                       if (p / "config.json").is_file()), None)
-        retriever = str(final_dir(path, "retriever")) if is_retriever_dir(final_dir(path, "retriever")) else None
-        if reader is None and retriever is None:
-            raise RalmError(f"{init}: RUN/final holds neither a reader/encoder nor a retriever")
-        return reader, retriever
-    if is_retriever_dir(path):
-        return None, str(path)
-    if (path / "config.json").is_file():
-        return str(path), None
-    raise RalmError(f"{init}: not a run, a retriever checkpoint or a Hugging Face model directory")
+    retriever = find_model(init, "retriever", is_retriever_dir)
+    if not is_run(init):
+        if retriever is not None:
+            return None, str(retriever)
+        if is_model_dir(Path(init)):
+            return str(init), None
+        raise RalmError(f"{init}: not a run, a retriever checkpoint or a Hugging Face model directory")
+    reader = find_model(init, "reader", is_model_dir) or find_model(init, "encoder", is_model_dir)
+    if reader is None and retriever is None:
+        raise RalmError(f"{init}: RUN/final holds neither a reader/encoder nor a retriever")
+    return (str(reader) if reader else None), (str(retriever) if retriever else None)
 
 
 def load_reader(source: str | None, max_len: int, trainable_layers: int | None = None) -> Reader:
@@ -121,7 +115,7 @@ def load_reader(source: str | None, max_len: int, trainable_layers: int | None =
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
-def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int,
+def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int, *,
                      device: torch.device, env: DistEnv) -> tuple[torch.Tensor, np.ndarray]:
     """(logits [B, K] for p(z|x), block rows [B, K]). Dense: scores recomputed with gradients
     from the query tower against the fixed document embeddings; BM25: the BM25 scores."""
@@ -138,7 +132,7 @@ def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, question
         return torch.einsum("bd,bkd->bk", q, cand), rows
 
 
-def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray,
+def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray, *,
                     device: torch.device):
     """Reader inputs for every (question, retrieved block): batch, valid [N, L, W], match [N, L, W]."""
     blocks = searcher.current.blocks
@@ -163,57 +157,72 @@ class QAModel(torch.nn.Module):
     def forward(self, questions: list[Question], k: int) -> tuple[torch.Tensor, ...]:
         """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W]."""
         device = self.reader.device
-        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device, self.env)
-        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device)
+        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device=device,
+                                        env=self.env)
+        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device=device)
         scores = self.reader(batch)  # [B*K, L, W]
         shape = (len(questions), rows.shape[1], *scores.shape[1:])
         return logits, scores.view(shape), valid.view(shape), match.view(shape)
 
 
-def finetune(cfg: FinetuneConfig, out: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
-             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> FinetuneResult:
-    """Train (or resume) the run at `out`. Under torchrun every rank trains on its
-    `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run."""
-    questions = read_questions(cfg.questions)[: cfg.limit]  # a bad file fails before RUN is made
-    ctx = start_run(out, cfg, device, show_progress, notify)
-    env, device = ctx.env, ctx.device
+class FinetuneTrainer(QuestionTrainer):
+    name, config = "finetune", FinetuneConfig
+    plots = ("loss", "answerable")
 
-    reader_src, retriever_src = resolve_init(cfg.init)
-    searcher = Searcher.open(cfg.index, model=retriever_src, device=device, dtype=ctx.dtype)
-    dense = searcher.retriever is not None
-    embeddings = searcher.current.embeddings
-    reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(device)
-    train_query = dense and cfg.train_retriever
-    model = QAModel(reader, searcher, embeddings, env).to(device)
-    groups = [{"params": [p for p in reader.parameters() if p.requires_grad], "lr": cfg.lr}]
-    if train_query:
-        groups.append({"params": searcher.retriever.query.parameters(), "lr": cfg.retriever_lr})
-    elif dense:
-        searcher.retriever.requires_grad_(False)
-    if dense:
-        searcher.retriever.doc.requires_grad_(False)  # the index is fixed; the doc tower must match it
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
-    loop = TrainLoop(ctx, cfg, model, optimizer, scheduler)
-    count = AnswerableCount(**loop.resumed)
-    model.train()
-    if dense and not train_query:
-        searcher.retriever.eval()
+    def build(self) -> QAModel:
+        cfg, ctx = self.cfg, self.ctx
+        reader_src, retriever_src = resolve_init(cfg.init)
+        self.searcher = searcher = Searcher.open(cfg.index, model=retriever_src, device=ctx.device, dtype=ctx.dtype)
+        self.dense = searcher.retriever is not None
+        self.reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(ctx.device)
+        self.train_query = self.dense and cfg.train_retriever
+        return QAModel(self.reader, searcher, searcher.current.embeddings, ctx.env).to(ctx.device)
 
-    def step(i: int):
-        qs = [questions[int(j)] for j in rank_batch(i, cfg.batch_size, len(questions), cfg.seed, env)]
-        logits, scores, valid, match = loop.ddp(qs, cfg.k)
+    def optimizer(self, model: QAModel) -> torch.optim.Optimizer:
+        retriever = self.searcher.retriever
+        groups = [{"params": [p for p in self.reader.parameters() if p.requires_grad], "lr": self.cfg.lr}]
+        if self.train_query:
+            groups.append({"params": retriever.query.parameters(), "lr": self.cfg.retriever_lr})
+        elif self.dense:
+            retriever.requires_grad_(False)
+        if self.dense:
+            retriever.doc.requires_grad_(False)  # the index is fixed; the doc tower must match it
+        return torch.optim.AdamW(groups, weight_decay=0.01)
+
+    def schedule(self):
+        return warmup_linear_decay(self.cfg.steps, self.cfg.warmup)
+
+    def started(self) -> None:
+        self.count = AnswerableCount(**self.loop.resumed)
+        self.loop.model.train()
+        if self.dense and not self.train_query:
+            self.searcher.retriever.eval()
+
+    def step(self, i: int):
+        cfg, env, device = self.cfg, self.ctx.env, self.ctx.device
+        qs = [self.questions[int(j)] for j in rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)]
+        logits, scores, valid, match = self.loop.ddp(qs, cfg.k)
         with full_precision(device):  # the marginal likelihood outside autocast
             loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable
             mine = int(answerable.sum())
             loss, answerable_now = global_mean(loss * mine, mine, env)
-        count.add(len(qs) * env.world, answerable_now)
+        self.count.add(len(qs) * env.world, answerable_now)
         # with an answerable question anywhere, every rank backpropagates, even one without (zeros)
         return loss if answerable_now else None, {"loss": loss.item(), "answerable": answerable_now / (len(qs) * env.world)}
 
-    exports = {"reader": reader, **({"retriever": searcher.retriever} if dense else {})}
-    done = loop.run(step, "finetune", exports, plots=("loss", "answerable"),
-                    log_extra=lambda _: {"answerable_cumulative": count.share}, checkpoint_extra=lambda: asdict(count),
-                    on_metrics=on_metrics)
-    return FinetuneResult(**asdict(done), questions=len(questions), dense=dense, trained_query_tower=train_query,
-                          answerable_share=count.share, reader=str(final_dir(ctx.path, "reader")))
+    def exports(self):
+        return {"reader": self.reader, **({"retriever": self.searcher.retriever} if self.dense else {})}
+
+    def log_extra(self, record: dict) -> dict:
+        return {"answerable_cumulative": self.count.share}
+
+    def checkpoint_extra(self) -> dict:
+        return asdict(self.count)
+
+    def result(self, done: TrainResult) -> FinetuneResult:
+        return FinetuneResult(**asdict(done), questions=len(self.questions), dense=self.dense,
+                              trained_query_tower=self.train_query, answerable_share=self.count.share,
+                              reader=str(final_dir(self.ctx.path, "reader")))
+
+
+finetune = FinetuneTrainer.fit

@@ -3,7 +3,8 @@
 Both run train.loop's loop (checkpoints, resume, DDP under torchrun, metrics, plots) with AdamW
 (no weight decay on biases and norms) and a linear warm-up then cosine decay. The data order
 depends only on (seed, step), so a resumed run sees exactly the batches it would have seen.
-At the end the model is exported to RUN/model (a directory `load_lm` / `load_retro` read).
+The model is exported with every checkpoint to RUN/final/model (a directory `load_lm` /
+`load_retro` read), as every trainer exports to RUN/final.
 
 Examples are consecutive windows of the training text's token stream: seq_len + 1 tokens for
 the LM; for RETRO, max_len + 1 tokens starting on a chunk boundary, with the cached neighbours
@@ -14,40 +15,37 @@ from a trained LM with only its retrieval parts training (`retrofit`, the paper'
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar
+from dataclasses import KW_ONLY, asdict, dataclass
 
 import numpy as np
 import torch
 
-from ralm.configs import LIMIT_TOKENS_HELP, SAVE_EVERY_HELP, TEXT_HELP, WARMUP_HELP, option
+from ralm.configs import LIMIT_TOKENS_HELP, TEXT_HELP, option
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
 from ralm.retrieval.towers.loading import default_model_path
 from ralm.runtime import seed_everything
-from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_cosine
-from ralm.train.parallel import RunContext, main_first, rank_batch, start_run
+from ralm.train.loop import LoopConfig, TrainResult, warmup_cosine
+from ralm.train.parallel import main_first, rank_batch
+from ralm.train.trainer import Trainer
 
 
 @dataclass
-class OptimConfig(RunOptions):
+class OptimConfig(LoopConfig):
     """What both trainers share (flat in config.json, so steps/save_every/log_every may change on resume)."""
 
+    _: KW_ONLY  # after the LM's and RETRO's own fields
     steps: int = option(2000, "training steps")
     batch_size: int = option(16, "sequences per step and rank (under torchrun)")
-    limit_tokens: int | None = option(None, LIMIT_TOKENS_HELP)
     lr: float = option(1e-3, "peak learning rate (cosine decay after the warm-up)")
-    warmup: int = option(100, WARMUP_HELP)
+    limit_tokens: int | None = option(None, LIMIT_TOKENS_HELP)
     weight_decay: float = option(0.1, "AdamW weight decay (not on biases and norms)")
     grad_clip: float = option(1.0, "gradient-norm clipping")
-    save_every: int = option(200, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
-
-    def __post_init__(self):
-        check_options(self, positive=("grad_clip", "limit_tokens"), non_negative=("weight_decay",))
+    positive_fields = ("grad_clip", "limit_tokens")
+    non_negative_fields = ("weight_decay",)
+    presets = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
 
 @dataclass
@@ -96,88 +94,128 @@ def _window_batch(tokens: np.ndarray, idx: np.ndarray, seq: int, device: torch.d
     return torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(device)
 
 
-def _fit(ctx: RunContext, config: OptimConfig, model: torch.nn.Module,
-         loss_of_batch: Callable[[np.ndarray, torch.nn.Module], torch.Tensor], tokenizer, kind: str,
-         on_metrics: Callable[[dict], None] | None, *, examples: int, seq: int, tokens: int) -> LMTrainResult:
-    """Train `model` on `loss_of_batch(example indices, the model to call)`; exports RUN/model."""
-    model.to(ctx.device).train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.ndim >= 2]
-    rest = [p for p in trainable if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=config.lr, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(config.steps, config.warmup))
-    loop = TrainLoop(ctx, config, model, opt, sched, grad_clip=config.grad_clip)
+@dataclass
+class WithTokenizer:
+    """An LM's export: its model directory holds the tokenizer too."""
 
-    def step(i: int):
-        loss = loss_of_batch(rank_batch(i, config.batch_size, examples, config.seed, ctx.env), loop.ddp)
+    model: torch.nn.Module
+    tokenizer: object
+
+    def save_pretrained(self, out) -> None:
+        self.model.save_pretrained(out, self.tokenizer)
+
+
+class CausalLMTrainer(Trainer):
+    """What the LM and RETRO trainers share: AdamW without weight decay on biases and norms,
+    warm-up then cosine decay, RUN/final/model. A subclass reads the text (`build`, setting
+    `tokens`, `seq`, `examples` and `tokenizer`) and defines `loss(example indices, model to call)`."""
+
+    tokenizer: object
+    tokens: np.ndarray  # the training text's token stream
+    seq: int  # tokens per example (+1 for the targets)
+    examples: int  # windows of the token stream
+
+    def __init__(self, cfg: OptimConfig):
+        super().__init__(cfg)
+        self.grad_clip = cfg.grad_clip
+
+    def new_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        self.model = model.to(self.ctx.device).train()
+        return self.model
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self.trainable if p.ndim >= 2]
+        rest = [p for p in self.trainable if p.ndim < 2]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": self.cfg.weight_decay},
+                                  {"params": rest, "weight_decay": 0.0}], lr=self.cfg.lr, betas=(0.9, 0.95))
+
+    def schedule(self):
+        return warmup_cosine(self.cfg.steps, self.cfg.warmup)
+
+    def loss(self, idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, i: int):
+        loss = self.loss(rank_batch(i, self.cfg.batch_size, n=self.examples, seed=self.cfg.seed, env=self.ctx.env), self.loop.ddp)
         return loss, {"loss": loss.item()}
 
-    tokens_per_step = config.batch_size * ctx.env.world * seq
-    done = loop.run(step, kind, log_extra=lambda r: {"tokens_per_s": round(r["steps_per_s"] * tokens_per_step, 1)},
-                    on_metrics=on_metrics)
-    if ctx.env.is_main:
-        model.eval().save_pretrained(ctx.path / "model", tokenizer)
-    return LMTrainResult(**asdict(done), loss=round(loop.last.get("loss", math.nan), 4),
-                         parameters=sum(p.numel() for p in model.parameters()),
-                         trainable_parameters=sum(p.numel() for p in trainable), examples=examples, tokens=tokens)
+    def log_extra(self, record: dict) -> dict:
+        tokens_per_step = self.cfg.batch_size * self.ctx.env.world * self.seq
+        return {"tokens_per_s": round(record["steps_per_s"] * tokens_per_step, 1)}
+
+    def exports(self):
+        return {"model": WithTokenizer(self.model, self.tokenizer)}
+
+    def result(self, done: TrainResult) -> LMTrainResult:
+        return LMTrainResult(**asdict(done), loss=round(self.loop.last.get("loss", math.nan), 4),
+                             parameters=sum(p.numel() for p in self.model.parameters()),
+                             trainable_parameters=sum(p.numel() for p in self.trainable), examples=self.examples,
+                             tokens=len(self.tokens))
 
 
-def train_lm(config: LMTrainConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
-             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> LMTrainResult:
-    from transformers import AutoTokenizer
+class LMTrainer(CausalLMTrainer):
+    name, config = "lm", LMTrainConfig
 
-    ctx = start_run(run, config, device, show_progress, notify)
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or default_model_path(), use_fast=True)
-    if tokenizer.vocab_size > config.model.vocab_size:
-        raise RalmError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.model.vocab_size}")
-    tokens = tokenize_text(config.text, tokenizer, config.limit_tokens, ctx.show_progress).tokens
-    seq = config.model.max_len
-    n = _windows(tokens, seq, config.text)
-    seed_everything(config.seed)  # the same initial weights whatever reading the data drew
-    model = TransformerLM(config.model)
+    def build(self) -> TransformerLM:
+        from transformers import AutoTokenizer
 
-    def loss_of_batch(idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
-        x = _window_batch(tokens, idx, seq, ctx.device)
+        cfg = self.cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or default_model_path(), use_fast=True)
+        if self.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise RalmError(f"the tokenizer has {self.tokenizer.vocab_size} tokens but the model only {cfg.model.vocab_size}")
+        self.tokens = tokenize_text(cfg.text, self.tokenizer, cfg.limit_tokens, self.ctx.show_progress).tokens
+        self.seq = cfg.model.max_len
+        self.examples = _windows(self.tokens, self.seq, cfg.text)
+        seed_everything(cfg.seed)  # the same initial weights whatever reading the data drew
+        return self.new_model(TransformerLM(cfg.model))
+
+    def loss(self, idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        x = _window_batch(self.tokens, idx, self.seq, self.ctx.device)
         return lm_loss(net(x[:, :-1]), x[:, 1:])
 
-    return _fit(ctx, config, model, loss_of_batch, tokenizer, "lm", on_metrics, examples=n, seq=seq, tokens=len(tokens))
 
+class RetroTrainer(CausalLMTrainer):
+    name, config = "retro", RetroTrainConfig
 
-def train_retro(config: RetroTrainConfig, run: str | os.PathLike, device: torch.device | None = None,
-                show_progress: bool = True, notify: Callable[[str], None] | None = None,
-                on_metrics: Callable[[dict], None] | None = None) -> RetroTrainResult:
-    from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
+    def build(self) -> RetroLM:
+        from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
 
-    ctx = start_run(run, config, device, show_progress, notify)
-    db = ChunkDB(config.db, ctx.device)
-    cfg = config.model
-    if cfg.chunk_len != db.chunk_len:
-        raise RalmError(f"chunk_len {cfg.chunk_len} differs from the DB's chunk length {db.chunk_len}")
-    _, tokenizer = db.encoder()
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise RalmError(f"the DB's tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
-    stream: TokenStream = tokenize_text(config.text, tokenizer, config.limit_tokens, ctx.show_progress)
-    with main_first(ctx.env):  # rank 0 caches the neighbours in the DB, the others read them
-        neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=config.exclude_same_document,
-                                     show_progress=ctx.show_progress)
-    seq, chunks = cfg.max_len, cfg.max_len // cfg.chunk_len
-    n = _windows(stream.tokens, seq, config.text)
-    seed_everything(config.seed)  # the same initial weights whatever reading the data drew
-    model = RetroLM(cfg)
-    if config.retrofit:
-        lm, lm_tokenizer = load_lm(config.retrofit)
-        if not isinstance(lm, TransformerLM):
-            raise RalmError(f"{config.retrofit}: retrofit needs a model from `ralm lm train`")
-        if lm_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise RalmError(f"{config.retrofit}: the LM's tokenizer differs from the chunk DB's; neighbours would be other tokens to it")
-        retrofit(model, lm)
-    tokens, pad = stream.tokens, tokenizer.pad_token_id or 0
+        config, ctx = self.cfg, self.ctx
+        self.db = db = ChunkDB(config.db, ctx.device)
+        cfg = config.model
+        if cfg.chunk_len != db.chunk_len:
+            raise RalmError(f"chunk_len {cfg.chunk_len} differs from the DB's chunk length {db.chunk_len}")
+        _, self.tokenizer = db.encoder()
+        if self.tokenizer.vocab_size > cfg.vocab_size:
+            raise RalmError(f"the DB's tokenizer has {self.tokenizer.vocab_size} tokens but the model only {cfg.vocab_size}")
+        stream: TokenStream = tokenize_text(config.text, self.tokenizer, config.limit_tokens, ctx.show_progress)
+        with main_first(ctx.env):  # rank 0 caches the neighbours in the DB, the others read them
+            self.neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=config.exclude_same_document,
+                                              show_progress=ctx.show_progress)
+        self.tokens, self.seq, self.chunks = stream.tokens, cfg.max_len, cfg.max_len // cfg.chunk_len
+        self.examples = _windows(self.tokens, self.seq, config.text)
+        seed_everything(config.seed)  # the same initial weights whatever reading the data drew
+        model = RetroLM(cfg)
+        if config.retrofit:
+            lm, lm_tokenizer = load_lm(config.retrofit)
+            if not isinstance(lm, TransformerLM):
+                raise RalmError(f"{config.retrofit}: retrofit needs a model from `ralm lm train`")
+            if lm_tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                raise RalmError(f"{config.retrofit}: the LM's tokenizer differs from the chunk DB's; neighbours would be other "
+                                "tokens to it")
+            retrofit(model, lm)
+        return self.new_model(model)
 
-    def loss_of_batch(idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
-        x = _window_batch(tokens, idx, seq, ctx.device)
-        nb, mask = neighbour_batch(db, np.stack([neighbours[i * chunks : (i + 1) * chunks] for i in idx]), ctx.device, pad)
+    def loss(self, idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        x = _window_batch(self.tokens, idx, self.seq, self.ctx.device)
+        nb, mask = neighbour_batch(self.db, np.stack([self.neighbours[i * self.chunks : (i + 1) * self.chunks] for i in idx]),
+                                   self.ctx.device, self.tokenizer.pad_token_id or 0)
         return lm_loss(net(x[:, :-1], nb, mask), x[:, 1:])
 
-    done = _fit(ctx, config, model, loss_of_batch, tokenizer, "retro", on_metrics, examples=n, seq=seq, tokens=len(tokens))
-    return RetroTrainResult(**asdict(done), db_chunks=len(db))
+    def result(self, done: TrainResult) -> RetroTrainResult:
+        return RetroTrainResult(**asdict(super().result(done)), db_chunks=len(self.db))
+
+
+train_lm = LMTrainer.fit
+train_retro = RetroTrainer.fit

@@ -1,5 +1,6 @@
-"""The one training loop: a trainer builds its model, optimizer and learning-rate schedule, then
-hands `TrainLoop` a step function; the loop does everything around it, for every trainer alike:
+"""The one training loop and the config every trainer's extends (`LoopConfig`). `Trainer.fit`
+(train.trainer) builds a trainer's model, optimizer and learning-rate schedule and hands
+`TrainLoop` its step function; the loop does everything around it, for every trainer alike:
 
   resume        model, optimizer, schedule and torch RNG from RUN's newest checkpoint; under
                 torchrun the model is wrapped in DDP (every rank runs the loop, rank 0 writes)
@@ -28,14 +29,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
-from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SEED_HELP, ConfigError, option
+from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import DTYPES, autocast
@@ -43,62 +44,60 @@ from ralm.train.checkpoints import load_checkpoint, save_checkpoint
 from ralm.train.parallel import RunContext, all_mean, any_rank, wrap_ddp
 
 
-class LoopFields(Protocol):
-    """The fields every trainer config has, which the loop and `check_options` read."""
-
-    steps: int
-    batch_size: int  # per rank
-    lr: float
-    warmup: int  # steps of linear learning-rate warm-up
-    save_every: int
-    log_every: int
-    seed: int
-    dtype: str  # compute dtype (runtime.resolve_dtype); weights stay fp32
-
-
-# -- options --------------------------------------------------------------------------------
+# -- the loop's config ---------------------------------------------------------------------
 
 MAX_POSITIONS = 512  # the BERT-family encoders' position embeddings: no block or input is longer
 
 
 @dataclass(kw_only=True)
-class RunOptions:
-    """The fields every trainer config has with the same default (keyword-only, so each config
-    keeps its own required fields first)."""
+class LoopConfig:
+    """The fields every trainer config has, which the loop reads: a trainer config subclasses it
+    and adds its own fields (keyword-only here, so a config keeps its own required fields first).
+    A trainer whose default or help differs redeclares the field after `KW_ONLY`. Construction
+    checks the fields, the subclass's own too when it names them in `positive_fields`,
+    `non_negative_fields` and `fraction_fields` (in [0, 1])."""
 
+    steps: int = option(1000, "training steps")
+    batch_size: int = option(16, "examples per step and rank (under torchrun)")
+    lr: float = option(1e-4, "learning rate")
+    warmup: int = option(100, WARMUP_HELP)  # steps of linear learning-rate warm-up
+    save_every: int = option(200, SAVE_EVERY_HELP)
     log_every: int = option(10, LOG_EVERY_HELP)
     seed: int = option(0, SEED_HELP)
     dtype: str = option("auto", DTYPE_HELP)  # compute dtype (runtime.resolve_dtype); weights stay fp32
 
+    positive_fields: ClassVar[tuple[str, ...]] = ()
+    non_negative_fields: ClassVar[tuple[str, ...]] = ()
+    fraction_fields: ClassVar[tuple[str, ...]] = ()
+    presets: ClassVar[dict[str, dict]] = {}
 
-def check_options(cfg: LoopFields, positive: Iterable[str] = (), non_negative: Iterable[str] = (),
-                  fractions: Iterable[str] = ()) -> None:
-    """The checks every trainer config runs before anything loads: the loop's fields and the
-    trainer's own. A wrong sign is no typo to train through: a negative learning rate is gradient
-    ascent, a negative warm-up a silent no-op. `fractions` lie in [0, 1]. `None` means "not set"
-    and passes; NaN fails every check. Messages name the config field."""
-    def fail(name: str, what: str) -> None:
-        raise ConfigError(name, f"must be {what}, got {getattr(cfg, name)}")
+    def __post_init__(self):
+        """The checks every trainer config runs before anything loads: the loop's fields and the
+        trainer's own. A wrong sign is no typo to train through: a negative learning rate is
+        gradient ascent, a negative warm-up a silent no-op. `None` means "not set" and passes;
+        NaN fails every check. Messages name the config field."""
+        def fail(name: str, what: str) -> None:
+            raise ConfigError(name, f"must be {what}, got {getattr(self, name)}")
 
-    for name, value in vars(cfg).items():  # inf passes `> 0` and trains NaN weights
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(name, "a finite number")
-    for name in ("block_len", "max_len", "max_query_len"):
-        if isinstance(getattr(cfg, name, None), int) and getattr(cfg, name) > MAX_POSITIONS:
-            fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
-    for name in ("steps", "batch_size", "lr", "save_every", "log_every", *positive):
-        if getattr(cfg, name) is not None and not getattr(cfg, name) > 0:
-            fail(name, "positive")
-    for name in ("warmup", *non_negative):
-        if getattr(cfg, name) is not None and not getattr(cfg, name) >= 0:
-            fail(name, ">= 0")
-    for name in fractions:
-        if not 0 <= getattr(cfg, name) <= 1:
-            fail(name, "in [0, 1]")
-    if not isinstance(cfg.warmup, int):
-        fail("warmup", "a whole number of steps")
-    if cfg.dtype not in DTYPES:
-        fail("dtype", f"one of {', '.join(DTYPES)}")
+        for name, value in vars(self).items():  # inf passes `> 0` and trains NaN weights
+            if isinstance(value, float) and not math.isfinite(value):
+                fail(name, "a finite number")
+        for name in ("block_len", "max_len", "max_query_len"):
+            if isinstance(getattr(self, name, None), int) and getattr(self, name) > MAX_POSITIONS:
+                fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
+        for name in ("steps", "batch_size", "lr", "save_every", "log_every", *self.positive_fields):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                fail(name, "positive")
+        for name in ("warmup", *self.non_negative_fields):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                fail(name, ">= 0")
+        for name in self.fraction_fields:
+            if not 0 <= getattr(self, name) <= 1:
+                fail(name, "in [0, 1]")
+        if not isinstance(self.warmup, int):
+            fail("warmup", "a whole number of steps")
+        if self.dtype not in DTYPES:
+            fail("dtype", f"one of {', '.join(DTYPES)}")
 
 
 # -- learning-rate schedules (LambdaLR factors of the step) ------------------------------------
@@ -286,7 +285,7 @@ class TrainLoop:
     """Construct (resumes the run, wraps DDP: use `.ddp` for forward passes, `.resumed` for the
     checkpoint's extra state), then `run` a step function."""
 
-    def __init__(self, ctx: RunContext, cfg: LoopFields, model: nn.Module, optimizer: torch.optim.Optimizer,
+    def __init__(self, ctx: RunContext, cfg: LoopConfig, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, lr_names: Sequence[str] = ("lr",),
                  grad_clip: float = 1.0):
         self.ctx, self.cfg, self.model = ctx, cfg, model
@@ -300,7 +299,7 @@ class TrainLoop:
         self.ddp = wrap_ddp(model, ctx.env, ctx.device)  # broadcasts rank 0's weights (fresh heads, PCA)
         self.last: dict = {}  # the last logged record
 
-    def run(self, step: Step, kind: str, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
+    def run(self, step: Step, kind: str, *, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
             log_extra: Callable[[dict], dict] | None = None, checkpoint_extra: Callable[[], dict] | None = None,
             on_metrics: Callable[[dict], None] | None = None) -> TrainResult:
         """Train from `self.step` to cfg.steps. `kind` names the trainer (progress, trainer.json);
@@ -361,7 +360,7 @@ class TrainLoop:
         """Rank 0 writes the checkpoint (its path is returned there) and the exports."""
         path = None
         if self.ctx.env.is_main:
-            path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, self.scheduler,
+            path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, scheduler=self.scheduler,
                                    extra=checkpoint_extra() if checkpoint_extra else None)
             if exports:
                 export_final(self.ctx.path, self.step, kind, exports)

@@ -29,9 +29,7 @@ and `evidence_gain` (their difference, nats per masked wordpiece: > 0 when evide
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar
+from dataclasses import KW_ONLY, asdict, dataclass
 
 import numpy as np
 import torch
@@ -44,19 +42,16 @@ from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
-from ralm.train.loop import RunOptions, Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
-from ralm.train.parallel import global_mean, main_first, rank_batch, start_run
+from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
+from ralm.train.parallel import global_mean, main_first, rank_batch
+from ralm.train.trainer import Trainer
 
 
 @dataclass
-class MlmConfig(RunOptions):
+class MlmConfig(LoopConfig):
     corpus: str = option(help="the pre-training corpus: " + CORPUS_HELP, path="content")
     model: str = option("default", "HF BERT directory (with or without an MLM head)", shown="bundled MiniLM", path="location")
-    steps: int = option(300, "training steps, the head-only ones included")
     head_steps: int = option(100, "first steps that train the MLM head alone (the body frozen)")
-    batch_size: int = option(16, "masked sentences per step and rank (under torchrun)")
-    lr: float = option(1e-4, "learning rate")
-    warmup: int = option(30, WARMUP_HELP + " (in each phase)")
     masking: str = option("salient", MASKING_HELP)
     random_prob: float = option(0.15, "share of wordpieces masked by random masking")
     spacy_model: str = option(SentenceConfig.spacy_model, SPACY_HELP)
@@ -66,13 +61,18 @@ class MlmConfig(RunOptions):
     max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
     max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
     block_len: int = option(288, "wordpieces per block")
+    _: KW_ONLY
+    steps: int = option(300, "training steps, the head-only ones included")
+    batch_size: int = option(16, "masked sentences per step and rank (under torchrun)")
+    warmup: int = option(30, WARMUP_HELP + " (in each phase)")
     save_every: int = option(100, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 100, "head_steps": 30, "batch_size": 8, "warmup": 10,
-                                                  "save_every": 50}}
+    positive_fields = ("max_len", "max_query_len", "block_len")
+    non_negative_fields = ("head_steps",)
+    fraction_fields = ("random_prob", "evidence", "keep_sentence", "distractor")
+    presets = {"cpu": {"steps": 100, "head_steps": 30, "batch_size": 8, "warmup": 10, "save_every": 50}}
 
     def __post_init__(self):
-        check_options(self, positive=("max_len", "max_query_len", "block_len"), non_negative=("head_steps",),
-                      fractions=("random_prob", "evidence", "keep_sentence", "distractor"))
+        super().__post_init__()
         MaskingConfig(self.masking, self.random_prob)
         RealmConfig(1, self.max_len, self.max_query_len)
 
@@ -115,47 +115,55 @@ def distractor_evidence(blocks: BlockStore, table: SentenceTable, s: int, draw: 
     raise RalmError("distractor evidence needs a corpus of at least two documents")
 
 
-def _schedule(cfg: MlmConfig) -> list[Schedule]:
-    """Learning-rate multipliers for [head, body]: the body waits `head_steps`, then warms up."""
-    return [warmup_constant(cfg.warmup), delayed(warmup_constant(cfg.warmup), cfg.head_steps)]
+class MlmTrainer(Trainer):
+    """`corpus` passes blocks and sentences already prepared for cfg.corpus (pre-training's
+    own), else RUN/index gets them."""
 
+    name, config = "mlm", MlmConfig
+    plots = ("loss", "evidence_gain", "steps_per_s")
+    lr_names = ("head_lr", "body_lr")
 
-def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
-                    notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None,
-                    corpus: tuple[BlockStore, SentenceTable] | None = None) -> MlmResult:
-    """Train (or resume) the warm-up run at `run`; exports RUN/final/encoder. `corpus` passes
-    blocks and sentences already prepared for cfg.corpus (pre-training's own), else RUN/index
-    gets them."""
-    ctx = start_run(run, cfg, device, show_progress, notify)
-    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
-    encoder = KnowledgeAugmentedEncoder.from_pretrained(cfg.model)
-    if corpus is None:
-        with main_first(env):
-            index = IndexDir.create(run / "index", "dense")
-            _, *corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
-                                          hf_tokenizer=encoder.tokenizer, block_len=cfg.block_len, show_progress=show_progress,
-                                          cfg=SentenceConfig(cfg.spacy_model))
-    blocks, table = corpus
-    masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
-    examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
-    if len(examples) < cfg.batch_size * env.world:
-        raise RalmError(f"{cfg.corpus}: only {len(examples)} sentences to mask; need at least batch size x ranks "
-                        f"= {cfg.batch_size * env.world}" + (" (try random masking)" if cfg.masking == "salient" else ""))
-    model = EvidenceMLM(encoder, RealmConfig(1, cfg.max_len, cfg.max_query_len)).to(device)
-    body = list(encoder.mlm.bert.parameters())
-    body_ids = {id(p) for p in body}
-    head = [p for p in encoder.parameters() if id(p) not in body_ids]
-    opt = torch.optim.AdamW([{"params": head}, {"params": body}], lr=cfg.lr, weight_decay=0.01)
-    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg)),
-                     lr_names=("head_lr", "body_lr"))
-    mask_id = encoder.tokenizer.mask_token_id
-    model.train()
+    def __init__(self, cfg: MlmConfig, corpus: tuple[BlockStore, SentenceTable] | None = None):
+        super().__init__(cfg)
+        self.corpus = corpus
 
-    def step(i: int):
-        for p in body:  # phase 1 skips the body's backward pass altogether
+    def build(self) -> EvidenceMLM:
+        cfg, ctx = self.cfg, self.ctx
+        self.encoder = KnowledgeAugmentedEncoder.from_pretrained(cfg.model)
+        if self.corpus is None:
+            with main_first(ctx.env):
+                index = IndexDir.create(ctx.path / "index", "dense")
+                _, *self.corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
+                                                   hf_tokenizer=self.encoder.tokenizer, block_len=cfg.block_len,
+                                                   show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))
+        self.blocks, self.table = self.corpus
+        self.masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
+        self.examples = self.table.with_spans(self.masking.max_len) if cfg.masking == "salient" else np.arange(len(self.table))
+        if len(self.examples) < cfg.batch_size * ctx.env.world:
+            raise RalmError(f"{cfg.corpus}: only {len(self.examples)} sentences to mask; need at least batch size x ranks "
+                            f"= {cfg.batch_size * ctx.env.world}" + (" (try random masking)" if cfg.masking == "salient" else ""))
+        return EvidenceMLM(self.encoder, RealmConfig(1, cfg.max_len, cfg.max_query_len)).to(ctx.device)
+
+    def optimizer(self, model: EvidenceMLM) -> torch.optim.Optimizer:
+        self.body = list(self.encoder.mlm.bert.parameters())
+        body_ids = {id(p) for p in self.body}
+        head = [p for p in self.encoder.parameters() if id(p) not in body_ids]
+        return torch.optim.AdamW([{"params": head}, {"params": self.body}], lr=self.cfg.lr, weight_decay=0.01)
+
+    def schedule(self) -> list[Schedule]:
+        """Learning-rate multipliers for [head, body]: the body waits `head_steps`, then warms up."""
+        return [warmup_constant(self.cfg.warmup), delayed(warmup_constant(self.cfg.warmup), self.cfg.head_steps)]
+
+    def started(self) -> None:
+        self.loop.model.train()
+
+    def step(self, i: int):
+        cfg, env, blocks, table = self.cfg, self.ctx.env, self.blocks, self.table
+        for p in self.body:  # phase 1 skips the body's backward pass altogether
             p.requires_grad_(i >= cfg.head_steps)
-        idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, cfg=masking, mask_id=mask_id, seed=cfg.seed, step=i)
+        idx = self.examples[rank_batch(i, cfg.batch_size, n=len(self.examples), seed=cfg.seed, env=env)]
+        batch = masked_batch(table, blocks, idx, cfg=self.masking, mask_id=self.encoder.tokenizer.mask_token_id, seed=cfg.seed,
+                             step=i)
         # drawn per sentence and step, so a resumed run (and any number of ranks) reads the same
         draws = np.array([np.random.default_rng([cfg.seed, i, int(s), 1]).random(4) for s in idx])  # [B, 4]
         with_evidence, keep = draws[:, 0] < cfg.evidence, draws[:, 1] < cfg.keep_sentence
@@ -163,14 +171,21 @@ def warm_up_encoder(cfg: MlmConfig, run: str | os.PathLike, device: torch.device
         bodies = [own_block_evidence(blocks, table, int(s), bool(k)) if e
                   else distractor_evidence(blocks, table, int(s), d) if x else np.zeros(0, np.int64)
                   for s, e, k, x, d in zip(idx, with_evidence, keep, distract, draws[:, 3])]
-        nll, tokens = loop.ddp(batch, bodies)  # [B] each
+        nll, tokens = self.loop.ddp(batch, bodies)  # [B] each
         loss, _ = global_mean(nll.sum(), int(tokens.sum()), env)
         per_token = (nll / tokens).detach().cpu().numpy()
         return loss, {"loss": loss.item(),  # NaN: no such example in this step (the window's mean skips it)
                       "loss_evidence": float(per_token[with_evidence].mean()) if with_evidence.any() else np.nan,
                       "loss_no_evidence": float(per_token[~with_evidence].mean()) if (~with_evidence).any() else np.nan}
 
-    done = loop.run(step, "mlm", {"encoder": encoder}, plots=("loss", "evidence_gain", "steps_per_s"),
-                    log_extra=lambda r: {"evidence_gain": r["loss_no_evidence"] - r["loss_evidence"]},
-                    on_metrics=on_metrics)
-    return MlmResult(**asdict(done), examples=int(len(examples)), encoder=str(final_dir(run, "encoder")))
+    def exports(self):
+        return {"encoder": self.encoder}
+
+    def log_extra(self, record: dict) -> dict:
+        return {"evidence_gain": record["loss_no_evidence"] - record["loss_evidence"]}
+
+    def result(self, done: TrainResult) -> MlmResult:
+        return MlmResult(**asdict(done), examples=int(len(self.examples)), encoder=str(final_dir(self.ctx.path, "encoder")))
+
+
+warm_up_encoder = MlmTrainer.fit

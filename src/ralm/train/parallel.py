@@ -47,7 +47,7 @@ def rank_slice(batch_size: int, env: DistEnv) -> slice:
     return slice(env.rank * batch_size, (env.rank + 1) * batch_size)
 
 
-def rank_batch(step: int, batch_size: int, n: int, seed: int, env: DistEnv) -> np.ndarray:
+def rank_batch(step: int, batch_size: int, *, n: int, seed: int, env: DistEnv) -> np.ndarray:
     """Example indices of this rank's part of global batch `step` (batch_size per rank)."""
     return batch_indices(step, batch_size * env.world, n, seed)[rank_slice(batch_size, env)]
 
@@ -65,7 +65,7 @@ class RunContext:
     notify: Callable[[str], None]  # messages for the user, from rank 0 only
 
 
-def start_run(run, config, device: torch.device | None, show_progress: bool,
+def start_run(run, config, device: torch.device | None = None, *, show_progress: bool = True,
               notify: Callable[[str], None] | None = None) -> RunContext:
     """Every trainer's start, alone or under torchrun. Rank 0 creates RUN (or checks that its
     config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""

@@ -20,36 +20,35 @@ and RUN/final/encoder, a Hugging Face BertForMaskedLM):
 
 from __future__ import annotations
 
-import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable
 
 import numpy as np
 import torch
 
-from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, SPACY_HELP, WARMUP_HELP, ConfigError, option
+from ralm.configs import CORPUS_HELP, MASKING_HELP, SPACY_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
-from ralm.retrieval.towers.projection import init_projection
 from ralm.retrieval.index.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.search.searcher import load_version
 from ralm.retrieval.index.store import IndexDir, embeddings_file
-from ralm.rundir import final_dir, find_model
+from ralm.rundir import final_dir, find_model, is_model_dir
 from ralm.runtime import dtype_name
-from ralm.train.loop import RunOptions, Schedule, TrainLoop, TrainResult, check_options, delayed, warmup_constant
+from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
-from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries, start_run
+from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries
+from ralm.train.trainer import Trainer, start_projection
 
 REFRESH_MODES = ("async", "sync", "none")
 
 
 @dataclass
-class PretrainConfig(RunOptions):
+class PretrainConfig(LoopConfig):
     corpus: str = option(help="the pre-training corpus (also the retrieval corpus): " + CORPUS_HELP, path="content")
     init: str | None = option(None, "an ICT run (its final/retriever) or a retriever checkpoint to start both towers from",
                               path="location")
@@ -61,11 +60,7 @@ class PretrainConfig(RunOptions):
     index: str | None = option(None, "an existing dense index over the corpus to start from (else one is built in RUN/index)",
                                path="location")
     dim: int = option(128, "retrieval dimension of a fresh projection")
-    steps: int = option(1000, "training steps")
-    batch_size: int = option(8, "masked sentences per step and rank (under torchrun)")
     k: int = option(8, "retrieved blocks per example (the null document is added)", aliases=("-k",))
-    lr: float = option(5e-5, "the encoder's learning rate")
-    warmup: int = option(100, WARMUP_HELP)
     # The towers wait and then move slowly: a retriever trained at the encoder's rate against an
     # encoder still learning to read collapses onto near-empty blocks (docs/pretraining.md).
     retriever_warmup: int = option(200, "steps that train the encoder alone before the towers (it first learns to read evidence)")
@@ -80,13 +75,17 @@ class PretrainConfig(RunOptions):
     max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
     max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
     block_len: int = option(288, "wordpieces per evidence block (an index must have been built with the same)")
-    save_every: int = option(200, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "mlm_warmup": 60, "warmup": 20,
-                                                  "retriever_warmup": 40, "refresh_every": 50, "save_every": 50}}
+    _: KW_ONLY
+    batch_size: int = option(8, "masked sentences per step and rank (under torchrun)")
+    lr: float = option(5e-5, "the encoder's learning rate")
+    positive_fields = ("k", "refresh_every", "retriever_lr", "dim", "max_len", "max_query_len", "block_len")
+    non_negative_fields = ("retriever_warmup", "mlm_warmup")
+    fraction_fields = ("random_prob",)
+    presets = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "mlm_warmup": 60, "warmup": 20, "retriever_warmup": 40,
+                       "refresh_every": 50, "save_every": 50}}
 
     def __post_init__(self):
-        check_options(self, positive=("k", "refresh_every", "retriever_lr", "dim", "max_len", "max_query_len", "block_len"),
-                      non_negative=("retriever_warmup", "mlm_warmup"), fractions=("random_prob",))
+        super().__post_init__()
         if self.refresh not in REFRESH_MODES:
             raise ConfigError("refresh", f"must be one of {', '.join(REFRESH_MODES)}, got {self.refresh!r}")
         MaskingConfig(self.masking, self.random_prob)
@@ -117,10 +116,10 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
         return str(found)
     if cfg.index:
         src = IndexDir(cfg.index)
-        manifest = src.version_manifest(src.latest())
-        if "retriever" not in manifest:  # checked before any work: the run would start from its retriever
+        manifest = src.version(src.latest())
+        if manifest.retriever is None:  # checked before any work: the run would start from its retriever
             raise RalmError(f"index {cfg.index} is a {src.kind} index with no dense embeddings; pre-training needs a dense one")
-        return str(src.root / manifest["retriever"])
+        return str(src.root / manifest.retriever)
     return None
 
 
@@ -128,20 +127,20 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
     """Publish the latest version of another dense index over the same blocks as version 1
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
-    manifest = src.version_manifest(src.latest())
-    if "dense" not in manifest["sides"]:
+    manifest = src.version(src.latest())
+    if "dense" not in manifest.sides:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
-    if manifest["blocks"] != key:
+    if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
-    if manifest.get("faiss"):
+    if manifest.faiss:
         raise RalmError(f"{src_path} is a faiss index; pre-training searches exact embeddings")
-    rpath = index.root / manifest["retriever"]
+    rpath = index.root / manifest.retriever
     if not rpath.is_dir():
-        shutil.copytree(src.root / manifest["retriever"], rpath)
+        shutil.copytree(src.root / manifest.retriever, rpath)
 
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
-        return {**{k: v for k, v in manifest.items() if k not in ("version", "created", "faiss_params")},
+        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "faiss_params")},
                 "kind": "dense", "sides": ["dense"], "step": 0, "source": str(src.root)}
 
     return index.publish(write)
@@ -153,7 +152,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
     or `model`; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
     (resumed like the rest of the run), or REALM would start with an encoder that cannot read."""
     source = cfg.encoder or cfg.model
-    if cfg.encoder and (found := find_model(cfg.encoder, "encoder", lambda p: (p / "config.json").is_file())):
+    if cfg.encoder and (found := find_model(cfg.encoder, "encoder", is_model_dir)):
         source = str(found)
     encoder = KnowledgeAugmentedEncoder.from_pretrained(source)
     if not encoder.fresh_head:
@@ -169,7 +168,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
                      batch_size=2 * cfg.batch_size, masking=cfg.masking,
                      random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
-    summary = warm_up_encoder(warm, run / "mlm", device, show_progress, notify, corpus=(blocks, table))
+    summary = warm_up_encoder(warm, run / "mlm", device, show_progress=show_progress, notify=notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
 
 
@@ -177,7 +176,7 @@ class IndexInUse:
     """The index version pre-training searches, refreshed between steps as `refresh` says (see
     the module doc). Rank 0 builds the starting version and runs the async builder."""
 
-    def __init__(self, cfg: PretrainConfig, ctx: RunContext, index: IndexDir, key: str, blocks: BlockStore,
+    def __init__(self, cfg: PretrainConfig, ctx: RunContext, index: IndexDir, key: str, *, blocks: BlockStore,
                  retriever: Retriever, start: int):
         self.cfg, self.ctx, self.index, self.key, self.blocks, self.retriever = cfg, ctx, index, key, blocks, retriever
         self.start = start  # the step this process starts (or resumes) at
@@ -187,8 +186,7 @@ class IndexInUse:
                 _import_version(cfg.index, index, key)
             else:
                 publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
-                                   show_progress=ctx.show_progress,
-                                   dtype=ctx.dtype)
+                                   show_progress=ctx.show_progress, dtype=ctx.dtype)
         ctx.env.barrier()
         self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
         self.snapshots = Snapshots(ctx.path / "refresh")
@@ -213,8 +211,7 @@ class IndexInUse:
         if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
             if env.is_main:
                 publish_embeddings(self.index, self.retriever, blocks_key=self.key, blocks=self.blocks, step=step,
-                                   device=self.ctx.device,
-                                   dtype=self.ctx.dtype)
+                                   device=self.ctx.device, dtype=self.ctx.dtype)
             env.barrier()
         if cfg.refresh == "none":
             return
@@ -243,73 +240,88 @@ class IndexInUse:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _schedules(cfg: PretrainConfig) -> list[Schedule]:
-    """Learning-rate multipliers for [encoder, towers]. The towers may wait `retriever_warmup`
-    steps: an encoder whose MLM head starts fresh (MiniLM ships none) cannot yet use evidence,
-    so every retrieved block looks worse than the null document and, left to train from step 0,
-    the towers learn to rank near-empty blocks first, after which no evidence is ever read."""
-    return [warmup_constant(cfg.warmup), delayed(warmup_constant(cfg.warmup), cfg.retriever_warmup)]
+class PretrainTrainer(Trainer):
+    """Under torchrun every rank also searches its shard of the index; rank 0 refreshes the
+    index and runs the async builder."""
 
+    name, config = "realm", PretrainConfig
+    plots = ("loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top")
+    lr_names = ("lr", "retriever_lr")
+    in_use: IndexInUse | None = None
 
-# -- training -------------------------------------------------------------------------------
+    def build(self) -> Realm:
+        cfg, ctx = self.cfg, self.ctx
+        with main_first(ctx.env):
+            source = _retriever_source(cfg)
+            self.retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
+            self.index = IndexDir.create(ctx.path / "index", "dense")
+            self.key, self.blocks, self.table = corpus_sentences(self.index.blocks_dir, self.index.sentences_dir, cfg.corpus,
+                                                                 hf_tokenizer=self.retriever.tokenizer, block_len=cfg.block_len,
+                                                                 show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))
+        margin = trivial_margin(self.blocks.doc_index)
+        if len(self.blocks) < cfg.k + margin:
+            raise RalmError(f"{cfg.corpus}: {len(self.blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
+        self.masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
+        self.examples = self.table.with_spans(self.masking.max_len) if cfg.masking == "salient" else np.arange(len(self.table))
+        if len(self.examples) == 0:
+            raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try random masking")
+        encoder = _warm_encoder(cfg, ctx.path, ctx.device, ctx.show_progress, ctx.notify, self.blocks, self.table)
+        self.model = Realm(self.retriever, encoder, cfg.realm_config()).to(ctx.device)
+        start_projection(ctx, self.retriever, self.blocks, sample=1024)
+        return self.model
 
-def pretrain(cfg: PretrainConfig, run: str | os.PathLike, device: torch.device | None = None, show_progress: bool = True,
-             notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None) -> PretrainResult:
-    """Train (or resume) the run at `run`. Under torchrun every rank trains on its
-    `batch_size` share of a `batch_size x world` global batch and searches its shard of the
-    index; rank 0 writes the run, refreshes the index and runs the async builder."""
-    ctx = start_run(run, cfg, device, show_progress, notify)
-    run, env, device, show_progress = ctx.path, ctx.env, ctx.device, ctx.show_progress
-    with main_first(env):
-        source = _retriever_source(cfg)
-        retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
-        index = IndexDir.create(run / "index", "dense")
-        key, blocks, table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
-                                              hf_tokenizer=retriever.tokenizer, block_len=cfg.block_len,
-                                              show_progress=show_progress, cfg=SentenceConfig(cfg.spacy_model))
-    margin = trivial_margin(blocks.doc_index)
-    if len(blocks) < cfg.k + margin:
-        raise RalmError(f"{cfg.corpus}: {len(blocks)} blocks are too few for k = {cfg.k} (need at least {cfg.k + margin})")
-    masking = MaskingConfig(cfg.masking, cfg.random_prob, max_len=cfg.max_query_len - 2)
-    examples = table.with_spans(masking.max_len) if cfg.masking == "salient" else np.arange(len(table))
-    if len(examples) == 0:
-        raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try random masking")
-    encoder = _warm_encoder(cfg, run, device, show_progress, ctx.notify, blocks, table)
+    def optimizer(self, model: Realm) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([{"params": model.encoder.parameters()},
+                                  {"params": model.retriever.parameters(), "lr": self.cfg.retriever_lr or self.cfg.lr}],
+                                 lr=self.cfg.lr, weight_decay=0.01)
 
-    model = Realm(retriever, encoder, cfg.realm_config()).to(device)
-    if env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
-        init_projection(retriever, blocks, device=device, sample=1024, show_progress=show_progress, dtype=ctx.dtype)
-    retriever.cfg.projection_ready = True
-    opt = torch.optim.AdamW([{"params": model.encoder.parameters()},
-                             {"params": model.retriever.parameters(), "lr": cfg.retriever_lr or cfg.lr}],
-                            lr=cfg.lr, weight_decay=0.01)
-    loop = TrainLoop(ctx, cfg, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, _schedules(cfg)),
-                     lr_names=("lr", "retriever_lr"))
-    in_use = IndexInUse(cfg, ctx, index, key, blocks, retriever, start=loop.step)
-    mask_id = retriever.tokenizer.mask_token_id
-    model.train()
+    def schedule(self) -> list[Schedule]:
+        """Learning-rate multipliers for [encoder, towers]. The towers may wait `retriever_warmup`
+        steps: an encoder whose MLM head starts fresh (MiniLM ships none) cannot yet use evidence,
+        so every retrieved block looks worse than the null document and, left to train from step 0,
+        the towers learn to rank near-empty blocks first, after which no evidence is ever read."""
+        return [warmup_constant(self.cfg.warmup), delayed(warmup_constant(self.cfg.warmup), self.cfg.retriever_warmup)]
 
-    def step(i: int):
+    def started(self) -> None:
+        self.in_use = IndexInUse(self.cfg, self.ctx, self.index, self.key, blocks=self.blocks, retriever=self.retriever,
+                                 start=self.loop.step)
+        self.model.train()
+
+    def step(self, i: int):
+        cfg, in_use, blocks = self.cfg, self.in_use, self.blocks
         in_use.before_step(i)
-        idx = examples[rank_batch(i, cfg.batch_size, len(examples), cfg.seed, env)]
-        batch = masked_batch(table, blocks, idx, cfg=masking, mask_id=mask_id, seed=cfg.seed, step=i)
-        out = loop.ddp(batch, blocks, in_use.search)
-        loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), env)  # per masked wordpiece, all ranks
+        idx = self.examples[rank_batch(i, cfg.batch_size, n=len(self.examples), seed=cfg.seed, env=self.ctx.env)]
+        batch = masked_batch(self.table, blocks, idx, cfg=self.masking, mask_id=self.retriever.tokenizer.mask_token_id,
+                             seed=cfg.seed, step=i)
+        out = self.loop.ddp(batch, blocks, in_use.search)
+        loss, _ = global_mean(out.nll.sum(), int(out.tokens.sum()), self.ctx.env)  # per masked wordpiece, all ranks
         return loss, {"loss": loss.item(), "retrieval_utility": out.utility.mean().item(),
                       "p_null": out.log_pz[:, -1].exp().mean().item(),
                       "span_in_top": float(span_in_top_block(batch, blocks, out.rows, out.log_pz).mean()),
                       "staleness": i - in_use.built_at}
 
-    try:
-        done = loop.run(step, "realm", {"retriever": model.retriever, "encoder": model.encoder},
-                        plots=("loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top"),
-                        log_extra=in_use.fields, on_metrics=on_metrics,
-                        checkpoint_extra=lambda: {"realm": asdict(model.cfg), "retriever": asdict(retriever.cfg),
-                                                  "index_version": in_use.version.name})
-    finally:
-        in_use.close()
-    versions = [index.version_manifest(v) for v in index.versions()]
-    return PretrainResult(**asdict(done), examples=int(len(examples)), blocks=len(blocks), index_version=in_use.version.name,
-                          refreshes_kept=[{"version": v["version"], "step": v.get("step"), "seconds": v.get("seconds")}
-                                          for v in versions],
-                          retriever=str(final_dir(run, "retriever")), encoder=str(final_dir(run, "encoder")))
+    def exports(self):
+        return {"retriever": self.model.retriever, "encoder": self.model.encoder}
+
+    def log_extra(self, record: dict) -> dict:
+        return self.in_use.fields(record)
+
+    def checkpoint_extra(self) -> dict:
+        return {"realm": asdict(self.model.cfg), "retriever": asdict(self.retriever.cfg),
+                "index_version": self.in_use.version.name}
+
+    def close(self) -> None:
+        if self.in_use is not None:
+            self.in_use.close()
+
+    def result(self, done: TrainResult) -> PretrainResult:
+        versions = [self.index.version(v) for v in self.index.versions()]
+        return PretrainResult(**asdict(done), examples=int(len(self.examples)), blocks=len(self.blocks),
+                              index_version=self.in_use.version.name,
+                              refreshes_kept=[{"version": v.version, "step": v.step, "seconds": v.seconds}
+                                              for v in versions],
+                              retriever=str(final_dir(self.ctx.path, "retriever")),
+                              encoder=str(final_dir(self.ctx.path, "encoder")))
+
+
+pretrain = PretrainTrainer.fit

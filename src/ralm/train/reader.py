@@ -25,27 +25,27 @@ loss.png, span_accuracy.png, RUN/final/reader.
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar, Sequence
+from dataclasses import KW_ONLY, asdict, dataclass
+from typing import Sequence
 
 import torch
 
 from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
-from ralm.data.qa import Question, answer_occurrences, read_questions
+from ralm.data.qa import Question, answer_occurrences
 from ralm.errors import RalmError
 from ralm.models.reader import NEG, Reader, ReaderBatch, shared_nll, valid_spans
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
-from ralm.train.loop import RunOptions, TrainLoop, TrainResult, check_options, warmup_linear_decay
-from ralm.train.parallel import global_mean, rank_batch, start_run
+from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
+from ralm.train.parallel import global_mean, rank_batch
+from ralm.train.trainer import QuestionTrainer
 
 
 @dataclass
-class ReaderTrainConfig(RunOptions):
+class ReaderTrainConfig(LoopConfig):
     questions: str = option(help="JSONL {id, question, answers} + the passage: 'context', or 'doc_id' with corpus", path="content")
     corpus: str | None = option(None, "the corpus the questions' doc_id refer to (else each question carries a 'context')",
                                 path="content")
@@ -53,19 +53,18 @@ class ReaderTrainConfig(RunOptions):
     index: str | None = option(None, "index to retrieve distractor blocks from", shown="none: gold passages only",
                                path="location")
     distractors: int = option(3, "retrieved blocks of other documents read per question (with index)")
-    steps: int = option(5000, "training steps")
-    batch_size: int = option(32, "questions per step and rank (under torchrun)")
-    lr: float = option(1e-4, "learning rate")
-    warmup: int = option(500, WARMUP_HELP + " (then linear decay to 0)")
     max_len: int = option(384, "reader input length: [CLS] question [SEP] window [SEP] (a reader given as init is read at it too)")
     stride: int = option(128, "wordpieces between the starts of a passage's windows")
     trainable_layers: int | None = option(None, "train only the top N layers", shown="all")
     limit: int | None = option(None, LIMIT_HELP)
+    _: KW_ONLY
+    steps: int = option(5000, "training steps")
+    batch_size: int = option(32, "questions per step and rank (under torchrun)")
+    warmup: int = option(500, WARMUP_HELP + " (then linear decay to 0)")
     save_every: int = option(500, SAVE_EVERY_HELP)
-    presets: ClassVar[dict[str, dict]] = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
-
-    def __post_init__(self):
-        check_options(self, positive=("max_len", "stride", "limit"), non_negative=("trainable_layers", "distractors"))
+    positive_fields = ("max_len", "stride", "limit")
+    non_negative_fields = ("trainable_layers", "distractors")
+    presets = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
 
 @dataclass
@@ -138,7 +137,7 @@ def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[S
     return batch, match, torch.tensor([pairs[o][0] for o in owner])
 
 
-def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor,
+def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor, *,
                  questions: int) -> torch.Tensor:
     """[B] bool: the highest-scoring valid span over all windows read for each question is a gold span."""
     flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
@@ -149,31 +148,36 @@ def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
     return hit[top]
 
 
-def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.device | None = None,
-                 show_progress: bool = True, notify: Callable[[str], None] | None = None,
-                 on_metrics: Callable[[dict], None] | None = None) -> ReaderTrainResult:
-    """Train (or resume) the run at `out`. Under torchrun every rank reads its `batch_size`
-    share of a `batch_size x world` global batch of questions."""
-    questions = read_questions(cfg.questions)[: cfg.limit]  # bad files fail before RUN is made
-    passages = gold_passages(questions, cfg.questions, cfg.corpus)
-    ctx = start_run(out, cfg, device, show_progress, notify)
-    env, device = ctx.env, ctx.device
-    searcher = Searcher.open(cfg.index, device=device, dtype=ctx.dtype) if cfg.index else None
-    reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(device)
-    optimizer = torch.optim.AdamW([p for p in reader.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.steps, cfg.warmup))
-    loop = TrainLoop(ctx, cfg, reader, optimizer, scheduler)
-    count = AnswerableCount(**loop.resumed)
-    reader.train()
-    width = reader.cfg.max_span_width
+class ReaderTrainer(QuestionTrainer):
+    name, config = "reader", ReaderTrainConfig
+    plots = ("loss", "span_accuracy")
 
-    def step(i: int):
-        idx = rank_batch(i, cfg.batch_size, len(questions), cfg.seed, env)
-        qs = [questions[j] for j in idx]
-        distractors = retrieve_distractors(searcher, qs, cfg.distractors) if searcher else [[] for _ in qs]
-        batch, match, question = read_inputs(reader, qs, [[passages[j], *d] for j, d in zip(idx, distractors)], cfg.stride)
+    def __init__(self, cfg: ReaderTrainConfig):
+        super().__init__(cfg)
+        self.passages = gold_passages(self.questions, cfg.questions, cfg.corpus)  # bad files fail before RUN is made
+
+    def build(self) -> Reader:
+        cfg, ctx = self.cfg, self.ctx
+        self.searcher = Searcher.open(cfg.index, device=ctx.device, dtype=ctx.dtype) if cfg.index else None
+        self.reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(ctx.device)
+        return self.reader
+
+    def schedule(self):
+        return warmup_linear_decay(self.cfg.steps, self.cfg.warmup)
+
+    def started(self) -> None:
+        self.count = AnswerableCount(**self.loop.resumed)
+        self.reader.train()
+
+    def step(self, i: int):
+        cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
+        idx = rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)
+        qs = [self.questions[j] for j in idx]
+        distractors = retrieve_distractors(self.searcher, qs, cfg.distractors) if self.searcher else [[] for _ in qs]
+        texts = [[self.passages[j], *d] for j, d in zip(idx, distractors)]
+        batch, match, question = read_inputs(self.reader, qs, texts, cfg.stride)
         batch, match, question = batch.to(device), match.to(device), question.to(device)
-        scores = loop.ddp(batch)  # [N, L, W]
+        scores = self.loop.ddp(batch)  # [N, L, W]
         with full_precision(device):
             valid = valid_spans(batch, width)
             loss, labelled = shared_nll(scores, valid, match, log_pz=torch.zeros(len(match), device=device),
@@ -181,13 +185,21 @@ def train_reader(cfg: ReaderTrainConfig, out: str | os.PathLike, device: torch.d
             mine = int(labelled.sum())
             loss, labelled_now = global_mean(loss * mine, mine, env)
             with torch.no_grad():
-                hit = best_is_gold(scores.detach(), valid, match, question, len(qs))[labelled]
-        count.add(len(idx) * env.world, labelled_now)
+                hit = best_is_gold(scores.detach(), valid, match, question, questions=len(qs))[labelled]
+        self.count.add(len(idx) * env.world, labelled_now)
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if mine else 0.0,
             "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match))}
 
-    done = loop.run(step, "reader", {"reader": reader}, plots=("loss", "span_accuracy"),
-                    checkpoint_extra=lambda: asdict(count), on_metrics=on_metrics)
-    return ReaderTrainResult(**asdict(done), questions=len(questions), answerable_share=count.share,
-                             reader=str(final_dir(ctx.path, "reader")))
+    def exports(self):
+        return {"reader": self.reader}
+
+    def checkpoint_extra(self) -> dict:
+        return asdict(self.count)
+
+    def result(self, done: TrainResult) -> ReaderTrainResult:
+        return ReaderTrainResult(**asdict(done), questions=len(self.questions), answerable_share=self.count.share,
+                                 reader=str(final_dir(self.ctx.path, "reader")))
+
+
+train_reader = ReaderTrainer.fit

@@ -68,9 +68,11 @@ def _prune_retrievers(index: IndexDir) -> None:
     used = set()
     for name in index.versions():
         try:
-            used.add(Path(index.version_manifest(name)["retriever"]).name)
-        except (OSError, KeyError, ValueError):
+            retriever = index.version(name).retriever
+        except (OSError, RalmError):
             continue  # pruned by a concurrent publisher meanwhile
+        if retriever is not None:
+            used.add(Path(retriever).name)
     root = index.root / "retriever"
     for path in root.iterdir() if root.is_dir() else []:
         if path.is_dir() and not path.name.startswith(".") and path.name not in used:
@@ -122,7 +124,8 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
     record per version."""
     index = IndexDir(index_path)
     snaps = Snapshots(snapshots)
-    done_step = index.version_manifest(index.latest()).get("step", -1) if (index.root / "LATEST").is_file() else -1
+    built_at = index.version(index.latest()).step if (index.root / "LATEST").is_file() else None
+    done_step = -1 if built_at is None else built_at
     published = 0
     while _alive(parent_pid) and (max_versions is None or published < max_versions):
         latest = snaps.latest()
@@ -137,7 +140,7 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
                 log({"event": "skipped", "snapshot": str(path), "error": str(e)})
             time.sleep(poll_s)
             continue
-        key = index.version_manifest(index.latest())["blocks"]
+        key = index.version(index.latest()).blocks
         start = time.perf_counter()
         name = publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, device=device,
                                   batch_size=batch_size, dtype=dtype)

@@ -6,7 +6,8 @@ version is being written (by `ralm index build` or the pre-training refresher).
   DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
   DIR/corpus/<sha>.jsonl    documents given in memory to build_index, saved as a corpus file
-  DIR/versions/v000007/     manifest.json + each side's files: embeddings.npy [+ faiss.index]
+  DIR/versions/v000007/     manifest.json (`VersionManifest`, validated when read and when
+                            published) + each side's files: embeddings.npy [+ faiss.index]
                             (dense), bm25/ (BM25); retrieval/index/kinds.py lists the sides
   DIR/LATEST                name of the newest complete version (replaced atomically)
   DIR/updates.jsonl         live document updates, replayed over every side (search/update_log.py)
@@ -23,8 +24,9 @@ import os
 import re
 import shutil
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -37,6 +39,73 @@ from ralm.retrieval.index.verify import FILES, inventory, used_folders
 FORMAT = "ralm.index/2"
 OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
 _VERSION = re.compile(r"^v(\d{6})$")
+
+
+@dataclass(frozen=True)
+class VersionManifest:
+    """versions/vN/manifest.json: what one published version holds, read, validated and written
+    by itself (`IndexDir.version`, `IndexDir.publish`). The build records the common fields,
+    the dense side its own; whatever else a side records is kept in `extra`, as is the file
+    inventory (verify.py). A version written before `sides` existed holds its index's kind."""
+
+    version: str
+    sides: tuple[str, ...]  # retrieval/index/kinds.py
+    count: int  # blocks
+    blocks: str  # the key of its block store, DIR/blocks/<key>
+    created: float | None = None  # time.time() at publishing
+    corpus: str | None = None  # the fingerprint of the corpus its blocks came from
+    dim: int | None = None  # the dense side: embedding dimension,
+    retriever: str | None = None  # the retriever that embedded it (DIR-relative),
+    doc_fingerprint: str | None = None  # its document tower,
+    dtype: str | None = None  # the compute dtype it embedded in,
+    faiss: str | None = None  # and its faiss index spec, if any
+    faiss_params: dict = field(default_factory=dict)
+    step: int | None = None  # a pre-training refresh: the step of the towers
+    seconds: float | None = None  # and how long it took
+    extra: dict = field(default_factory=dict)
+
+    TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
+        "version": (str,), "count": (int,), "blocks": (str,), "created": (int, float), "corpus": (str,), "dim": (int,),
+        "retriever": (str,), "doc_fingerprint": (str,), "dtype": (str,), "faiss": (str,), "faiss_params": (dict,),
+        "step": (int,), "seconds": (int, float)}
+    DENSE: ClassVar[tuple[str, ...]] = ("dim", "retriever", "doc_fingerprint")  # what a dense side must record
+
+    @classmethod
+    def from_json(cls, raw: dict, where: str | os.PathLike, sides: tuple[str, ...] = ()) -> VersionManifest:
+        """Validated fields of `raw` (`sides`: what a version without the field holds)."""
+        def fail(name: str, what: str) -> None:
+            raise RalmError(f"{where}: {name!r} must be {what}, got {raw.get(name)!r}; the index is damaged: rebuild it")
+
+        held = raw.get("sides", list(sides))
+        if not isinstance(held, list) or not held or not all(isinstance(s, str) for s in held):
+            fail("sides", "a list of side names")
+        for name in ("version", "count", "blocks", *(cls.DENSE if "dense" in held else ())):
+            if raw.get(name) is None:
+                fail(name, "present")
+        for name, types in cls.TYPES.items():
+            value = raw.get(name)
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+                fail(name, " or ".join(t.__name__ for t in types))
+        if not _VERSION.match(raw["version"]):
+            fail("version", "a version name like v000001")
+        if raw["count"] < 0 or (raw.get("dim") is not None and raw["dim"] <= 0):
+            fail("count" if raw["count"] < 0 else "dim", "positive")
+        known = {f.name for f in fields(cls)} - {"sides", "extra"}
+        return cls(sides=tuple(held), **{k: v for k, v in raw.items() if k in known},
+                   extra={k: v for k, v in raw.items() if k not in known and k != "sides"})
+
+    def to_json(self) -> dict:
+        """The manifest.json object (unset fields left out)."""
+        typed = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sides", "extra")}
+        return {**self.extra, **{k: v for k, v in typed.items() if v not in (None, {})}, "sides": list(self.sides)}
+
+    @classmethod
+    def read(cls, version_dir: Path, sides: tuple[str, ...] = ()) -> VersionManifest:
+        return cls.from_json(read_json(manifest_file(version_dir)), manifest_file(version_dir), sides)
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.sides)
 
 
 def embeddings_file(version_dir: Path) -> Path:
@@ -112,18 +181,21 @@ class IndexDir:
     def version_path(self, name: str) -> Path:
         return self.root / "versions" / name
 
+    def version(self, name: str) -> VersionManifest:
+        """Version `name`'s manifest, validated (one from before "sides": its kind's sides)."""
+        path = self.version_path(name)
+        raw = read_json(manifest_file(path))
+        return VersionManifest.from_json(raw, manifest_file(path), sides_of(raw.get("kind", self.kind)))
+
     def version_manifest(self, name: str) -> dict:
-        """Version `name`'s manifest; "sides" lists what it holds (older versions: their kind)."""
-        m = read_json(manifest_file(self.version_path(name)))
-        if "sides" not in m:
-            m["sides"] = list(sides_of(m.get("kind", self.kind)))
-        return m
+        """Version `name`'s manifest as its JSON object, validated; "sides" lists what it holds."""
+        return self.version(name).to_json()
 
     def summary(self, name: str) -> dict:
         """What a build reports of version `name`."""
-        m = self.version_manifest(name)
-        return {"index": str(self.root), "version": name, "retriever": kind_of(m["sides"]), "blocks": m["count"],
-                "dim": m.get("dim"), "faiss": m.get("faiss"), "dtype": m.get("dtype")}
+        m = self.version(name)
+        return {"index": str(self.root), "version": name, "retriever": m.kind, "blocks": m.count, "dim": m.dim,
+                "faiss": m.faiss, "dtype": m.dtype}
 
     def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:
         """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
@@ -147,8 +219,9 @@ class IndexDir:
             while True:
                 existing = self.versions()
                 name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
-                manifest = {**manifest, "version": name, "created": time.time()}
-                manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
+                checked = VersionManifest.from_json({**manifest, "version": name, "created": time.time()}, tmp,
+                                                    sides_of(manifest.get("kind", self.kind)))
+                manifest_file(tmp).write_text(json.dumps(checked.to_json(), indent=2) + "\n")
                 try:
                     os.rename(tmp, vdir / name)  # fails if a concurrent publisher took the name
                     break

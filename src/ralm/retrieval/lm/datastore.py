@@ -26,6 +26,7 @@ from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.rundir import find_model, is_model_dir
 
 FORMAT = "ralm.knnlm-store/1"
 FLAT_MAX = 1_000_000  # above this many keys the automatic index is IVF-PQ
@@ -33,8 +34,7 @@ FLAT_MAX = 1_000_000  # above this many keys the automatic index is IVF-PQ
 
 def model_fingerprint(path: str | os.PathLike) -> str:
     """sha256 of a model directory's config and weights (what a datastore's keys depend on)."""
-    path = Path(path)
-    path = path / "model" if (path / "model" / "config.json").is_file() else path
+    path = find_model(path, "model", is_model_dir) or Path(path)
     h = hashlib.sha256()
     for f in sorted(p for p in path.iterdir() if p.suffix in (".json", ".safetensors", ".bin") and "token" not in p.name):
         h.update(f.name.encode() + f.read_bytes())
