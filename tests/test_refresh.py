@@ -63,8 +63,8 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert searcher.refresh() and searcher.current.name != before
     manifest = searcher.current.manifest
-    assert manifest["step"] == 7 and manifest["seconds"] > 0
-    assert manifest["doc_fingerprint"] == retriever.doc_fingerprint()
+    assert manifest.step == 7 and manifest.seconds > 0
+    assert manifest.doc_fingerprint == retriever.doc_fingerprint()
     _assert_embeddings(searcher.current, _expected(retriever, index, tmp_path))
     # the published version is searchable on its own, with the retriever saved beside it
     hits = Searcher.open(index.root).search(["capital of Japan"], 2)[0]
@@ -111,7 +111,7 @@ def test_concurrent_reader_never_sees_a_partial_version(index, tmp_path):
         done = writer.poll() is not None
         searcher.refresh()  # what the trainer does between steps
         _assert_embeddings(searcher.current, expected)  # a half-written file has rows of zeros
-        seen.add(searcher.current.manifest.get("step"))
+        seen.add(searcher.current.manifest.step)
         checks += 1
         if done:
             break

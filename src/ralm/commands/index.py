@@ -68,12 +68,12 @@ def index_check(
     latest = index.latest()
     versions = []
     for name in index.versions():
-        manifest = index.version_manifest(name)
-        checked = check_full(index.version_path(name), manifest)
-        if len(index.blocks(str(manifest.get("blocks")))) != manifest.get("count"):
+        manifest = index.version(name)
+        checked = check_full(index.version_path(name), manifest.to_json())
+        if len(index.blocks(manifest.blocks)) != manifest.count:
             raise RalmError(f"{index.version_path(name)}: its entry count differs from its block store's; "
                             "the index is damaged: rebuild it")
-        versions.append({"version": name, "files": checked, "verified": FILES in manifest})
+        versions.append({"version": name, "files": checked, "verified": FILES in manifest.extra})
     unverified = [v["version"] for v in versions if not v["verified"]]
     summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "

@@ -51,4 +51,4 @@ def warn_if_no_answer_retrieved(hits: Sequence[Sequence[bool]], searcher, k: int
     if hits and not any(map(any, hits)):
         warnings.warn(RalmWarning(
             f"no question has an answer in its top-{min(k, len(searcher.current.blocks))} passages: is {searcher.index.root} an index of the "
-            f"corpus these questions come from? It indexes {searcher.current.manifest.get('corpus')}"), stacklevel=2)
+            f"corpus these questions come from? It indexes {searcher.current.manifest.corpus}"), stacklevel=2)

@@ -200,7 +200,7 @@ class IndexInUse:
     @property
     def built_at(self) -> int:
         """The step of the towers that embedded the version in use."""
-        return self.version.manifest.get("step", 0)
+        return self.version.manifest.step or 0
 
     def before_step(self, step: int) -> None:
         """Hand the builder the towers after `step` updates, or refresh in this process; then
@@ -220,7 +220,7 @@ class IndexInUse:
         if name != self.version.name:
             self.version = load_version(self.index, name, device=self.ctx.device, dtype=self.ctx.dtype)
             m = self.version.manifest
-            self.ctx.notify(f"step {step}: index {name} (built at step {m.get('step')}, {m.get('seconds')} s)")
+            self.ctx.notify(f"step {step}: index {name} (built at step {m.step}, {m.seconds} s)")
 
     def search(self, queries: torch.Tensor, k: int) -> np.ndarray:
         """Block rows [B, k] of this rank's queries [B, D]."""
@@ -228,7 +228,7 @@ class IndexInUse:
 
     def fields(self, _record: dict) -> dict:
         """What a metrics record says of the index."""
-        return {"index_version": self.version.name, "index_step": self.built_at, "refresh_s": self.version.manifest.get("seconds")}
+        return {"index_version": self.version.name, "index_step": self.built_at, "refresh_s": self.version.manifest.seconds}
 
     def close(self) -> None:
         """Stop the builder and remove the version it was writing."""

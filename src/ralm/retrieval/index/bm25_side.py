@@ -17,7 +17,7 @@ from ralm.data.blocks import BlockStore
 from ralm.progress import track
 from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, tokens_of
 from ralm.retrieval.index.kinds import BuildContext
-from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.store import IndexDir, VersionManifest
 
 FOLDER = "bm25"
 log = logging.getLogger("ralm.live")
@@ -62,13 +62,13 @@ class BM25Side:
         return sorted(p for p in (version_dir / FOLDER).rglob("*") if p.is_file())
 
     @classmethod
-    def query_model(cls, index: IndexDir, manifest: dict, model: str | None, device: torch.device) -> None:
+    def query_model(cls, index: IndexDir, manifest: VersionManifest, model: str | None, device: torch.device) -> None:
         return None
 
     @classmethod
-    def load(cls, index: IndexDir, name: str, manifest: dict, *, model: None, device: torch.device, dtype: torch.dtype,
+    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: None, device: torch.device, dtype: torch.dtype,
              check_model: bool) -> "BM25Side":
-        return cls(BM25Index.load(index.version_path(name) / FOLDER, manifest["count"]), index.blocks(manifest["blocks"]))
+        return cls(BM25Index.load(index.version_path(name) / FOLDER, manifest.count), index.blocks(manifest.blocks))
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""

@@ -104,18 +104,18 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
     store (BM25: seconds; dense: the corpus is embedded with `model`). Live updates stay."""
     index = IndexDir(path)
     latest = index.latest()
-    manifest = index.version_manifest(latest)
-    have, want = tuple(manifest["sides"]), sides_of(kind)
+    manifest = index.version(latest)
+    have, want = manifest.sides, sides_of(kind)
     if not set(have) <= set(want):
         raise RalmError(f"{path} holds {', '.join(have)}; a {kind} index would drop a side (build a new index instead)")
     if set(have) == set(want):
         return index, latest
     device = device or torch.device("cpu")
     dtype = resolve_dtype(dtype, device)
-    ctx = BuildContext(index=index, key=manifest["blocks"], blocks=index.blocks(manifest["blocks"]), model=model, dim=None,
+    ctx = BuildContext(index=index, key=manifest.blocks, blocks=index.blocks(manifest.blocks), model=model, dim=None,
                        faiss_spec=None, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
-    fields = {k: v for k, v in manifest.items() if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus")}
+    fields = {k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus")}
     name = _publish(ctx, want, {s: (index.version_path(latest), fields) for s in have})
     index.set_kind(kind)
     return index, name

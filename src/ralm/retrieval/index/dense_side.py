@@ -23,7 +23,7 @@ from ralm.retrieval.backends.exact import ExactIndex
 from ralm.retrieval.backends.faiss_index import FaissIndex
 from ralm.retrieval.backends.sharded import ShardedExactIndex, assemble_pieces, encode_pieces
 from ralm.retrieval.index.kinds import BuildContext
-from ralm.retrieval.index.store import IndexDir, embeddings_file
+from ralm.retrieval.index.store import IndexDir, VersionManifest, embeddings_file
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.towers.projection import init_projection
@@ -54,13 +54,13 @@ def dense_manifest(index: IndexDir, retriever_path: Path, dim: int, dtype: torch
             "dtype": dtype_name(dtype)}
 
 
-def check_retriever(retriever: Retriever, manifest: dict, where: str) -> None:
+def check_retriever(retriever: Retriever, manifest: VersionManifest, where: str) -> None:
     """An index only answers queries from the model family whose document tower built it."""
-    if retriever.dim != manifest["dim"]:
-        raise RalmError(f"{where} was built with dimension {manifest['dim']}, but the model produces {retriever.dim}")
+    if retriever.dim != manifest.dim:
+        raise RalmError(f"{where} was built with dimension {manifest.dim}, but the model produces {retriever.dim}")
     fp = retriever.doc_fingerprint()
-    if fp != manifest["doc_fingerprint"]:
-        raise RalmError(f"{where} was built with another model (document tower {manifest['doc_fingerprint']}, "
+    if fp != manifest.doc_fingerprint:
+        raise RalmError(f"{where} was built with another model (document tower {manifest.doc_fingerprint}, "
                         f"this model {fp}); rebuild the index with this model or pass the model it was built with")
 
 
@@ -138,13 +138,13 @@ class DenseSide:
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
-    def query_model(cls, index: IndexDir, manifest: dict, model: str | None, device: torch.device) -> Retriever:
+    def query_model(cls, index: IndexDir, manifest: VersionManifest, model: str | None, device: torch.device) -> Retriever:
         """The retriever given as `model` (it must share the index's document tower), else the
         one the version was built with."""
-        return Retriever.from_pretrained(model or str(index.root / manifest["retriever"])).to(device).eval()
+        return Retriever.from_pretrained(model or str(index.root / manifest.retriever)).to(device).eval()
 
     @classmethod
-    def load(cls, index: IndexDir, name: str, manifest: dict, *, model: Retriever, device: torch.device,
+    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: Retriever, device: torch.device,
              dtype: torch.dtype, check_model: bool) -> "DenseSide":
         from ralm.distributed import dist_env
 
@@ -153,9 +153,9 @@ class DenseSide:
         path = index.version_path(name)
         # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
         emb = index.embeddings(name, manifest, mmap_mode="c")
-        if manifest.get("faiss"):
-            ann = FaissIndex.load(path / "faiss.index", manifest["faiss"])
-            ann.set_search_params(**manifest.get("faiss_params", {}))
+        if manifest.faiss:
+            ann = FaissIndex.load(path / "faiss.index", manifest.faiss)
+            ann.set_search_params(**manifest.faiss_params)
             return cls(model, ann, emb, dtype)
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows

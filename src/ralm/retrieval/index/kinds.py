@@ -15,12 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from ralm.errors import RalmError
+
+if TYPE_CHECKING:  # store.py imports this registry
+    from ralm.retrieval.index.store import VersionManifest
 
 # side name -> "module:Class"; imported on first use, so naming a kind loads nothing heavy
 SIDES = {"dense": "ralm.retrieval.index.dense_side:DenseSide", "bm25": "ralm.retrieval.index.bm25_side:BM25Side"}
@@ -92,12 +95,12 @@ class Side(Protocol):
         """This side's files in a version folder (an upgrade links them into the next one)."""
 
     @classmethod
-    def query_model(cls, index, manifest: dict, model: str | None, device: torch.device):
+    def query_model(cls, index, manifest: "VersionManifest", model: str | None, device: torch.device):
         """What encodes queries for this side (the retriever's query tower), loaded once per
         searcher; None for a side that needs none."""
 
     @classmethod
-    def load(cls, index, name: str, manifest: dict, *, model, device: torch.device, dtype: torch.dtype,
+    def load(cls, index, name: str, manifest: "VersionManifest", *, model, device: torch.device, dtype: torch.dtype,
              check_model: bool) -> "Side":
         """Version `name` of this side, memory-mapped and checked against its manifest."""
 

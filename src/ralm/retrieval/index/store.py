@@ -197,12 +197,12 @@ class IndexDir:
         return {"index": str(self.root), "version": name, "retriever": m.kind, "blocks": m.count, "dim": m.dim,
                 "faiss": m.faiss, "dtype": m.dtype}
 
-    def embeddings(self, name: str, manifest: dict, mmap_mode: str = "r") -> np.ndarray:
+    def embeddings(self, name: str, manifest: VersionManifest, mmap_mode: str = "r") -> np.ndarray:
         """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
         emb = read_npy(embeddings_file(self.version_path(name)), mmap_mode)
-        if emb.shape != (manifest["count"], manifest["dim"]):
+        if emb.shape != (manifest.count, manifest.dim):
             raise RalmError(f"{self.version_path(name)}: embeddings have shape {emb.shape}, "
-                            f"manifest says {(manifest['count'], manifest['dim'])}")
+                            f"manifest says {(manifest.count, manifest.dim)}")
         return emb
 
     def publish(self, write: Callable[[Path], dict], keep: int = 3) -> str:

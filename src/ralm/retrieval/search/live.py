@@ -25,6 +25,7 @@ import torch
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.index.store import VersionManifest
 from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import UpdateLog
@@ -49,7 +50,7 @@ class Snapshot:
         return self.version.name
 
     @property
-    def manifest(self) -> dict:
+    def manifest(self) -> VersionManifest:
         return self.version.manifest
 
     @property

@@ -23,7 +23,7 @@ from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
-from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.index.verify import check_open
 from ralm.retrieval.search.fusion import Fusion, Ranked, rank
 from ralm.runtime import resolve_dtype
@@ -47,7 +47,7 @@ class Hit:
 @dataclass(frozen=True)
 class LoadedVersion:
     name: str
-    manifest: dict
+    manifest: VersionManifest
     blocks: BlockStore
     sides: dict[str, Side]
 
@@ -66,17 +66,17 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
                  dtype: torch.dtype | None = None, check_model: bool = True) -> LoadedVersion:
     """Version `name` with every side it holds, memory-mapped. `models`: each side's query
     model (dense: the retriever), checked against the version unless `check_model` is off."""
-    manifest = index.version_manifest(name)
+    manifest = index.version(name)
     path = index.version_path(name)
-    check_open(path, manifest)  # sizes, shapes, dtypes of every file it uses (verify.py)
-    blocks = index.blocks(manifest["blocks"])
-    if len(blocks) != manifest["count"]:
-        raise RalmError(f"{index.version_path(name)}: index has {manifest['count']} entries but its corpus has {len(blocks)} blocks")
+    check_open(path, manifest.to_json())  # sizes, shapes, dtypes of every file it uses (verify.py)
+    blocks = index.blocks(manifest.blocks)
+    if len(blocks) != manifest.count:
+        raise RalmError(f"{index.version_path(name)}: index has {manifest.count} entries but its corpus has {len(blocks)} blocks")
     device = device or torch.device("cpu")
     models = models or {}
     sides = {s: side_class(s).load(index, name, manifest, model=models.get(s), device=device, dtype=dtype,
                                    check_model=check_model and models.get(s) is not None)
-             for s in manifest["sides"]}
+             for s in manifest.sides}
     return LoadedVersion(name, manifest, blocks, sides)
 
 
@@ -91,9 +91,9 @@ class Searcher:
         self.check_model = check_model
         self.fusion = Fusion()  # how the sides' lists are fused (search/fusion.py)
         latest = index.latest()
-        manifest = index.version_manifest(latest)
+        manifest = index.version(latest)
         self.models = {s: retriever if s == "dense" and retriever is not None
-                       else side_class(s).query_model(index, manifest, None, self.device) for s in manifest["sides"]}
+                       else side_class(s).query_model(index, manifest, None, self.device) for s in manifest.sides}
         self.current = self._load(latest)
 
     @classmethod
