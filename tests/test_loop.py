@@ -142,19 +142,12 @@ def test_a_run_started_with_a_warmup_share_resumes_with_those_steps(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["warmup"] == 100
 
 
-@dataclass
-class ToyConfig:
-    steps: int = 6
-    batch_size: int = 4
-    lr: float = 0.1
-    warmup: int = 2
-    save_every: int = 2
-    log_every: int = 2
-    seed: int = 0
-    dtype: str = "fp32"
+def _toy_config() -> LoopConfig:
+    """The loop's own fields, sized for a six-step run."""
+    return LoopConfig(steps=6, batch_size=4, lr=0.1, warmup=2, save_every=2, log_every=2, dtype="fp32")
 
 
-def _toy_run(run, cfg: ToyConfig, stop_after: int | None = None):
+def _toy_run(run, cfg: LoopConfig, stop_after: int | None = None):
     """A linear model on seeded batches; step 1 has nothing to learn (loss None)."""
     ctx = start_run(run, cfg, show_progress=False)
     model = torch.nn.Linear(3, 1)
@@ -178,14 +171,14 @@ def _toy_run(run, cfg: ToyConfig, stop_after: int | None = None):
 
 
 def test_the_loop_logs_window_means_and_a_resumed_run_matches_an_uninterrupted_one(tmp_path):
-    straight, model, seen = _toy_run(tmp_path / "a", ToyConfig())
+    straight, model, seen = _toy_run(tmp_path / "a", _toy_config())
     assert straight.steps == 6 and seen == 6 and straight.plots == [str(tmp_path / "a" / "loss.png")]
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 4, 6]
     assert set(rows[0]) == {"step", "loss", "grad_norm", "lr", "steps_per_s"}
     with pytest.raises(KeyboardInterrupt):  # killed once step 4 is logged, before its checkpoint
-        _toy_run(tmp_path / "b", ToyConfig(), stop_after=4)
-    resumed, other, seen = _toy_run(tmp_path / "b", ToyConfig())
+        _toy_run(tmp_path / "b", _toy_config(), stop_after=4)
+    resumed, other, seen = _toy_run(tmp_path / "b", _toy_config())
     assert resumed.steps == 6 and seen == 6  # the step-2 checkpoint's extra state came back
     torch.testing.assert_close(other.weight, model.weight, rtol=0, atol=0)
     again = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
