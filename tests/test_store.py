@@ -45,7 +45,7 @@ def test_a_version_manifest_is_typed_validated_and_an_older_one_still_loads(tmp_
     index.publish(_write_version(1.0, n=3))
     m = index.version("v000001")
     assert (m.version, m.sides, m.count, m.blocks, m.dim, m.kind) == ("v000001", ("dense",), 3, "k", 4, "dense")
-    assert m.extra["value"] == 1.0 and set(m.extra["files"]) == {"embeddings.npy"}  # a side's own field, the inventory
+    assert m.extra["value"] == 1.0 and set(m.files) == {"embeddings.npy"}  # a side's own field, the inventory
     assert VersionManifest.from_json(m.to_json(), "here") == m
     path = index.version_path("v000001") / "manifest.json"
     old = {k: v for k, v in json.loads(path.read_text()).items() if k != "sides"}  # from before "sides"

@@ -62,18 +62,18 @@ def index_check(
     """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
     no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
     from ralm.retrieval.index.store import IndexDir
-    from ralm.retrieval.index.verify import FILES, check_full
+    from ralm.retrieval.index.verify import check_full
 
     index = IndexDir(index_dir)
     latest = index.latest()
     versions = []
     for name in index.versions():
         manifest = index.version(name)
-        checked = check_full(index.version_path(name), manifest.to_json())
+        checked = check_full(index.version_path(name), manifest.files)
         if len(index.blocks(manifest.blocks)) != manifest.count:
             raise RalmError(f"{index.version_path(name)}: its entry count differs from its block store's; "
                             "the index is damaged: rebuild it")
-        versions.append({"version": name, "files": checked, "verified": FILES in manifest.extra})
+        versions.append({"version": name, "files": checked, "verified": manifest.files is not None})
     unverified = [v["version"] for v in versions if not v["verified"]]
     summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "

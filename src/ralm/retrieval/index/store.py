@@ -45,8 +45,8 @@ _VERSION = re.compile(r"^v(\d{6})$")
 class VersionManifest:
     """versions/vN/manifest.json: what one published version holds, read, validated and written
     by itself (`IndexDir.version`, `IndexDir.publish`). The build records the common fields,
-    the dense side its own; whatever else a side records is kept in `extra`, as is the file
-    inventory (verify.py). A version written before `sides` existed holds its index's kind."""
+    the dense side its own, `publish` the file inventory (verify.py); whatever else a side
+    records is kept in `extra`. A version written before `sides` existed holds its index's kind."""
 
     version: str
     sides: tuple[str, ...]  # retrieval/index/kinds.py
@@ -62,12 +62,13 @@ class VersionManifest:
     faiss_params: dict = field(default_factory=dict)
     step: int | None = None  # a pre-training refresh: the step of the towers
     seconds: float | None = None  # and how long it took
+    files: dict | None = None  # verify.py's inventory; None: published before inventories existed
     extra: dict = field(default_factory=dict)
 
     TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
         "version": (str,), "count": (int,), "blocks": (str,), "created": (int, float), "corpus": (str,), "dim": (int,),
         "retriever": (str,), "doc_fingerprint": (str,), "dtype": (str,), "faiss": (str,), "faiss_params": (dict,),
-        "step": (int,), "seconds": (int, float)}
+        "step": (int,), "seconds": (int, float), "files": (dict,)}
     DENSE: ClassVar[tuple[str, ...]] = ("dim", "retriever", "doc_fingerprint")  # what a dense side must record
 
     @classmethod

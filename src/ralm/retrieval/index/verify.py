@@ -83,10 +83,11 @@ def _damaged(path: Path, what: str) -> RalmError:
     return RalmError(f"{path} is damaged ({what}); rebuild the index (`ralm index build` publishes a new version)")
 
 
-def check_open(version_dir: str | os.PathLike, manifest: dict) -> None:
-    """Cheap: every inventoried file is there with its size, and each .npy its shape and dtype."""
+def check_open(version_dir: str | os.PathLike, files: dict | None) -> None:
+    """Cheap: every file of the inventory `files` (the manifest's; None for an unverified
+    version) is there with its size, and each .npy its shape and dtype."""
     version_dir = Path(version_dir)
-    for key, entry in (manifest.get(FILES) or {}).items():
+    for key, entry in (files or {}).items():
         path = version_dir / key
         try:
             size = path.stat().st_size
@@ -115,11 +116,11 @@ def _finite(path: Path) -> bool:
     return all(np.isfinite(rows[i:i + step]).all() for i in range(0, rows.shape[0], step))
 
 
-def check_full(version_dir: str | os.PathLike, manifest: dict) -> int:
+def check_full(version_dir: str | os.PathLike, files: dict | None) -> int:
     """check_open, then every checksum, then NaN/inf in float arrays; returns the files checked."""
     version_dir = Path(version_dir)
-    check_open(version_dir, manifest)
-    files = manifest.get(FILES) or {}
+    check_open(version_dir, files)
+    files = files or {}
     for key, entry in files.items():
         path = version_dir / key
         if "shape" in entry and not _finite(path):

@@ -68,7 +68,7 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
     model (dense: the retriever), checked against the version unless `check_model` is off."""
     manifest = index.version(name)
     path = index.version_path(name)
-    check_open(path, manifest.to_json())  # sizes, shapes, dtypes of every file it uses (verify.py)
+    check_open(path, manifest.files)  # sizes, shapes, dtypes of every file it uses (verify.py)
     blocks = index.blocks(manifest.blocks)
     if len(blocks) != manifest.count:
         raise RalmError(f"{index.version_path(name)}: index has {manifest.count} entries but its corpus has {len(blocks)} blocks")
