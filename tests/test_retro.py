@@ -380,3 +380,18 @@ def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, mo
     seen.clear()
     retro_nll(model, db, stream, neighbours=None, stride=2 * M, device=torch.device("cpu"), show_progress=False)
     assert seen and all(nb is None and mask is None for _, nb, mask in seen)
+
+
+def test_chunk_db_finds_a_chunks_twin_with_an_encoder_that_does_not_normalise(tmp_path, tiny_bert):
+    """The paper retrieves by L2 distance: the same tokens (distance 0) come first. The tiny BERT
+    has no Normalize module; with raw inner products chunks of larger norm outranked the twin."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
+
+    text, db_corpus = _twin_corpus(tmp_path)
+    db = ChunkDB(build_chunk_db(db_corpus, tmp_path / "db", model=str(tiny_bert), chunk_len=M, show_progress=False))
+    np.testing.assert_allclose(np.linalg.norm(db.embeddings, axis=1), 1, rtol=1e-5)
+    stream = tokenize_text(text, db.encoder()[1], show_progress=False)
+    n = len(stream.tokens) // M
+    np.testing.assert_array_equal(text_neighbours(db, stream, k=K, exclude_same_doc=True, show_progress=False)[:, 0],
+                                  np.arange(n) + n)
