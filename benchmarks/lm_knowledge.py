@@ -44,7 +44,12 @@ import torch
 from ralm.data.blocks import wordpiece_tokenizer
 from ralm.data.chunks import tokenize_text
 from ralm.data.corpus import Document
-from ralm.data.knowledge import FactSentence, KnowledgeConfig, KnowledgeTask, generate_task
+from ralm.data.knowledge import (
+    FactSentence,
+    KnowledgeConfig,
+    KnowledgeTask,
+    generate_task,
+)
 from ralm.models.knnlm import build_datastore, interpolate, knn_target_prob
 from ralm.models.lm import LMConfig, load_lm
 from ralm.models.retro import load_retro, neighbour_batch, training_config
@@ -160,13 +165,19 @@ def main() -> None:
     ap.add_argument("--eval-entities", type=int, default=100)
     ap.add_argument("--eval-mentions", type=int, default=2, help="held-out sentences per fact")
     ap.add_argument("--lm-steps", type=int, default=600)
-    ap.add_argument("--steps", type=int, default=600, help="RETRO steps")
+    ap.add_argument("--steps", type=int, default=1500, help="RETRO steps")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--chunk-len", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=30)
     ap.add_argument("--neighbours", type=int, default=2, help="RETRO neighbours per chunk")
     ap.add_argument("--k", type=int, default=32, help="kNN-LM neighbours")
+    ap.add_argument("--exclude-same-doc", action="store_true",
+                    help="RETRO training drops neighbours from the chunk's own document (the paper's rule for its "
+                         "corpus); by default a training fact document may retrieve itself, as the stated control does")
+    ap.add_argument("--retro-text", choices=("corpus", "facts"), default="corpus",
+                    help="RETRO's training text: the pre-training corpus, or only the training entities' fact "
+                         "documents, the DB's own text (every chunk retrieves itself: the copy of the unit test)")
     ap.add_argument("--retrofit", action="store_true", help="RETRO retro-fits the trained LM instead of training from scratch")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -178,8 +189,11 @@ def main() -> None:
     task = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, eval_mentions=args.eval_mentions,
                                          seed=args.seed))
     cpu = torch.device("cpu")
-    train = task.write_corpus(out / "train.jsonl")
     held_out = [e for e in task.entities if e.held_out]
+    facts = {d.id for d in task.fact_docs}
+    # Fact documents first, in the order of the DB's: ten wordpieces each, they keep the chunk
+    # boundaries of the DB's own chunks there, so a chunk may retrieve itself, aligned.
+    train = write_jsonl(out / "train.jsonl", sorted(task.train_docs, key=lambda d: d.id not in facts))
     tune = {e.source for e in held_out[: len(held_out) // 2]}
     stating = {"train": write_jsonl(out / "stating-train.jsonl", [d for d in task.fact_docs if d.id not in {e.source for e in held_out}]),
                "all": write_jsonl(out / "stating.jsonl", task.fact_docs)}
@@ -195,7 +209,7 @@ def main() -> None:
     scored = {name: score_batch(sentences, tune, tokenizer, args.chunk_len) for name, sentences in sets.items()}
     store = Datastore(build_datastore(lm, out / "lm", tokenize_text(stating["all"], tokenizer, show_progress=False),
                                       out / "datastore", device=cpu, show_progress=False))
-    temperatures, lambdas = (1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)
+    temperatures, lambdas = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)  # squared distances here are O(1)
     for name, s in scored.items():
         p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures)
         results["lm" + name] = {**fact_report(-p_lm, s), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
@@ -210,9 +224,11 @@ def main() -> None:
     retro_cfg = dict(neighbours=args.neighbours, cca_start=0, cca_every=1, encoder_layers=1)
     cfg = training_config(dbs["train"], retrofit=out / "lm" if args.retrofit else None,
                           **({"max_len": args.seq_len} if args.retrofit else sizes), **retro_cfg)
-    retro_run = train_retro(RetroTrainConfig(text=str(train), db=str(dbs["train"]), model=cfg, steps=args.steps,
+    retro_text = train if args.retro_text == "corpus" else stating["train"]
+    retro_run = train_retro(RetroTrainConfig(text=str(retro_text), db=str(dbs["train"]), model=cfg, steps=args.steps,
                                              save_every=args.steps, retrofit=str(out / "lm") if args.retrofit else "",
-                                             **optim), out / "retro", cpu, show_progress=False)
+                                             exclude_same_document=args.exclude_same_doc, **optim), out / "retro", cpu,
+                            show_progress=False)
     retro, _ = load_retro(out / "retro")
     retro.eval()
     db = ChunkDB(dbs["all"], cpu)  # the held-out entities' fact documents added after training
