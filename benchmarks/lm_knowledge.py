@@ -1,22 +1,31 @@
 """RETRO and kNN-LM on the generated knowledge task (data/knowledge.py): the perplexity of the
-fact wordpieces in held-out sentences, retrieval on vs off.
+fact wordpieces of held-out sentences, retrieval on vs off.
 
-The LMs train on the training entities' documents. The chunk database (RETRO) and the
-datastore (kNN-LM) hold those documents plus the held-out entities' fact documents: the only
-place a held-out fact is stated. Each held-out sentence (about a held-out entity, in no
-corpus) is then scored; the fact is unpredictable without retrieval (one of 30 cities or 30
-founders), so retrieval should cut its perplexity sharply. A causal LM can only use what comes
-before the fact, so sentences where the entity comes first are also reported alone.
+The LM and RETRO train on the pre-training corpus (the training entities' fact and notes
+documents). Retrieval reads the *stating documents*, the entities' fact documents ("Hidden
+River was founded in Milan by Grace."): RETRO trains with the training entities' ones in its
+chunk DB and is evaluated with the held-out entities' added (as a user adds documents); the
+kNN-LM datastore holds the LM's states over all of them. A held-out sentence ("Every summer
+Hidden River holds a fair in honour of Milan.") is about a held-out entity and in no corpus: its
+fact (one of 30 cities or 30 founders) is stated only in the entity's fact document.
 
-A control, "stated": the held-out fact documents themselves ("Hidden River was founded in
-Milan by Grace."), which the database/datastore hold verbatim. Retrieval that works at all
-finds them; a gain there and none on the held-out sentences means the retrieval matches
-contexts, not entities.
+Where retrieval can supply the fact at all. Each sentence is scored on its own from a chunk
+boundary. RETRO retrieves with complete chunks, and a token reads the neighbours of earlier
+chunks only, so the fact can come from retrieval when a chunk that ends before the fact holds
+the entity's whole name ("reachable"); the chunk length 5 makes that so for every stated
+sentence and for the held-out sentences that name the entity in their first words. The others
+name the fact first ("A statue of Grace stands in ... Hidden River."), which no causal model
+can get; both sets are reported. `retrieved` is the share of reachable facts for which a
+neighbour of that chunk holds the entity's name and the fact.
 
-    python benchmarks/lm_knowledge.py            # a few minutes on 2 CPU cores
+A control, "stated": the held-out fact documents themselves, which the DB and datastore hold
+verbatim. The held-out entities are split in two halves: kNN-LM's lambda and temperature are
+chosen on the first ("tune"), every figure is reported on the second.
 
-The last stdout line is JSON: {"lm": {...}, "knnlm": {...}, "retro": {...}, "retro_off": {...}}
-with "fact_ppl" (all held-out facts) and "fact_ppl_entity_first".
+    python benchmarks/lm_knowledge.py            # minutes on 2 CPU cores
+
+The last stdout line is JSON: {"lm": {...}, "knnlm": {...}, "retro": {...}, "retro_off": {...},
+"lm_stated": {...}, ...}, each with "fact_ppl" (all facts) and "fact_ppl_reachable".
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,35 +43,34 @@ import torch
 
 from ralm.data.blocks import wordpiece_tokenizer
 from ralm.data.chunks import tokenize_text
-from ralm.data.knowledge import FactSentence, KnowledgeTask
-from ralm.eval.perplexity import knnlm_log_probs, retro_nll
-from ralm.models.knnlm import build_datastore, interpolate
+from ralm.data.corpus import Document
+from ralm.data.knowledge import (
+    FactSentence,
+    KnowledgeConfig,
+    KnowledgeTask,
+    generate_task,
+)
+from ralm.models.knnlm import build_datastore, interpolate, knn_target_prob
 from ralm.models.lm import LMConfig, load_lm
-from ralm.models.retro import load_retro, training_config
-from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
+from ralm.models.retro import load_retro, neighbour_batch, training_config
+from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db
 from ralm.retrieval.lm.datastore import Datastore
 from ralm.train.lm import LMTrainConfig, RetroTrainConfig, train_lm, train_retro
-from realm_knowledge import knowledge_setup  # this folder
 
 
-def write_jsonl(path: Path, docs: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+@dataclass
+class Scored:
+    """Sentences as one batch, each from position 0 of its row (right-padded), and its facts."""
+    ids: torch.Tensor  # [S, L], L a multiple of the chunk length
+    rows: np.ndarray  # [F] the sentence of each fact wordpiece
+    positions: np.ndarray  # [F] its position (predicted from position - 1)
+    reachable: np.ndarray  # [F] a chunk ending before it holds the entity's whole name
+    split: np.ndarray  # [F] "tune" or "report"
+
+
+def write_jsonl(path: Path, docs: list[Document]) -> Path:
+    path.write_text("".join(json.dumps(asdict(d)) + "\n" for d in docs))
     return path
-
-
-def fact_positions(stream, sentences, hf_tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Indices into the stream's next-token NLL array [T - 1] of every fact wordpiece (the NLL
-    at p scores token p + 1), and whether its sentence names the entity before the fact."""
-    tok = wordpiece_tokenizer(hf_tokenizer)
-    where, entity_first = [], []
-    for i, (s, enc) in enumerate(zip(sentences, tok.encode_batch([s.text for s in sentences], add_special_tokens=False))):
-        start = int(stream.doc_starts[i])
-        assert list(stream.tokens[start:start + len(enc.ids)]) == enc.ids, "held-out stream out of step"
-        for j, (a, b) in enumerate(enc.offsets):
-            if a < s.span[1] and b > s.span[0]:
-                where.append(start + j - 1)
-                entity_first.append(s.text.index(s.entity) < s.span[0])
-    return np.array(where), np.array(entity_first)
 
 
 def stated_sentences(task: KnowledgeTask) -> list[FactSentence]:
@@ -74,76 +83,168 @@ def stated_sentences(task: KnowledgeTask) -> list[FactSentence]:
     return out
 
 
-def fact_report(nll: np.ndarray, where: np.ndarray, entity_first: np.ndarray) -> dict:
-    picked = nll[where]
+def score_batch(sentences: list[FactSentence], tune: set[str], hf_tokenizer, chunk_len: int) -> Scored:
+    tok = wordpiece_tokenizer(hf_tokenizer)
+    encoded = tok.encode_batch([s.text for s in sentences], add_special_tokens=False)
+    length = -(-max(len(e.ids) for e in encoded) // chunk_len) * chunk_len
+    ids = torch.full((len(sentences), length), hf_tokenizer.pad_token_id or 0, dtype=torch.long)
+    rows, positions, reachable, split = [], [], [], []
+    for i, (s, enc) in enumerate(zip(sentences, encoded)):
+        ids[i, : len(enc.ids)] = torch.tensor(enc.ids)
+        name = tok.encode(s.entity, add_special_tokens=False).ids
+        for p, (a, b) in enumerate(enc.offsets):
+            if a < s.span[1] and b > s.span[0]:
+                complete = range(p // chunk_len)  # chunks ending at or before position p - 1
+                rows.append(i)
+                positions.append(p)
+                reachable.append(any(set(name) <= set(enc.ids[u * chunk_len : (u + 1) * chunk_len]) for u in complete))
+                split.append("tune" if s.source in tune else "report")
+    return Scored(ids, np.array(rows), np.array(positions), np.array(reachable), np.array(split))
+
+
+def fact_report(nll: np.ndarray, s: Scored, split: str = "report") -> dict:
+    """Fact-token perplexity of one split, all facts and reachable ones."""
+    part = s.split == split
+    picked, reach = nll[part], s.reachable[part]
     return {"fact_nll": round(float(picked.mean()), 4), "fact_ppl": round(math.exp(picked.mean()), 3),
-            "fact_ppl_entity_first": round(math.exp(picked[entity_first].mean()), 3), "fact_tokens": int(len(picked))}
+            "fact_ppl_reachable": round(math.exp(picked[reach].mean()), 3), "fact_tokens": int(part.sum()),
+            "reachable_tokens": int(reach.sum())}
+
+
+@torch.inference_mode()
+def lm_scores(lm, s: Scored, store: Datastore, *, k: int, temperatures) -> tuple[np.ndarray, np.ndarray]:
+    """Per fact wordpiece: log p_LM [F] and p_kNN [len(temperatures), F]."""
+    rows, positions = torch.from_numpy(s.rows), torch.from_numpy(s.positions)
+    hidden = lm.features(s.ids)[rows, positions - 1]  # [F, D]
+    targets = s.ids[rows, positions]  # [F]
+    logp = torch.log_softmax(lm.head(hidden), -1)[torch.arange(len(rows)), targets]
+    dist, values = store.search(hidden.float().numpy(), k)
+    p_knn = [knn_target_prob(torch.from_numpy(dist), torch.from_numpy(values), targets, t).double().numpy()
+             for t in temperatures]
+    return logp.double().numpy(), np.stack(p_knn)
+
+
+def chunk_neighbours(db: ChunkDB, s: Scored, k: int) -> np.ndarray:
+    """Neighbour chunk ids [S, n, k] of every chunk of every row (those holding padding read
+    only positions past the sentence)."""
+    m = db.chunk_len
+    flat = s.ids.reshape(-1).numpy().astype(np.int32)
+    return db.search(db.embed(flat, len(flat) // m), k).reshape(len(s.ids), -1, k)
+
+
+def retrieved_share(db: ChunkDB, s: Scored, neighbours: np.ndarray, hf_tokenizer, sentences: list[FactSentence]) -> float:
+    """Of the reachable report facts, the share whose last entity-naming chunk before the fact
+    has a neighbour holding the entity's name and the fact."""
+    tok, m, hits, total = wordpiece_tokenizer(hf_tokenizer), db.chunk_len, 0, 0
+    for row, p, reach, split in zip(s.rows, s.positions, s.reachable, s.split):
+        if not reach or split != "report":
+            continue
+        name = set(tok.encode(sentences[row].entity, add_special_tokens=False).ids)
+        u = max(u for u in range(p // m) if name <= set(s.ids[row, u * m : (u + 1) * m].tolist()))
+        values, mask = db.values(neighbours[row, u])
+        hits += any(name | {int(s.ids[row, p])} <= set(v[mk].tolist()) for v, mk in zip(values, mask))
+        total += 1
+    return round(hits / max(total, 1), 3)
+
+
+@torch.inference_mode()
+def retro_fact_nll(model, db: ChunkDB, s: Scored, neighbours: np.ndarray | None, pad_id: int) -> np.ndarray:
+    """NLL [F] of each fact wordpiece under RETRO, with `neighbours` [S, n, k] or retrieval off."""
+    nb = mask = None
+    if neighbours is not None:
+        nb, mask = neighbour_batch(db, neighbours, torch.device("cpu"), pad_id)
+    rows, positions = torch.from_numpy(s.rows), torch.from_numpy(s.positions)
+    logp = torch.log_softmax(model(s.ids, nb, mask).float(), -1)  # [S, L, V]
+    return -logp[rows, positions - 1, s.ids[rows, positions]].double().numpy()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lm_knowledge", help="work directory (replaced)")
-    ap.add_argument("--train-entities", type=int, default=160)
-    ap.add_argument("--eval-entities", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--train-entities", type=int, default=800, help="many: facts too many to memorise in the weights")
+    ap.add_argument("--eval-entities", type=int, default=100)
+    ap.add_argument("--eval-mentions", type=int, default=2, help="held-out sentences per fact")
+    ap.add_argument("--lm-steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=1500, help="RETRO steps")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--chunk-len", type=int, default=8)
+    ap.add_argument("--chunk-len", type=int, default=5)
+    ap.add_argument("--seq-len", type=int, default=30)
+    ap.add_argument("--neighbours", type=int, default=2, help="RETRO neighbours per chunk")
     ap.add_argument("--k", type=int, default=32, help="kNN-LM neighbours")
+    ap.add_argument("--exclude-same-doc", action="store_true",
+                    help="RETRO training drops neighbours from the chunk's own document (the paper's rule for its "
+                         "corpus); by default a training fact document may retrieve itself, as the stated control does")
+    ap.add_argument("--retro-text", choices=("corpus", "facts"), default="corpus",
+                    help="RETRO's training text: the pre-training corpus, or only the training entities' fact "
+                         "documents, the DB's own text (every chunk retrieves itself: the copy of the unit test)")
+    ap.add_argument("--retrofit", action="store_true", help="RETRO retro-fits the trained LM instead of training from scratch")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     started = time.perf_counter()
-    out, task = knowledge_setup(args)
+    torch.set_num_threads(1)  # on a shared 2-core machine two threads spin-wait on each other
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    task = generate_task(KnowledgeConfig(args.train_entities, args.eval_entities, eval_mentions=args.eval_mentions,
+                                         seed=args.seed))
     cpu = torch.device("cpu")
-    train = task.write_corpus(out / "train.jsonl")
-    stating = task.write_corpus(out / "stating.jsonl", with_eval=True)  # + the held-out fact documents
-    sets = {"held_out": task.eval_sentences, "stated": stated_sentences(task)}
-    texts = {name: write_jsonl(out / f"{name}.jsonl", [{"id": f"s{i}", "title": f"s{i}", "text": s.text}
-                                                       for i, s in enumerate(sentences)])
-             for name, sentences in sets.items()}
-    sizes = dict(dim=128, layers=2, heads=2, max_len=32)
-    optim = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=30, save_every=args.steps,
-                 log_every=50, seed=args.seed, dtype="fp32")
+    held_out = [e for e in task.entities if e.held_out]
+    facts = {d.id for d in task.fact_docs}
+    # Fact documents first, in the order of the DB's: ten wordpieces each, they keep the chunk
+    # boundaries of the DB's own chunks there, so a chunk may retrieve itself, aligned.
+    train = write_jsonl(out / "train.jsonl", sorted(task.train_docs, key=lambda d: d.id not in facts))
+    tune = {e.source for e in held_out[: len(held_out) // 2]}
+    stating = {"train": write_jsonl(out / "stating-train.jsonl", [d for d in task.fact_docs if d.id not in {e.source for e in held_out}]),
+               "all": write_jsonl(out / "stating.jsonl", task.fact_docs)}
+    sets = {"": task.eval_sentences, "_stated": stated_sentences(task)}
+    sizes = dict(dim=128, layers=2, heads=2, max_len=args.seq_len)
+    optim = dict(batch_size=args.batch_size, lr=args.lr, warmup=30, log_every=50, seed=args.seed, dtype="fp32")
     results = {}
 
-    lm_run = train_lm(LMTrainConfig(text=str(train), model=LMConfig(**sizes), **optim), out / "lm", cpu, show_progress=False)
+    lm_run = train_lm(LMTrainConfig(text=str(train), model=LMConfig(**sizes), steps=args.lm_steps, save_every=args.lm_steps,
+                                    **optim), out / "lm", cpu, show_progress=False)
     lm, tokenizer = load_lm(out / "lm")
-    streams = {name: tokenize_text(path, tokenizer, show_progress=False) for name, path in texts.items()}
-    positions = {name: fact_positions(streams[name], sets[name], tokenizer) for name in sets}
-    store = Datastore(build_datastore(lm, out / "lm", tokenize_text(stating, tokenizer, show_progress=False),
+    lm.eval()
+    scored = {name: score_batch(sentences, tune, tokenizer, args.chunk_len) for name, sentences in sets.items()}
+    store = Datastore(build_datastore(lm, out / "lm", tokenize_text(stating["all"], tokenizer, show_progress=False),
                                       out / "datastore", device=cpu, show_progress=False))
-    temperatures, lambdas = (1.0, 3.0, 10.0), (0.25, 0.5, 0.75)
-    for name, stream in streams.items():
-        suffix = "" if name == "held_out" else f"_{name}"
-        p_lm, p_knn = knnlm_log_probs(lm, store, stream, k=args.k, temperatures=temperatures, device=cpu, show_progress=False)
-        results["lm" + suffix] = {**fact_report(-p_lm, *positions[name]), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
-        grid = []
-        for i, t in enumerate(temperatures):
-            for lmbda in lambdas:
-                logp = interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy()
-                grid.append({"lmbda": lmbda, "temperature": t, **fact_report(-logp, *positions[name])})
-        results["knnlm" + suffix] = {**min(grid, key=lambda g: g["fact_nll"]), "k": args.k, "grid": grid}
-        print(f"LM{suffix}: {json.dumps(results['lm' + suffix])}\nkNN-LM{suffix} (best of the grid): "
-              f"{json.dumps({k: v for k, v in results['knnlm' + suffix].items() if k != 'grid'})}", flush=True)
+    temperatures, lambdas = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)  # squared distances here are O(1)
+    for name, s in scored.items():
+        p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures)
+        results["lm" + name] = {**fact_report(-p_lm, s), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
+        grid = [(lmbda, t, -interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy())
+                for i, t in enumerate(temperatures) for lmbda in lambdas]
+        lmbda, t, nll = min(grid, key=lambda g: fact_report(g[2], s, "tune")["fact_nll"])  # chosen on the tune half
+        results["knnlm" + name] = {**fact_report(nll, s), "lmbda": lmbda, "temperature": t, "k": args.k}
+        print(f"lm{name}: {json.dumps(results['lm' + name])}\nknnlm{name}: {json.dumps(results['knnlm' + name])}", flush=True)
 
-    db_path = build_chunk_db(stating, out / "chunkdb", chunk_len=args.chunk_len, device=cpu, show_progress=False)
-    cfg = training_config(db_path, **sizes, neighbours=2, cca_start=0, cca_every=1, encoder_layers=1)
-    retro_run = train_retro(RetroTrainConfig(text=str(train), db=str(db_path), model=cfg, **optim), out / "retro", cpu,
+    dbs = {split: build_chunk_db(path, out / f"chunkdb-{split}", chunk_len=args.chunk_len, device=cpu, show_progress=False)
+           for split, path in stating.items()}
+    retro_cfg = dict(neighbours=args.neighbours, cca_start=0, cca_every=1, encoder_layers=1)
+    cfg = training_config(dbs["train"], retrofit=out / "lm" if args.retrofit else None,
+                          **({"max_len": args.seq_len} if args.retrofit else sizes), **retro_cfg)
+    retro_text = train if args.retro_text == "corpus" else stating["train"]
+    retro_run = train_retro(RetroTrainConfig(text=str(retro_text), db=str(dbs["train"]), model=cfg, steps=args.steps,
+                                             save_every=args.steps, retrofit=str(out / "lm") if args.retrofit else "",
+                                             exclude_same_document=args.exclude_same_doc, **optim), out / "retro", cpu,
                             show_progress=False)
     retro, _ = load_retro(out / "retro")
-    db = ChunkDB(db_path, cpu)
-    stride = max(cfg.chunk_len, cfg.max_len // 2 // cfg.chunk_len * cfg.chunk_len)
-    for name, stream in streams.items():
-        suffix = "" if name == "held_out" else f"_{name}"
-        neighbours = text_neighbours(db, stream, k=cfg.neighbours, exclude_same_doc=False, show_progress=False)
+    retro.eval()
+    db = ChunkDB(dbs["all"], cpu)  # the held-out entities' fact documents added after training
+    pad = tokenizer.pad_token_id or 0
+    for name, s in scored.items():
+        neighbours = chunk_neighbours(db, s, cfg.neighbours)
         for arm, nb in (("retro", neighbours), ("retro_off", None)):
-            nll = retro_nll(retro, db, stream, neighbours=nb, stride=stride, device=cpu, show_progress=False)
-            results[arm + suffix] = {**fact_report(nll, *positions[name]), "train_loss": retro_run.loss,
-                                     "train_s": retro_run.seconds}
-            print(f"{arm}{suffix}: {json.dumps(results[arm + suffix])}", flush=True)
-    print(f"task: {asdict(task.cfg)}; {len(task.eval_sentences)} held-out sentences; wall {time.perf_counter() - started:.0f} s",
-          flush=True)
-    print(json.dumps({k: {x: y for x, y in v.items() if x != "grid"} for k, v in results.items()}))
+            results[arm + name] = {**fact_report(retro_fact_nll(retro, db, s, nb, pad), s), "train_loss": retro_run.loss,
+                                   "train_s": retro_run.seconds}
+        results["retro" + name]["retrieved"] = retrieved_share(db, s, neighbours, tokenizer, sets[name])
+        print(f"retro{name}: {json.dumps(results['retro' + name])}\nretro_off{name}: {json.dumps(results['retro_off' + name])}",
+              flush=True)
+    print(f"task: {asdict(task.cfg)}; chunk {args.chunk_len}; report half: "
+          f"{results['lm']['fact_tokens']} held-out and {results['lm_stated']['fact_tokens']} stated fact wordpieces; "
+          f"wall {time.perf_counter() - started:.0f} s", flush=True)
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -293,3 +293,105 @@ def test_learns_to_copy_the_continuation_from_its_neighbours():
     with torch.no_grad():
         on, off = (lm_loss(model(x, n)[:, visible], y[:, visible]).item() for n in (nb, None))
     assert off > 0.9 * np.log(V) and on < 0.5 * np.log(V)
+
+
+def _twin_corpus(tmp_path, *, docs: int = 6, chunks_per_doc: int = 3):
+    """Documents of random city names (one wordpiece each) whose length with [SEP] is a whole
+    number of chunks, each followed later by an identical twin under another title: the chunk
+    DB holds both, the text only the originals. The nearest DB chunk of another document to a
+    text chunk is then its twin (the same tokens give the same key), and its value is the text's
+    own chunk and continuation: where retrieval is right, neighbour 0 of chunk c of a window is
+    tokens [c*m, (c+2)*m) of the window's document."""
+    import json
+
+    from ralm.data.knowledge import CITIES
+
+    g = np.random.default_rng(0)
+    texts = [" ".join(g.choice(CITIES, size=chunks_per_doc * M - 1)) for _ in range(docs)]
+    rows = [{"id": f"d{i}", "title": f"original {i}", "text": t} for i, t in enumerate(texts)]
+    twins = [{"id": f"t{i}", "title": f"twin {i}", "text": t} for i, t in enumerate(texts)]
+    text, db_corpus = tmp_path / "text.jsonl", tmp_path / "db.jsonl"
+    text.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    db_corpus.write_text("".join(json.dumps(r) + "\n" for r in rows + twins))
+    return text, db_corpus
+
+
+def _expected_neighbour(ids: torch.Tensor, stream: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """What neighbour 0 of every complete chunk of the windows `ids` [B, L] must hold in the twin
+    corpus: the chunk and its continuation in `stream` (the text's tokens) up to its document's
+    [SEP] (a whole number of chunks on) -> tokens, mask [B, n, 2m]."""
+    b, n = ids.shape[0], ids.shape[1] // M
+    windows = np.lib.stride_tricks.sliding_window_view(stream, ids.shape[1])
+    tokens, mask = torch.zeros(b, n, 2 * M, dtype=torch.long), torch.zeros(b, n, 2 * M, dtype=torch.bool)
+    for row in range(b):
+        start = int(np.flatnonzero((windows == ids[row].numpy()).all(1))[0])  # random names: one match
+        for c in range(n):
+            first = start + c * M
+            end = M if stream[first + M - 1] == stream[-1] else 2 * M  # the chunk ends its document: no continuation
+            tokens[row, c, :end], mask[row, c, :end] = torch.from_numpy(stream[first : first + end].astype(np.int64)), True
+    return tokens, mask
+
+
+def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, monkeypatch):
+    """The data path around the model: `ralm retro train` and RETRO evaluation must hand the
+    model, for chunk c of each window, the neighbours retrieved for chunk c (not c - 1 or c + 1,
+    not masked, not empty, the right DB rows, never from the chunk's own document in training),
+    and nothing with retrieval off. The twin corpus gives the answer independently of the code."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.eval.perplexity import retro_nll
+    from ralm.models.retro import training_config
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
+    from ralm.train.lm import RetroTrainConfig, train_retro
+
+    text, db_corpus = _twin_corpus(tmp_path)
+    # the default chunk encoder (MiniLM, normalised keys: a chunk's twin is its nearest neighbour)
+    db_path = build_chunk_db(db_corpus, tmp_path / "db", chunk_len=M, show_progress=False)
+    seen = []
+    forward = RetroLM.forward
+
+    def spy(self, ids, neighbours=None, neighbour_mask=None):
+        seen.append((ids.detach().clone(), neighbours, neighbour_mask))
+        return forward(self, ids, neighbours, neighbour_mask)
+
+    monkeypatch.setattr(RetroLM, "forward", spy)
+    cfg = training_config(db_path, dim=16, layers=2, heads=2, max_len=4 * M, neighbours=K, cca_start=0, encoder_layers=1)
+    train_retro(RetroTrainConfig(text=str(text), db=str(db_path), model=cfg, steps=3, batch_size=4, warmup=1, save_every=3,
+                                 log_every=1), tmp_path / "run", torch.device("cpu"), show_progress=False)
+    db = ChunkDB(db_path)
+    stream = tokenize_text(text, db.encoder()[1], show_progress=False)
+    assert len(seen) == 3
+    for ids, nb, mask in seen:  # the trainer's windows: inputs x[:, :-1] of seq_len tokens
+        want, want_mask = _expected_neighbour(ids, stream.tokens)
+        torch.testing.assert_close(nb[:, :, 0] * mask[:, :, 0], want, rtol=0, atol=0)
+        torch.testing.assert_close(mask[:, :, 0], want_mask, rtol=0, atol=0)
+        assert mask[:, :, 1].any(-1).all()  # the second neighbour is there too
+    seen.clear()
+
+    model = load_retro(tmp_path / "run")[0]
+    neighbours = text_neighbours(db, stream, k=K, exclude_same_doc=True, show_progress=False)  # [n, K] DB chunk ids
+    n = len(stream.tokens) // M  # the text is the DB's first half: the twin of chunk c is DB chunk c + n, not c itself
+    np.testing.assert_array_equal(neighbours[:, 0], np.arange(n) + n)
+    retro_nll(model, db, stream, neighbours=neighbours, stride=2 * M, device=torch.device("cpu"), show_progress=False)
+    assert seen and all(nb is not None for _, nb, _ in seen)
+    for ids, nb, mask in seen:
+        want, want_mask = _expected_neighbour(ids, stream.tokens)
+        torch.testing.assert_close(nb[:, :, 0] * mask[:, :, 0], want, rtol=0, atol=0)
+        torch.testing.assert_close(mask[:, :, 0], want_mask, rtol=0, atol=0)
+    seen.clear()
+    retro_nll(model, db, stream, neighbours=None, stride=2 * M, device=torch.device("cpu"), show_progress=False)
+    assert seen and all(nb is None and mask is None for _, nb, mask in seen)
+
+
+def test_chunk_db_finds_a_chunks_twin_with_an_encoder_that_does_not_normalise(tmp_path, tiny_bert):
+    """The paper retrieves by L2 distance: the same tokens (distance 0) come first. The tiny BERT
+    has no Normalize module; with raw inner products chunks of larger norm outranked the twin."""
+    from ralm.data.chunks import tokenize_text
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db, text_neighbours
+
+    text, db_corpus = _twin_corpus(tmp_path)
+    db = ChunkDB(build_chunk_db(db_corpus, tmp_path / "db", model=str(tiny_bert), chunk_len=M, show_progress=False))
+    np.testing.assert_allclose(np.linalg.norm(db.embeddings, axis=1), 1, rtol=1e-5)
+    stream = tokenize_text(text, db.encoder()[1], show_progress=False)
+    n = len(stream.tokens) // M
+    np.testing.assert_array_equal(text_neighbours(db, stream, k=K, exclude_same_doc=True, show_progress=False)[:, 0],
+                                  np.arange(n) + n)

@@ -2,8 +2,8 @@
 (ExactIndex) or with faiss (FaissIndex), values read from the memory-mapped token stream.
 
 The key of a chunk is the mean-pooled last layer of the frozen encoder (the bundled MiniLM by
-default, L2-normalised as sentence-transformers does, so inner product = cosine) over
-`[CLS] chunk [SEP]`. The chunk layout and document exclusion are data/chunks.py.
+default) over `[CLS] chunk [SEP]`, L2-normalised whatever the encoder, so inner product = cosine
+and the nearest keys by inner product are the nearest by L2 distance (the paper's search). The chunk layout and document exclusion are data/chunks.py.
 
   DB/manifest.json    format, chunk_len, counts, encoder path and fingerprint, faiss spec
   DB/tokens.npy       int32 [T] the token stream (documents separated by [SEP])
@@ -55,7 +55,11 @@ def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int
     rows = [np.concatenate([[cls_id], tokens[c * chunk_len : (c + 1) * chunk_len], [sep_id]]) for c in range(start, end)]
     out = np.empty((end - start, tower.bert.config.hidden_size), dtype=np.float32)
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    return encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=device, show_progress=False, dtype=dtype)
+    keys = encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=device, show_progress=False, dtype=dtype)
+    # Unit keys: inner product ranks as L2 distance does (the paper's search). Raw inner products
+    # of an encoder without a Normalize module let a chunk of large norm outrank the chunk itself.
+    keys /= np.maximum(np.linalg.norm(keys, axis=1, keepdims=True), 1e-12)
+    return keys
 
 
 def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None, chunk_len: int = 64,
@@ -70,7 +74,7 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: 
     tower, tokenizer, fingerprint = load_chunk_encoder(model)
     tower.to(device)
     signature = {"format": FORMAT, "corpus": corpus_fingerprint(corpus), "encoder": fingerprint,
-                 "chunk_len": chunk_len, "limit_tokens": limit_tokens, "faiss": faiss_spec}
+                 "chunk_len": chunk_len, "limit_tokens": limit_tokens, "faiss": faiss_spec, "keys": "unit"}
     build = PartialBuild(out, signature)
     stream = tokenize_text(corpus, tokenizer, limit_tokens, show_progress)
     n = -(-len(stream.tokens) // chunk_len)
