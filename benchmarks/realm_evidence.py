@@ -14,8 +14,9 @@ Resumable: each stage skips what WORK already holds.
   eval     per point: a dense index over WORK/corpus.jsonl built with the point's document
            tower (shared by points whose towers are equal), then the evidence gain on
            `--sentences` held-out masked sentences (WORK/points/step-N/evidence.json)
-  report   benchmarks/figures/realm_evidence_gain.png (the gain over the run) and
-           realm_evidence_retrieval_utility.png (the run's curve); the last stdout line is JSON
+  report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point, and the
+           retrieval utility of the training batches over the run) and
+           realm_evidence_retrieval_utility.png (the run's own curve); the last stdout line is JSON
 
 Only corpus, out, steps and save-every are given to `ralm pretrain`; everything else is its default.
 """
@@ -114,6 +115,9 @@ def weights_key(retriever: Path) -> str:
 
 def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]:
     from ralm.eval.evidence import EvidenceConfig, evidence_gain
+    from ralm.runtime import Runtime
+
+    rt = Runtime.resolve("cpu", "auto", show_progress=False)  # the compute dtype pre-training used
 
     results = {}
     for step in [0, *args.points]:
@@ -127,8 +131,9 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]
                 run([*ralm, "index", "build", str(corpus), "--out", str(index), "--retriever", "dense",
                      "--model", str(point / "retriever"), "--device", "cpu"], work / "eval.log")
             start = time.perf_counter()
-            scores = evidence_gain(EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout,
-                                                  k=args.k, limit=args.sentences))
+            cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
+                                 limit=args.sentences, cache=str(work / "heldout"))
+            scores = evidence_gain(cfg, rt)
             write_json(out, {"step": step, **scores.to_json(), "eval_s": round(time.perf_counter() - start, 1)})
         results[step] = json.loads(out.read_text())
     return results
@@ -144,13 +149,19 @@ def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
     figures.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted(results)
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label="evidence gain (held-out)")
-    ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("REALM step (after the MLM warm-up)")
-    ax.set_ylabel("nats / masked wordpiece")
-    ax.set_title(f"null-only loss - retrieval loss, {results[steps[0]]['sentences']} held-out sentences")
-    ax.legend()
+    fig, (gain, utility) = plt.subplots(1, 2, figsize=(10, 3.6))
+    gain.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label="evidence gain")
+    gain.plot(steps, [results[s]["helped_share"] - 0.5 for s in steps], "s--", alpha=0.6, label="share helped - 0.5")
+    gain.axhline(0, color="grey", lw=0.8)
+    gain.set_xlabel("REALM step (0: after the MLM warm-up)")
+    gain.set_ylabel("nats / masked wordpiece")
+    gain.set_title(f"held-out: null-only loss - retrieval loss ({results[steps[0]]['sentences']} sentences)", fontsize=9)
+    gain.legend(fontsize=8)
+    utility.plot([r["step"] for r in rows], [r["retrieval_utility"] for r in rows], ".-")
+    utility.axhline(0, color="grey", lw=0.8)
+    utility.set_xlabel("REALM step")
+    utility.set_ylabel("nats / sentence")
+    utility.set_title("training batches: retrieval utility (top block vs null), per log window", fontsize=9)
     fig.tight_layout()
     fig.savefig(figures / "realm_evidence_gain.png", dpi=120)
     shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
