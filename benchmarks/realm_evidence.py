@@ -118,6 +118,8 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]
     from ralm.runtime import Runtime
 
     rt = Runtime.resolve("cpu", "auto", show_progress=False)  # the compute dtype pre-training used
+    if (work / "run" / "index" / "LATEST").is_file():  # the eval stage may run beside training, from its start
+        start_point(work / "run", work / "points" / "step-0")
 
     results = {}
     for step in [0, *args.points]:
