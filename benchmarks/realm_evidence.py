@@ -88,6 +88,28 @@ def start_point(run_dir: Path, dst: Path) -> None:
     tmp.rename(dst)
 
 
+def checkpoint_point(run_dir: Path, step: int, dst: Path) -> None:
+    """WORK/points/step-N from the run's checkpoint of step N (the run keeps its last two):
+    between two segment ends at no extra training cost."""
+    from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig
+    from ralm.retrieval.towers.encoders import Retriever
+    from ralm.train.checkpoints import load_checkpoint
+
+    if dst.is_dir():
+        return
+    ckpt = run_dir / "checkpoints" / f"step-{step:06d}"
+    if not ckpt.is_dir():
+        raise SystemExit(f"{ckpt}: not kept (a run keeps its last two checkpoints); choose --save-every to keep it")
+    model = Realm(Retriever.from_pretrained(run_dir / "final" / "retriever"),
+                  KnowledgeAugmentedEncoder.from_pretrained(run_dir / "final" / "encoder"), RealmConfig())
+    load_checkpoint(ckpt, model)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.retriever.save_pretrained(tmp / "retriever")
+    model.encoder.save_pretrained(tmp / "encoder")
+    tmp.rename(dst)
+
+
 def train(args, corpus: Path, work: Path, ralm: list[str]) -> dict:
     """Train up to each point; returns {point: wall seconds of its segment}."""
     run_dir, points = work / "run", work / "points"
@@ -102,6 +124,8 @@ def train(args, corpus: Path, work: Path, ralm: list[str]) -> dict:
             write_json(work / "train_wall.json", walls)
             copy_dir(run_dir / "final", dst)
         start_point(run_dir, points / "step-0")
+    for step in args.checkpoints:
+        checkpoint_point(run_dir, step, points / f"step-{step}")
     return walls
 
 
@@ -122,7 +146,7 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]
         start_point(work / "run", work / "points" / "step-0")
 
     results = {}
-    for step in [0, *args.points]:
+    for step in sorted({0, *args.points, *args.checkpoints}):
         point = work / "points" / f"step-{step}"
         out = point / "evidence.json"
         if not point.is_dir():
@@ -166,7 +190,8 @@ def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
     utility.set_title("training batches: retrieval utility (top block vs null), per log window", fontsize=9)
     fig.tight_layout()
     fig.savefig(figures / "realm_evidence_gain.png", dpi=120)
-    shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
+    if (work / "run" / "retrieval_utility.png").is_file():  # drawn when a segment ends
+        shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
     mlm_rows = [json.loads(line) for line in (work / "run" / "mlm" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"points": {str(s): {k: results[s][k] for k in ("evidence_gain", "loss_retrieved", "loss_null", "helped_share",
@@ -182,8 +207,10 @@ def main() -> None:
     p.add_argument("--corpus", type=Path, default=DATA / "squad_corpus.jsonl")
     p.add_argument("--heldout", default=str(DATA / "squad_dev_official_corpus.jsonl"))
     p.add_argument("--every", type=int, default=9, help="keep every N-th paragraph of the corpus")
-    p.add_argument("--points", type=lambda s: sorted(int(x) for x in s.split(",")), default=[40, 80, 120, 160],
+    p.add_argument("--points", type=lambda s: sorted(int(x) for x in s.split(",")), default=[40],
                    help="REALM steps at which to measure (the last is the run's length)")
+    p.add_argument("--checkpoints", type=lambda s: sorted(int(x) for x in s.split(",") if x), default=[20],
+                   help="further points read from the run's last two checkpoints (multiples of --save-every)")
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--sentences", type=int, default=200, help="held-out masked sentences per measurement")
     p.add_argument("-k", type=int, default=8, help="retrieved blocks per sentence (pre-training's default)")
