@@ -224,8 +224,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     corpus = make_corpus(work, args.corpus, args.every)
     ralm = [sys.executable, "-m", "ralm"]
+    walls_file = work / "train_wall.json"
     walls = train(args, corpus, work, ralm) if args.stage in ("all", "train") else \
-        json.loads((work / "train_wall.json").read_text())
+        json.loads(walls_file.read_text()) if walls_file.is_file() else {}
     if args.stage == "train":
         return
     summary = report(args, work, evaluate(args, corpus, work, ralm), walls)
