@@ -8,14 +8,17 @@ corpus, measured at several points of the run on held-out articles
 Resumable: each stage skips what WORK already holds.
   corpus   WORK/corpus.jsonl: every `--every`-th paragraph of squad_corpus.jsonl (all articles)
   train    `ralm pretrain` up to each point of `--points` in turn (the same run, resumed with a
-           larger --steps); after each, RUN/final is copied to WORK/points/step-N. The start
-           (step 0) is the warm-up encoder (RUN/mlm/final/encoder) with the starting towers
-           (the retriever of the run's first index version)
+           larger --steps); after each, RUN/final is copied to WORK/points/step-N; `--checkpoints`
+           adds points from the run's last two checkpoints. The start (step 0) is the warm-up
+           encoder (RUN/mlm/final/encoder) with the starting towers (the retriever of the run's
+           first index version). A run stopped early (SIGTERM: it checkpoints and exports at
+           step N) is measured by copying RUN/final to WORK/points/step-N and `--stage eval
+           --points N`; the eval stage may also run beside training
   eval     per point: a dense index over WORK/corpus.jsonl built with the point's document
            tower (shared by points whose towers are equal), then the evidence gain on
            `--sentences` held-out masked sentences (WORK/points/step-N/evidence.json)
-  report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point, and the
-           retrieval utility of the training batches over the run) and
+  report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point; the
+           warm-up's own-block evidence gain and REALM's retrieval utility per logged window) and
            realm_evidence_retrieval_utility.png (the run's own curve); the last stdout line is JSON
 
 Only corpus, out, steps and save-every are given to `ralm pretrain`; everything else is its default.
@@ -175,25 +178,29 @@ def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
     figures.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted(results)
-    fig, (gain, utility) = plt.subplots(1, 2, figsize=(10, 3.6))
+    mlm_rows = [json.loads(line) for line in (work / "run" / "mlm" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    fig, (gain, warm, utility) = plt.subplots(1, 3, figsize=(14, 3.6))
     gain.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label="evidence gain")
     gain.plot(steps, [results[s]["helped_share"] - 0.5 for s in steps], "s--", alpha=0.6, label="share helped - 0.5")
-    gain.axhline(0, color="grey", lw=0.8)
     gain.set_xlabel("REALM step (0: after the MLM warm-up)")
     gain.set_ylabel("nats / masked wordpiece")
-    gain.set_title(f"held-out: null-only loss - retrieval loss ({results[steps[0]]['sentences']} sentences)", fontsize=9)
+    gain.set_title(f"held-out, top-{args.k} + null vs null only ({results[steps[0]]['sentences']} sentences)", fontsize=9)
     gain.legend(fontsize=8)
-    utility.plot([r["step"] for r in rows], [r["retrieval_utility"] for r in rows], ".-")
-    utility.axhline(0, color="grey", lw=0.8)
+    warm.plot([r["step"] for r in mlm_rows], [r["evidence_gain"] for r in mlm_rows], ".-")
+    warm.set_xlabel("MLM warm-up step")
+    warm.set_ylabel("nats / masked wordpiece")
+    warm.set_title("warm-up batches: own block vs no block", fontsize=9)
+    utility.plot([r["step"] for r in rows], [r["retrieval_utility"] for r in rows], "o-")
     utility.set_xlabel("REALM step")
     utility.set_ylabel("nats / sentence")
-    utility.set_title("training batches: retrieval utility (top block vs null), per log window", fontsize=9)
+    utility.set_title("REALM batches: retrieval utility (top block vs null)", fontsize=9)
+    for ax in (gain, warm, utility):
+        ax.axhline(0, color="grey", lw=0.8)
     fig.tight_layout()
     fig.savefig(figures / "realm_evidence_gain.png", dpi=120)
     if (work / "run" / "retrieval_utility.png").is_file():  # drawn when a segment ends
         shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
-    mlm_rows = [json.loads(line) for line in (work / "run" / "mlm" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"points": {str(s): {k: results[s][k] for k in ("evidence_gain", "loss_retrieved", "loss_null", "helped_share",
                                                             "sentences", "wordpieces")} for s in steps},
             "train_wall_s": walls, "realm_steps_per_s": round(sum(rates) / len(rates), 4) if rates else None,
