@@ -19,7 +19,8 @@ Resumable: each stage skips what WORK already holds.
            `--sentences` held-out masked sentences (WORK/points/step-N/evidence.json)
   report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point; the
            warm-up's own-block evidence gain and REALM's retrieval utility per logged window) and
-           realm_evidence_retrieval_utility.png (the run's own curve); the last stdout line is JSON
+           realm_evidence_retrieval_utility.png (the run's own curve, drawn when a segment ends
+           unstopped); the last stdout line is JSON
 
 Only corpus, out, steps and save-every are given to `ralm pretrain`; everything else is its default.
 """
