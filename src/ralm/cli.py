@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ralm.commands.convert import convert_app, export
+from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
@@ -38,6 +39,7 @@ app.add_typer(index_app, name="index")
 app.command()(search)
 app.add_typer(eval_app, name="eval")
 eval_app.command("retrieval")(eval_retrieval)
+eval_app.command("evidence")(eval_evidence)
 
 @app.command()
 def demo(

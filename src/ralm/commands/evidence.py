@@ -1,0 +1,48 @@
+"""`ralm eval evidence`: REALM's evidence gain on held-out text (eval/evidence.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ralm.commands.shared import DeviceOpt, DtypeOpt, JsonOpt, quiet_libraries, runtime
+from ralm.configs import ConfigError
+from ralm.console import print_summary
+from ralm.errors import RalmError
+
+
+def eval_evidence(
+    *,
+    model: Path = typer.Option(..., "--model", help="a `ralm pretrain` run (its final/retriever and final/encoder) or a "
+                               "retriever directory (then give --encoder)"),
+    encoder: Optional[Path] = typer.Option(None, "--encoder", help="the knowledge-augmented encoder (default: the run's)"),
+    index: Path = typer.Option(..., "--index", help="dense index over the pre-training corpus, built with the run's "
+                               "document tower (`ralm index build CORPUS --model RUN/final/retriever --retriever dense`)"),
+    corpus: Path = typer.Option(..., "--corpus", help="held-out corpus (JSONL {id, title, text}, TSV or a folder of .txt)"),
+    k: Optional[int] = typer.Option(None, "-k", "--k", help="retrieved blocks per sentence (default 8, as pre-training)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="masked sentences scored, spread over the corpus "
+                                        "(default 300; 0: all)"),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="keep the held-out corpus' blocks and spaCy pass here"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="sentences per forward pass (default 16)"),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = JsonOpt,
+):
+    """REALM's evidence gain: the masked salient-span loss with the retrieved blocks vs with the null block only."""
+    from ralm.eval.evidence import EvidenceConfig, evidence_gain
+
+    quiet_libraries()
+    values = {name: v for name, v in (("k", k), ("batch_size", batch_size), ("cache", cache and str(cache))) if v is not None}
+    if limit is not None:
+        values["limit"] = limit or None  # 0: every sentence
+    try:
+        cfg = EvidenceConfig(str(model), str(encoder or model), str(index), str(corpus), **values)
+    except ConfigError as e:
+        raise RalmError(f"--{e.field.replace('_', '-')} {e.problem}") from None
+    s = evidence_gain(cfg, runtime(device, dtype))
+    print_summary(s.to_json(), as_json,
+                  f"evidence gain {s.evidence_gain:+.4f} nats per masked wordpiece (null only {s.loss_null:.4f}, with "
+                  f"retrieval {s.loss_retrieved:.4f}); retrieval helps {100 * s.helped_share:.1f}% of {s.sentences} "
+                  f"sentences ({s.wordpieces} masked wordpieces)")
