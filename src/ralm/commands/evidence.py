@@ -8,9 +8,7 @@ from typing import Optional
 import typer
 
 from ralm.commands.shared import DeviceOpt, DtypeOpt, JsonOpt, quiet_libraries, runtime
-from ralm.configs import ConfigError
 from ralm.console import print_summary
-from ralm.errors import RalmError
 
 
 def eval_evidence(
@@ -37,10 +35,7 @@ def eval_evidence(
     values = {name: v for name, v in (("k", k), ("batch_size", batch_size), ("cache", cache and str(cache))) if v is not None}
     if limit is not None:
         values["limit"] = limit or None  # 0: every sentence
-    try:
-        cfg = EvidenceConfig(str(model), str(encoder or model), str(index), str(corpus), **values)
-    except ConfigError as e:
-        raise RalmError(f"--{e.field.replace('_', '-')} {e.problem}") from None
+    cfg = EvidenceConfig(str(model), str(encoder or model), str(index), str(corpus), **values)  # a bad field: cli.main names its flag
     s = evidence_gain(cfg, runtime(device, dtype))
     print_summary(s.to_json(), as_json,
                   f"evidence gain {s.evidence_gain:+.4f} nats per masked wordpiece (null only {s.loss_null:.4f}, with "
