@@ -4,14 +4,19 @@ other documents that mention an entity and one of its facts, the fact masked.
 
 Everything starts from a tiny randomly initialised BERT with the bundled vocabulary: towers
 and encoder know nothing. One MLM warm-up (train.mlm) is shared by every arm: it teaches the
-encoder to copy a masked span from evidence, on a second generated task with so many entities
-(`--warm-entities`) that memorising their facts does not pay, every sentence read with its own
-block, the sentence kept (the plainest copying lesson). A random BERT learns that copy in a few
-hundred steps, and it carries over to reading a fact from another document's wording: on
-held-out fact documents the warmed encoder puts log p -0.1 on the fact read from its fact
-document, -7.7 from another entity's, -4.6 from none. (Warmed up with the sentence cut out it
-stayed at the class prior, log 30 = 3.4 nats, for 600 steps; warmed up on the training corpus itself
-it memorised the facts and REALM then put all of p(z|x) on the null document.) The towers start
+encoder to read a masked fact from evidence, on a second generated task with so many entities
+(`--warm-entities`) that memorising their facts does not pay. Each of its entities is one
+document, the fact statement then the notes (`write_corpus(joined=True)`), and every sentence
+is read with its own block, kept in it half the time (`--warm-keep`): kept, it is the plainest
+copying lesson, which a random BERT learns in a few hundred steps; cut out, the fact must be
+read from the statement's other wording ("founded in Oslo by Clara" for "arrive from [MASK]"),
+which teaches the encoder which of the statement's two values each wording asks for. Without
+that half (sentence always kept, entities' documents apart) the encoder read the founder for
+"Travellers to E often arrive from [MASK]": the right fact document then hurt that sentence,
+REALM learned to avoid it, and that one template held recall@1 at 0.85-0.89 (1,000-2,000 steps).
+(Warmed up with the sentence always cut out of notes-only blocks it stayed at the class prior, log 30 =
+3.4 nats, for 600 steps; warmed up on the training corpus itself it memorised the facts and REALM
+then put all of p(z|x) on the null document.) The towers start
 from `--ict-steps` ICT steps, the weak start of the cold-start problem (0: random towers,
 whose mean-pooled vectors already rank by shared words; from them REALM learned 40 training
 entities but not 160, and the 40 did not carry over to held-out names). Then each arm runs the real
@@ -105,9 +110,10 @@ def main() -> None:
     ap.add_argument("--arms", default="full,frozen,no_null,random_mask,fresh_index")
     ap.add_argument("--train-entities", type=int, default=400)
     ap.add_argument("--eval-entities", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--warm-entities", type=int, default=800, help="entities of the warm-up task (too many to memorise)")
     ap.add_argument("--mlm-steps", type=int, default=500)
+    ap.add_argument("--warm-keep", type=float, default=0.5, help="share of warm-up blocks that keep the masked sentence")
     ap.add_argument("--mlm-lr", type=float, default=1e-3)
     ap.add_argument("--ict-steps", type=int, default=20, help="ICT steps for the towers' start (0: random towers)")
     ap.add_argument("--batch-size", type=int, default=8)
@@ -125,7 +131,8 @@ def main() -> None:
     out, task = knowledge_setup(args)
     cpu = torch.device("cpu")
     corpus = task.write_corpus(out / "corpus.jsonl")
-    warm_corpus = generate_task(KnowledgeConfig(args.warm_entities, 1, seed=args.seed + 1)).write_corpus(out / "warm-up.jsonl")
+    warm_task = generate_task(KnowledgeConfig(args.warm_entities, 1, seed=args.seed + 1))
+    warm_corpus = warm_task.write_corpus(out / "warm-up.jsonl", joined=True)
     spacy_dir = save_spacy_pipeline(out / "spacy")
     bert = save_random_encoder(out / "random-bert", hidden_size=args.hidden, layers=args.layers,
                                heads=max(1, args.hidden // 32), seed=args.seed, pooling="mean")
@@ -134,7 +141,7 @@ def main() -> None:
 
     mlm = MlmConfig(str(warm_corpus), model=str(bert), steps=args.mlm_steps, head_steps=0, batch_size=32,
                     lr=args.mlm_lr, warmup=20, spacy_model=str(spacy_dir), save_every=args.mlm_steps, log_every=20,
-                    evidence=1.0, keep_sentence=1.0, seed=args.seed, **lengths, **fp32)
+                    evidence=1.0, keep_sentence=args.warm_keep, seed=args.seed, **lengths, **fp32)
     warm = warm_up_encoder(mlm, out / "mlm", cpu, show_progress=False)
     print(f"MLM warm-up: {warm.steps} steps in {warm.seconds} s", flush=True)
     init = None

@@ -53,3 +53,16 @@ def test_the_spacy_pipeline_marks_the_facts_as_salient(tmp_path):
     assert len(table) == 3 * (1 + 4)  # one fact sentence and four notes sentences per training entity
     with pytest.raises(RalmError, match="could not load the spaCy pipeline"):
         load_spacy(str(tmp_path))
+
+
+def test_the_joined_corpus_holds_each_training_entity_in_one_document(tmp_path):
+    import json
+
+    task = generate_task(KnowledgeConfig(5, 2, seed=1))
+    rows = [json.loads(line) for line in task.write_corpus(tmp_path / "joined.jsonl", joined=True).read_text().splitlines()]
+    training = [e for e in task.entities if not e.held_out]
+    assert [r["id"] for r in rows] == [e.source for e in training]
+    for r, e in zip(rows, training):  # the fact statement first, then every notes sentence of the entity
+        notes = [s.text for s in task.train_sentences if s.entity == e.name]
+        assert r["text"].startswith(f"{e.name} was founded in {e.city} by {e.founder}.") and all(n in r["text"] for n in notes)
+    assert len(task.write_corpus(tmp_path / "all.jsonl", joined=True, with_eval=True).read_text().splitlines()) == 7

@@ -111,10 +111,18 @@ class KnowledgeTask:
     eval_sentences: list[FactSentence]  # held-out sentences about the held-out entities (in no corpus)
     train_sentences: list[FactSentence]  # the notes sentences of the training entities, with their fact spans
 
-    def write_corpus(self, path: str | os.PathLike, *, with_eval: bool = False) -> Path:
+    def write_corpus(self, path: str | os.PathLike, *, with_eval: bool = False, joined: bool = False) -> Path:
         """The pre-training corpus as JSONL (with the held-out fact documents appended when
-        `with_eval`: the corpus a user indexes after adding documents)."""
-        docs = self.train_docs + (self.eval_docs if with_eval else [])
+        `with_eval`: the corpus a user indexes after adding documents). `joined` writes each
+        training entity as one document, its fact document's text then its notes: a reading
+        lesson for an MLM warm-up, where a notes sentence cut out of its block can be filled
+        only by reading the fact statement's other wording (with separate documents the
+        encoder never learns which of a fact document's two values each wording asks for)."""
+        docs = self.train_docs
+        if joined:
+            docs = [Document(fact.id, fact.title, f"{fact.text} {notes.text}")
+                    for fact, notes in zip(self.train_docs[0::2], self.train_docs[1::2])]
+        docs = docs + (self.eval_docs if with_eval else [])
         write_text(path, "".join(json.dumps(asdict(d)) + "\n" for d in docs))
         return Path(path)
 
