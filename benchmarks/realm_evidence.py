@@ -14,9 +14,13 @@ Resumable: each stage skips what WORK already holds.
            first index version). A run stopped early (SIGTERM: it checkpoints and exports at
            step N) is measured by copying RUN/final to WORK/points/step-N and `--stage eval
            --points N`; the eval stage may also run beside training
-  eval     per point: a dense index over WORK/corpus.jsonl built with the point's document
-           tower (shared by points whose towers are equal), then the evidence gain on
-           `--sentences` held-out masked sentences (WORK/points/step-N/evidence.json)
+  eval     per point and `--indexed` setting: a dense index built with the point's document
+           tower (shared by points whose towers are equal) over WORK/corpus.jsonl ("corpus": no
+           block holds the held-out articles' knowledge) or over it plus the held-out paragraphs
+           ("heldout": as a user adds documents; each sentence's own paragraph is excluded, as
+           pre-training excludes trivial retrievals, so the evidence is the article's other
+           paragraphs), then the evidence gain on `--sentences` held-out masked sentences
+           (WORK/points/step-N/evidence.json, evidence-heldout.json)
   report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point; the
            warm-up's own-block evidence gain and REALM's retrieval utility per logged window) and
            realm_evidence_retrieval_utility.png (the run's own curve, drawn when a segment ends
@@ -141,7 +145,23 @@ def weights_key(retriever: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]:
+def eval_corpus(work: Path, corpus: Path, heldout: str, setting: str) -> Path:
+    """What the evaluation index holds: the pre-training corpus, or with the held-out paragraphs
+    added (as a user adds documents; each sentence's own paragraph is then excluded)."""
+    if setting == "corpus":
+        return corpus
+    if setting != "heldout":
+        raise SystemExit(f"--indexed: 'corpus' or 'heldout', got {setting!r}")
+    out = work / "corpus+heldout.jsonl"
+    if not out.is_file():
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(corpus.read_text() + Path(heldout).read_text())
+        tmp.rename(out)
+    return out
+
+
+def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[int, dict]]:
+    """{setting: {point: scores}} for each index setting of `--indexed`."""
     from ralm.eval.evidence import EvidenceConfig, evidence_gain
     from ralm.runtime import Runtime
 
@@ -150,26 +170,29 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[int, dict]
         start_point(work / "run", work / "points" / "step-0")
 
     results = {}
-    for step in sorted({0, *args.points, *args.checkpoints}):
-        point = work / "points" / f"step-{step}"
-        out = point / "evidence.json"
-        if not point.is_dir():
-            continue
-        if not out.is_file():
-            index = work / "indexes" / weights_key(point / "retriever")
-            if not (index / "LATEST").is_file():
-                run([*ralm, "index", "build", str(corpus), "--out", str(index), "--retriever", "dense",
-                     "--model", str(point / "retriever"), "--device", "cpu"], work / "eval.log")
-            start = time.perf_counter()
-            cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
-                                 limit=args.sentences, cache=str(work / "heldout"))
-            scores = evidence_gain(cfg, rt)
-            write_json(out, {"step": step, **scores.to_json(), "eval_s": round(time.perf_counter() - start, 1)})
-        results[step] = json.loads(out.read_text())
+    for setting in args.indexed:
+        indexed, suffix = eval_corpus(work, corpus, args.heldout, setting), "" if setting == "corpus" else f"-{setting}"
+        results[setting] = {}
+        for step in sorted({0, *args.points, *args.checkpoints}):
+            point = work / "points" / f"step-{step}"
+            out = point / f"evidence{suffix}.json"
+            if not point.is_dir():
+                continue
+            if not out.is_file():
+                index = work / "indexes" / f"{weights_key(point / 'retriever')}{suffix}"
+                if not (index / "LATEST").is_file():
+                    run([*ralm, "index", "build", str(indexed), "--out", str(index), "--retriever", "dense",
+                         "--model", str(point / "retriever"), "--device", "cpu"], work / "eval.log")
+                start = time.perf_counter()
+                cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
+                                     limit=args.sentences, cache=str(work / "heldout"))
+                scores = evidence_gain(cfg, rt)
+                write_json(out, {"step": step, **scores.to_json(), "eval_s": round(time.perf_counter() - start, 1)})
+            results[setting][step] = json.loads(out.read_text())
     return results
 
 
-def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
+def report(args, work: Path, settings: dict[str, dict[int, dict]], walls: dict) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,14 +201,16 @@ def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
     figures = Path(args.figures)
     figures.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = sorted(results)
     mlm_rows = [json.loads(line) for line in (work / "run" / "mlm" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     fig, (gain, warm, utility) = plt.subplots(1, 3, figsize=(14, 3.6))
-    gain.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label="evidence gain")
-    gain.plot(steps, [results[s]["helped_share"] - 0.5 for s in steps], "s--", alpha=0.6, label="share helped - 0.5")
+    for setting, results in settings.items():
+        steps = sorted(results)
+        gain.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label=f"evidence gain, index: {setting}")
+        gain.plot(steps, [results[s]["helped_share"] - 0.5 for s in steps], "s--", alpha=0.6,
+                  label=f"share helped - 0.5, index: {setting}")
     gain.set_xlabel("REALM step (0: after the MLM warm-up)")
     gain.set_ylabel("nats / masked wordpiece")
-    gain.set_title(f"held-out, top-{args.k} + null vs null only ({results[steps[0]]['sentences']} sentences)", fontsize=9)
+    gain.set_title(f"held-out sentences, top-{args.k} + null vs null only", fontsize=9)
     gain.legend(fontsize=8)
     warm.plot([r["step"] for r in mlm_rows], [r["evidence_gain"] for r in mlm_rows], ".-")
     warm.set_xlabel("MLM warm-up step")
@@ -202,8 +227,9 @@ def report(args, work: Path, results: dict[int, dict], walls: dict) -> dict:
     if (work / "run" / "retrieval_utility.png").is_file():  # drawn when a segment ends
         shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
-    return {"points": {str(s): {k: results[s][k] for k in ("evidence_gain", "loss_retrieved", "loss_null", "helped_share",
-                                                            "sentences", "wordpieces")} for s in steps},
+    keys = ("evidence_gain", "loss_retrieved", "loss_null", "helped_share", "sentences", "wordpieces", "own_document_indexed")
+    return {"points": {setting: {str(s): {k: r[k] for k in keys} for s, r in sorted(results.items())}
+                       for setting, results in settings.items()},
             "train_wall_s": walls, "realm_steps_per_s": round(sum(rates) / len(rates), 4) if rates else None,
             "mlm_steps_per_s": round(sum(r["steps_per_s"] for r in mlm_rows) / len(mlm_rows), 4) if mlm_rows else None,
             "retrieval_utility_by_window": [(r["step"], r["retrieval_utility"]) for r in rows]}
@@ -224,6 +250,10 @@ def main() -> None:
     p.add_argument("-k", type=int, default=8, help="retrieved blocks per sentence (pre-training's default)")
     p.add_argument("--pretrain-args", default="", help="extra `ralm pretrain` options, for smoke tests only "
                    "(e.g. '--mlm-warmup 4'); the measurement uses none")
+    p.add_argument("--indexed", type=lambda s: s.split(","), default=["corpus", "heldout"],
+                   help="what the evaluation index holds: 'corpus' (the pre-training corpus only: the held-out "
+                        "articles' knowledge is in no block) and/or 'heldout' (the held-out paragraphs added, each "
+                        "sentence's own paragraph excluded, as pre-training excludes trivial retrievals)")
     p.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
     args = p.parse_args()
