@@ -41,9 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ralm.atomic import write_text
 from ralm.data.blocks import wordpiece_tokenizer
 from ralm.data.chunks import tokenize_text
-from ralm.data.corpus import Document
+from ralm.data.corpus import Document, jsonl_lines
 from ralm.data.knowledge import (
     FactSentence,
     KnowledgeConfig,
@@ -69,7 +70,7 @@ class Scored:
 
 
 def write_jsonl(path: Path, docs: list[Document]) -> Path:
-    path.write_text("".join(json.dumps(asdict(d)) + "\n" for d in docs))
+    write_text(path, jsonl_lines(docs))
     return path
 
 

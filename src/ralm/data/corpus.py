@@ -189,12 +189,17 @@ def as_documents(items: Iterable[Document | dict | str]) -> list[Document]:
 Documents = Iterable[Document | dict | str]  # a corpus given in memory (see `as_documents`)
 
 
+def jsonl_lines(docs: Iterable[Document]) -> str:
+    """Documents as the lines of a JSONL corpus file (what `read_corpus` reads back)."""
+    return "".join(json.dumps(asdict(d), ensure_ascii=False) + "\n" for d in docs)
+
+
 def save_documents(folder: str | os.PathLike, docs: Documents) -> Path:
     """In-memory documents as a JSONL corpus file in `folder`, named by its content, so that
     what reads a corpus (block stores, trainers, a resumed run) reads them like any other file."""
     from ralm.atomic import write_text
 
-    lines = "".join(json.dumps(asdict(d), ensure_ascii=False) + "\n" for d in as_documents(docs))
+    lines = jsonl_lines(as_documents(docs))
     path = Path(folder) / f"{hashlib.sha256(lines.encode()).hexdigest()[:16]}.jsonl"
     if not path.is_file():
         write_text(path, lines)

@@ -24,15 +24,14 @@ the real pre-training path masks them.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ralm.atomic import atomic_path, write_text
-from ralm.data.corpus import Document
+from ralm.data.corpus import Document, jsonl_lines
 from ralm.errors import RalmError
 
 # Every word is one wordpiece of the bundled (MiniLM, uncased BERT) vocabulary: tests check it.
@@ -123,7 +122,7 @@ class KnowledgeTask:
             docs = [Document(fact.id, fact.title, f"{fact.text} {notes.text}")
                     for fact, notes in zip(self.train_docs[0::2], self.train_docs[1::2])]
         docs = docs + (self.eval_docs if with_eval else [])
-        write_text(path, "".join(json.dumps(asdict(d)) + "\n" for d in docs))
+        write_text(path, jsonl_lines(docs))
         return Path(path)
 
     @property

@@ -3,7 +3,8 @@
 
 The key of a chunk is the mean-pooled last layer of the frozen encoder (the bundled MiniLM by
 default) over `[CLS] chunk [SEP]`, L2-normalised whatever the encoder, so inner product = cosine
-and the nearest keys by inner product are the nearest by L2 distance (the paper's search). The chunk layout and document exclusion are data/chunks.py.
+and the nearest keys by inner product are the nearest by L2 distance (the paper's search). The
+chunk layout and document exclusion are data/chunks.py.
 
   DB/manifest.json    format, chunk_len, counts, encoder path and fingerprint, faiss spec
   DB/tokens.npy       int32 [T] the token stream (documents separated by [SEP])
