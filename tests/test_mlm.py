@@ -85,6 +85,8 @@ def test_bad_options_are_clear_errors(corpus_file):
         MlmConfig(str(corpus_file), keep_sentence=-0.1)
     with pytest.raises(RalmError, match="distractor must be in"):
         MlmConfig(str(corpus_file), distractor=2.0)
+    with pytest.raises(RalmError, match="mlm_distractor must be in"):
+        PretrainConfig(str(corpus_file), mlm_distractor=2.0)
     with pytest.raises(RalmError, match="masking"):
         MlmConfig(str(corpus_file), masking="words")
 
@@ -93,10 +95,12 @@ def test_pretrain_warms_up_a_fresh_encoder_and_starts_from_it(tiny_bert, corpus_
     run = tmp_path / "run"
     messages = []
     cfg = PretrainConfig(str(corpus_file), model=str(tiny_bert), dim=16, steps=1, batch_size=2, k=2, lr=1e-3, warmup=1,
-                         refresh="none", save_every=1, log_every=1, max_len=96, seed=3, mlm_warmup=2, dtype="fp32")
+                         refresh="none", save_every=1, log_every=1, max_len=96, seed=3, mlm_warmup=2, mlm_distractor=0.5,
+                         dtype="fp32")
     pretrain(cfg, run, CPU, show_progress=False, notify=messages.append)
     assert any("MLM warm-up" in m for m in messages)
     assert (run / "mlm" / "final" / "trainer.json").is_file()
+    assert json.loads((run / "mlm" / "config.json").read_text())["distractor"] == 0.5
     assert [r["step"] for r in _rows(run / "mlm")] == [1, 2]
     # --encoder takes the warm-up run: its head is trained, so no second warm-up
     again = tmp_path / "again"

@@ -174,8 +174,6 @@ def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
 
 def open_index(cfg: EvidenceConfig, retriever: Retriever, device: torch.device) -> LoadedVersion:
     """The index's newest version; its dense side must come from `retriever`'s document tower."""
-    if not Path(cfg.index, "LATEST").is_file():
-        raise RalmError(f"index {cfg.index}: not an index directory (no LATEST); build one with `ralm index build`")
     index = IndexDir(cfg.index)
     name = index.latest()
     if "dense" not in index.version(name).sides:

@@ -57,6 +57,8 @@ class PretrainConfig(LoopConfig):
                         shown="bundled MiniLM", path="location")
     encoder: str | None = option(None, "the encoder's start: an `ralm mlm` run or a BERT masked-LM directory", path="location")
     mlm_warmup: int = option(300, "MLM warm-up steps (train.mlm, in RUN/mlm) when the encoder's MLM head is fresh; 0: none")
+    mlm_distractor: float = option(0.0, "the warm-up's share of blockless sentences read with another document's block "
+                                   "(teaches the encoder not to trust every block: docs/pretraining.md)")
     index: str | None = option(None, "an existing dense index over the corpus to start from (else one is built in RUN/index)",
                                path="location")
     dim: int = option(128, "retrieval dimension of a fresh projection")
@@ -80,7 +82,7 @@ class PretrainConfig(LoopConfig):
     lr: float = option(5e-5, "the encoder's learning rate")
     positive_fields = ("k", "refresh_every", "retriever_lr", "dim", "max_len", "max_query_len", "block_len")
     non_negative_fields = ("retriever_warmup", "mlm_warmup")
-    fraction_fields = ("random_prob",)
+    fraction_fields = ("random_prob", "mlm_distractor")
     presets = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "mlm_warmup": 60, "warmup": 20, "retriever_warmup": 40,
                        "refresh_every": 50, "save_every": 50}}
 
@@ -165,7 +167,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
     notify(f"MLM warm-up of the encoder: {cfg.mlm_warmup} steps in {run / 'mlm'}")
     # a warm-up step reads one block per sentence where REALM reads k + 1: twice the sentences is still cheap
     warm = MlmConfig(cfg.corpus, model=source, steps=cfg.mlm_warmup, head_steps=cfg.mlm_warmup // 3,
-                     batch_size=2 * cfg.batch_size, masking=cfg.masking,
+                     batch_size=2 * cfg.batch_size, masking=cfg.masking, distractor=cfg.mlm_distractor,
                      random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
     summary = warm_up_encoder(warm, run / "mlm", device, show_progress=show_progress, notify=notify, corpus=(blocks, table))
