@@ -28,7 +28,7 @@ from ralm.errors import RalmError
 # Answers whose calibrated P(correct) is below this are withheld. Chosen from the risk-coverage
 # curve of held-back questions, half of them with their article removed from the corpus
 # (benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
-MIN_CONFIDENCE = 0.41
+MIN_CONFIDENCE = 0.29
 
 # Each signal as the selective model reads it: name -> how it is derived from `Answer.signals`.
 FEATURES = ("logit_score", "log_partition", "retrieval_entropy", "top_dense", "top_bm25", "agreement")
