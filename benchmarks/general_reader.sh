@@ -146,7 +146,7 @@ rm -rf "$W/reader" && cp -r "${init[1]}" "$W/reader"
 awk 'NR % 2 == 0' "$DATA/squad_dev_official.jsonl" > "$W/heldout.jsonl"
 python benchmarks/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader" --kinds hybrid
 python benchmarks/selective.py --index "$W/dev" --work "$W/selective-sides" --reader "$W/selective/reader" \
-  --kinds dense,bm25 --cal-limit 300 --heldout-limit 300  # a map per side, on samples of each half
+  --kinds dense,bm25  # a map per side
 rm -rf "$W/reader-calibrated" && cp -r "$W/selective-sides/reader" "$W/reader-calibrated"
 ralm eval qa --model "$W/reader-calibrated" --index "$W/dev" --questions "$W/heldout.jsonl" \
   --predictions "$W/heldout.predictions.jsonl" "${OPT[@]}" --json

@@ -39,6 +39,9 @@ NAME_FIRST = ("amber silver golden copper iron crimson hollow quiet northern eas
               "burning silent wild lonely bright dark green blue white black stone glass velvet marble scarlet royal").split()
 NAME_SECOND = ("falcon lantern harbor river tower meadow forest bridge garden castle valley island crown anchor mirror "
                "arrow bell wolf raven fox oak willow lake hill gate shield star moon rose temple").split()
+# A third word, for tasks with more entities than two words name (more facts than a small model memorises).
+NAME_THIRD = ("port bay point field wood ford haven dale shore cliff ridge grove brook glen mill creek marsh peak cape "
+              "rock spring park hall court cross view heights fort camp farm").split()
 CITIES = ("paris london berlin madrid rome vienna prague dublin oslo cairo lima tokyo delhi sydney boston chicago "
           "denver dallas seattle houston athens moscow warsaw lisbon geneva milan naples venice florence munich").split()
 FOUNDERS = ("james mary john anna peter paul george henry thomas edward william charles alice emma grace clara lucy "
@@ -71,8 +74,8 @@ class KnowledgeConfig:
         total = self.train_entities + self.eval_entities
         if min(self.train_entities, self.eval_entities, self.mentions, self.eval_mentions) < 1:
             raise RalmError("train_entities, eval_entities, mentions and eval_mentions must be positive")
-        if total > len(NAME_FIRST) * len(NAME_SECOND):
-            raise RalmError(f"at most {len(NAME_FIRST) * len(NAME_SECOND)} entities, got {total}")
+        if total > len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD):
+            raise RalmError(f"at most {len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD)} entities, got {total}")
 
 
 @dataclass(frozen=True)
@@ -146,15 +149,19 @@ def _mention(template: str, entity: str, city: str, founder: str, relation: str)
     return FactSentence(text, (start, start + len(value)), relation, entity, "")
 
 
+def _entity_names(total: int, rng: np.random.Generator) -> list[str]:
+    """`total` distinct names: two words while they suffice, else three."""
+    lists = (NAME_FIRST, NAME_SECOND) if total <= len(NAME_FIRST) * len(NAME_SECOND) else (NAME_FIRST, NAME_SECOND, NAME_THIRD)
+    sizes = tuple(len(words) for words in lists)
+    picks = rng.choice(int(np.prod(sizes)), size=total, replace=False)
+    return [" ".join(words[i] for words, i in zip(lists, np.unravel_index(int(p), sizes))).title() for p in picks]
+
+
 def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
     """The task of `cfg`, the same for the same config (see the module docstring)."""
     rng = np.random.default_rng(cfg.seed)
-    total = cfg.train_entities + cfg.eval_entities
-    pairs = rng.choice(len(NAME_FIRST) * len(NAME_SECOND), size=total, replace=False)
     entities, train_docs, eval_docs, train_sentences, eval_sentences = [], [], [], [], []
-    for n, pair in enumerate(pairs):
-        first, second = divmod(int(pair), len(NAME_SECOND))
-        entity = f"{NAME_FIRST[first]} {NAME_SECOND[second]}".title()
+    for n, entity in enumerate(_entity_names(cfg.train_entities + cfg.eval_entities, rng)):
         city, founder = CITIES[rng.integers(len(CITIES))].title(), FOUNDERS[rng.integers(len(FOUNDERS))].title()
         fact = Document(f"fact-{n:04d}", entity, FACT_TEMPLATE.format(entity=entity, city=city, founder=founder))
         held_out = n >= cfg.train_entities
