@@ -162,7 +162,7 @@ def retro_fact_nll(model, db: ChunkDB, s: Scored, neighbours: np.ndarray | None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/lm_knowledge", help="work directory (replaced)")
-    ap.add_argument("--train-entities", type=int, default=800, help="many: facts too many to memorise in the weights")
+    ap.add_argument("--train-entities", type=int, default=800, help="training entities (beyond 900 the names take a third word)")
     ap.add_argument("--eval-entities", type=int, default=100)
     ap.add_argument("--eval-mentions", type=int, default=2, help="held-out sentences per fact")
     ap.add_argument("--lm-steps", type=int, default=600)
