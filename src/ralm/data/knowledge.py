@@ -74,8 +74,8 @@ class KnowledgeConfig:
         total = self.train_entities + self.eval_entities
         if min(self.train_entities, self.eval_entities, self.mentions, self.eval_mentions) < 1:
             raise RalmError("train_entities, eval_entities, mentions and eval_mentions must be positive")
-        if total > len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD):
-            raise RalmError(f"at most {len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD)} entities, got {total}")
+        if total > (most := len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD)):
+            raise RalmError(f"at most {most} entities, got {total}")
 
 
 @dataclass(frozen=True)
