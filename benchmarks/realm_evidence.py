@@ -19,8 +19,8 @@ Resumable: each stage skips what WORK already holds.
            block holds the held-out articles' knowledge) or over it plus the held-out paragraphs
            ("heldout": as a user adds documents; each sentence's own paragraph is excluded, as
            pre-training excludes trivial retrievals, so the evidence is the article's other
-           paragraphs), then the evidence gain on `--sentences` held-out masked sentences
-           (WORK/points/step-N/evidence.json, evidence-heldout.json)
+           paragraphs), then the evidence gain on `--sentences` held-out masked sentences, with its
+           95% bootstrap interval (WORK/points/step-N/evidence.json, evidence-heldout.json)
   report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point; the
            warm-up's own-block evidence gain and REALM's retrieval utility per logged window) and
            realm_evidence_retrieval_utility.png (the run's own curve, drawn when a segment ends
@@ -178,7 +178,7 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
             out = point / f"evidence{suffix}.json"
             if not point.is_dir():
                 continue
-            if not out.is_file():
+            if not out.is_file() or json.loads(out.read_text()).get("limit") != args.sentences:  # else measured as asked
                 index = work / "indexes" / f"{weights_key(point / 'retriever')}{suffix}"
                 if not (index / "LATEST").is_file():
                     run([*ralm, "index", "build", str(indexed), "--out", str(index), "--retriever", "dense",
@@ -187,7 +187,8 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
                 cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
                                      limit=args.sentences, cache=str(work / "heldout"))
                 scores = evidence_gain(cfg, rt)
-                write_json(out, {"step": step, **scores.to_json(), "eval_s": round(time.perf_counter() - start, 1)})
+                write_json(out, {"step": step, "limit": args.sentences, **scores.to_json(),
+                                 "eval_s": round(time.perf_counter() - start, 1)})
             results[setting][step] = json.loads(out.read_text())
     return results
 
@@ -205,7 +206,10 @@ def report(args, work: Path, settings: dict[str, dict[int, dict]], walls: dict) 
     fig, (gain, warm, utility) = plt.subplots(1, 3, figsize=(14, 3.6))
     for setting, results in settings.items():
         steps = sorted(results)
-        gain.plot(steps, [results[s]["evidence_gain"] for s in steps], "o-", label=f"evidence gain, index: {setting}")
+        values = [results[s]["evidence_gain"] for s in steps]
+        bars = [[v - results[s]["gain_ci95"][0] for s, v in zip(steps, values)],
+                [results[s]["gain_ci95"][1] - v for s, v in zip(steps, values)]]
+        gain.errorbar(steps, values, yerr=bars, fmt="o-", capsize=3, label=f"evidence gain (95% interval), index: {setting}")
         gain.plot(steps, [results[s]["helped_share"] - 0.5 for s in steps], "s--", alpha=0.6,
                   label=f"share helped - 0.5, index: {setting}")
     gain.set_xlabel("REALM step (0: after the MLM warm-up)")
@@ -227,7 +231,8 @@ def report(args, work: Path, settings: dict[str, dict[int, dict]], walls: dict) 
     if (work / "run" / "retrieval_utility.png").is_file():  # drawn when a segment ends
         shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
-    keys = ("evidence_gain", "loss_retrieved", "loss_null", "helped_share", "sentences", "wordpieces", "own_document_indexed")
+    keys = ("evidence_gain", "gain_ci95", "loss_retrieved", "loss_null", "helped_share", "sentences", "wordpieces",
+            "own_document_indexed")
     return {"points": {setting: {str(s): {k: r[k] for k in keys} for s, r in sorted(results.items())}
                        for setting, results in settings.items()},
             "train_wall_s": walls, "realm_steps_per_s": round(sum(rates) / len(rates), 4) if rates else None,
@@ -246,7 +251,7 @@ def main() -> None:
     p.add_argument("--checkpoints", type=lambda s: sorted(int(x) for x in s.split(",") if x), default=[20],
                    help="further points read from the run's last two checkpoints (multiples of --save-every)")
     p.add_argument("--save-every", type=int, default=20)
-    p.add_argument("--sentences", type=int, default=200, help="held-out masked sentences per measurement")
+    p.add_argument("--sentences", type=int, default=500, help="held-out masked sentences per measurement")
     p.add_argument("-k", type=int, default=8, help="retrieved blocks per sentence (pre-training's default)")
     p.add_argument("--pretrain-args", default="", help="extra `ralm pretrain` options, for smoke tests only "
                    "(e.g. '--mlm-warmup 4'); the measurement uses none")

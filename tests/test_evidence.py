@@ -14,7 +14,8 @@ import torch
 
 from ralm.configs import ConfigError
 from ralm.errors import RalmError
-from ralm.eval.evidence import EvidenceConfig, evidence_gain, heldout_examples, load_realm, open_index, score_evidence
+from ralm.eval.evidence import (EvidenceConfig, evidence_gain, gain_interval, heldout_examples, load_realm, open_index,
+                                score_evidence)
 from ralm.models.realm import KnowledgeAugmentedEncoder
 from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import Runtime
@@ -106,6 +107,21 @@ def test_losses_equal_a_brute_force_marginal(run, tiny_dense_index):
     assert s.loss_null == pytest.approx(loss_n, rel=1e-4)
     assert s.evidence_gain == pytest.approx(loss_n - loss_r, rel=1e-4)
     assert s.helped_share == pytest.approx(np.mean(helped))
+    assert s.gain_ci95[0] <= s.evidence_gain <= s.gain_ci95[1]
+
+
+def test_gain_interval_resamples_sentences():
+    """Equal per-wordpiece gains leave nothing to resample; otherwise the interval holds the
+    estimate and narrows as 1/sqrt(sentences) (the same sentences four times: half as wide)."""
+    tokens = torch.tensor([2.0, 3.0, 5.0])
+    assert gain_interval(0.1 * tokens, torch.zeros(3), tokens) == pytest.approx((0.1, 0.1))
+    rng = np.random.default_rng(1)
+    null, retrieved = torch.tensor(rng.normal(3, 1, 200)), torch.tensor(rng.normal(3, 1, 200))
+    tokens = torch.tensor(rng.integers(1, 4, 200)).double()
+    lo, hi = gain_interval(null, retrieved, tokens)
+    assert lo < float((null - retrieved).sum() / tokens.sum()) < hi
+    lo4, hi4 = gain_interval(null.repeat(4), retrieved.repeat(4), tokens.repeat(4))
+    assert (hi4 - lo4) / (hi - lo) == pytest.approx(0.5, abs=0.08)
 
 
 def test_null_only_loss_ignores_retrieval(run, tiny_dense_index):

@@ -12,6 +12,8 @@ sentence x is then scored by the knowledge-augmented encoder twice, per masked w
 
   evidence_gain   loss_null - loss_retrieved (nats per masked wordpiece; > 0: retrieval helps)
   helped_share    share of sentences whose retrieval loss is below their null-only loss
+  gain_ci95       a 95% bootstrap interval of evidence_gain, sentences resampled: a gain of a few
+                  hundredths of a nat on a few hundred sentences is noise unless it excludes 0
   retrieval_utility, p_null  training's metrics (log p(y|z*,x) - log p(y|null,x) summed over x's
                   masked wordpieces, z* the most relevant block; p(null|x)), averaged over sentences
 
@@ -79,6 +81,7 @@ class EvidenceScores:
     loss_null: float  # nats per masked wordpiece, the null document alone
     evidence_gain: float  # loss_null - loss_retrieved
     helped_share: float  # sentences whose retrieval loss is below their null-only loss
+    gain_ci95: tuple[float, float]  # bootstrap over sentences (`gain_interval`)
     retrieval_utility: float  # mean over sentences, nats summed over a sentence's masked wordpieces
     p_null: float  # mean p(null|x)
     sentences: int
@@ -137,6 +140,16 @@ def heldout_examples(cfg: EvidenceConfig, hf_tokenizer, folder: Path, *, show_pr
     return examples, [blocks.record(int(table.rows[s]))["doc_id"] for s in candidates]
 
 
+def gain_interval(null: torch.Tensor, retrieved: torch.Tensor, tokens: torch.Tensor, *, draws: int = 2000,
+                  seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of (Σ null - Σ retrieved) / Σ tokens, resampling sentences
+    (per-sentence sums [B]): the wordpieces of one sentence share its retrieval, so they move together."""
+    gain, tok = (null - retrieved).double().numpy(), tokens.double().numpy()
+    rows = np.random.default_rng(seed).integers(0, len(gain), size=(draws, len(gain)))  # [draws, B]
+    lo, hi = np.quantile(gain[rows].sum(1) / tok[rows].sum(1), [0.025, 0.975])
+    return float(lo), float(hi)
+
+
 def score_evidence(model: Realm, version: LoadedVersion, examples: Sequence[MaskedSentence], doc_ids: Sequence[str], *,
                    rt: Runtime, batch_size: int = 16) -> EvidenceScores:
     """The scores of the module docstring for `model` over the index `version`."""
@@ -154,7 +167,8 @@ def score_evidence(model: Realm, version: LoadedVersion, examples: Sequence[Mask
     n = int(tokens.sum())
     loss_retrieved, loss_null = float(retrieved.sum()) / n, float(null.sum()) / n
     return EvidenceScores(loss_retrieved, loss_null, loss_null - loss_retrieved, float((retrieved < null).float().mean()),
-                          float(utility.mean()), float(p_null.mean()), len(examples), n, sum(e.doc >= 0 for e in examples))
+                          gain_interval(null, retrieved, tokens), float(utility.mean()), float(p_null.mean()),
+                          len(examples), n, sum(e.doc >= 0 for e in examples))
 
 
 def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
