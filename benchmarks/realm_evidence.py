@@ -246,11 +246,11 @@ def main() -> None:
     p.add_argument("--corpus", type=Path, default=DATA / "squad_corpus.jsonl")
     p.add_argument("--heldout", default=str(DATA / "squad_dev_official_corpus.jsonl"))
     p.add_argument("--every", type=int, default=9, help="keep every N-th paragraph of the corpus")
-    p.add_argument("--points", type=lambda s: sorted(int(x) for x in s.split(",")), default=[40],
+    p.add_argument("--points", type=lambda s: sorted(int(x) for x in s.split(",")), default=[50, 100, 150],
                    help="REALM steps at which to measure (the last is the run's length)")
-    p.add_argument("--checkpoints", type=lambda s: sorted(int(x) for x in s.split(",") if x), default=[20],
+    p.add_argument("--checkpoints", type=lambda s: sorted(int(x) for x in s.split(",") if x), default=[],
                    help="further points read from the run's last two checkpoints (multiples of --save-every)")
-    p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=25)
     p.add_argument("--sentences", type=int, default=500, help="held-out masked sentences per measurement")
     p.add_argument("-k", type=int, default=8, help="retrieved blocks per sentence (pre-training's default)")
     p.add_argument("--pretrain-args", default="", help="extra `ralm pretrain` options, for smoke tests only "
