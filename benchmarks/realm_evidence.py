@@ -178,7 +178,8 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
             out = point / f"evidence{suffix}.json"
             if not point.is_dir():
                 continue
-            if not out.is_file() or json.loads(out.read_text()).get("limit") != args.sentences:  # else measured as asked
+            measured = json.loads(out.read_text()) if out.is_file() else {}
+            if measured.get("limit") != args.sentences:  # not yet measured, or with another sentence count
                 index = work / "indexes" / f"{weights_key(point / 'retriever')}{suffix}"
                 if not (index / "LATEST").is_file():
                     run([*ralm, "index", "build", str(indexed), "--out", str(index), "--retriever", "dense",
@@ -187,9 +188,10 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
                 cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
                                      limit=args.sentences, cache=str(work / "heldout"))
                 scores = evidence_gain(cfg, rt)
-                write_json(out, {"step": step, "limit": args.sentences, **scores.to_json(),
-                                 "eval_s": round(time.perf_counter() - start, 1)})
-            results[setting][step] = json.loads(out.read_text())
+                measured = {"step": step, "limit": args.sentences, **scores.to_json(),
+                            "eval_s": round(time.perf_counter() - start, 1)}
+                write_json(out, measured)
+            results[setting][step] = measured
     return results
 
 
