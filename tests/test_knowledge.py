@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ralm.data.blocks import BlockStore, build_block_store
-from ralm.data.knowledge import (CITIES, FOUNDERS, NAME_FIRST, NAME_SECOND, NAME_THIRD, KnowledgeConfig, generate_task,
+from ralm.data.knowledge import (CITIES, FOUNDERS, MORE_FIRST, MORE_SECOND, NAME_FIRST, NAME_SECOND, KnowledgeConfig, generate_task,
                                  save_spacy_pipeline)
 from ralm.data.masking import SentenceConfig, find_sentences, load_spacy
 from ralm.errors import RalmError
@@ -28,21 +28,22 @@ def test_the_task_is_seeded_and_states_each_fact_in_one_place():
         assert s.text[s.span[0]:s.span[1]] == (e.city if s.relation == "city" else e.founder)
         assert s.source == e.source and "[MASK]" in s.masked_text and s.entity in s.masked_text
     with pytest.raises(RalmError, match="at most"):
-        KnowledgeConfig(train_entities=len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD), eval_entities=1)
+        KnowledgeConfig(train_entities=len(NAME_FIRST + MORE_FIRST) * len(NAME_SECOND + MORE_SECOND), eval_entities=1)
 
 
-def test_names_take_a_third_word_only_beyond_the_two_word_names():
+def test_names_draw_on_the_longer_lists_only_beyond_the_short_ones():
     two = len(NAME_FIRST) * len(NAME_SECOND)
     small = generate_task(KnowledgeConfig(two - 1, 1))
-    assert {len(e.name.split()) for e in small.entities} == {2}
+    assert {w for e in small.entities for w in e.name.lower().split()} <= set(NAME_FIRST + NAME_SECOND)
     large = generate_task(KnowledgeConfig(two, 1))
     names = [e.name for e in large.entities]
-    assert len(set(names)) == len(names) and {len(n.split()) for n in names} == {3}
+    assert len(set(names)) == len(names) and {len(n.split()) for n in names} == {2}
+    assert {w for n in names for w in n.lower().split()} & set(MORE_FIRST + MORE_SECOND)
 
 
 def test_every_word_is_one_wordpiece_and_facts_mask_whole():
     tok = load_tokenizer()
-    for word in NAME_FIRST + NAME_SECOND + NAME_THIRD + CITIES + FOUNDERS:
+    for word in NAME_FIRST + NAME_SECOND + MORE_FIRST + MORE_SECOND + CITIES + FOUNDERS:
         assert len(tok.tokenize(word)) == 1, word
     task = generate_task(KnowledgeConfig(4, 2))
     examples = fact_examples(task.eval_sentences, tok)

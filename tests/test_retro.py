@@ -295,7 +295,7 @@ def test_learns_to_copy_the_continuation_from_its_neighbours():
     assert off > 0.9 * np.log(V) and on < 0.5 * np.log(V)
 
 
-def _twin_corpus(tmp_path, *, docs: int = 6, chunks_per_doc: int = 3):
+def _twin_corpus(tmp_path, *, docs: int = 6, chunks_per_doc: int = 3, seed: int = 0):
     """Documents of random city names (one wordpiece each) whose length with [SEP] is a whole
     number of chunks, each followed later by an identical twin under another title: the chunk
     DB holds both, the text only the originals. The nearest DB chunk of another document to a
@@ -306,10 +306,11 @@ def _twin_corpus(tmp_path, *, docs: int = 6, chunks_per_doc: int = 3):
 
     from ralm.data.knowledge import CITIES
 
-    g = np.random.default_rng(0)
+    g = np.random.default_rng(seed)
     texts = [" ".join(g.choice(CITIES, size=chunks_per_doc * M - 1)) for _ in range(docs)]
     rows = [{"id": f"d{i}", "title": f"original {i}", "text": t} for i, t in enumerate(texts)]
     twins = [{"id": f"t{i}", "title": f"twin {i}", "text": t} for i, t in enumerate(texts)]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     text, db_corpus = tmp_path / "text.jsonl", tmp_path / "db.jsonl"
     text.write_text("".join(json.dumps(r) + "\n" for r in rows))
     db_corpus.write_text("".join(json.dumps(r) + "\n" for r in rows + twins))
@@ -332,6 +333,19 @@ def _expected_neighbour(ids: torch.Tensor, stream: np.ndarray) -> tuple[torch.Te
     return tokens, mask
 
 
+def _spy_on_forward(monkeypatch) -> list:
+    """Every RetroLM forward from now on appends (ids, neighbours, neighbour mask) to the list returned."""
+    seen = []
+    forward = RetroLM.forward
+
+    def spy(self, ids, neighbours=None, neighbour_mask=None):
+        seen.append((ids.detach().clone(), neighbours, neighbour_mask))
+        return forward(self, ids, neighbours, neighbour_mask)
+
+    monkeypatch.setattr(RetroLM, "forward", spy)
+    return seen
+
+
 def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, monkeypatch):
     """The data path around the model: `ralm retro train` and RETRO evaluation must hand the
     model, for chunk c of each window, the neighbours retrieved for chunk c (not c - 1 or c + 1,
@@ -346,14 +360,7 @@ def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, mo
     text, db_corpus = _twin_corpus(tmp_path)
     # the default chunk encoder (MiniLM, normalised keys: a chunk's twin is its nearest neighbour)
     db_path = build_chunk_db(db_corpus, tmp_path / "db", chunk_len=M, show_progress=False)
-    seen = []
-    forward = RetroLM.forward
-
-    def spy(self, ids, neighbours=None, neighbour_mask=None):
-        seen.append((ids.detach().clone(), neighbours, neighbour_mask))
-        return forward(self, ids, neighbours, neighbour_mask)
-
-    monkeypatch.setattr(RetroLM, "forward", spy)
+    seen = _spy_on_forward(monkeypatch)
     cfg = training_config(db_path, dim=16, layers=2, heads=2, max_len=4 * M, neighbours=K, cca_start=0, encoder_layers=1)
     train_retro(RetroTrainConfig(text=str(text), db=str(db_path), model=cfg, steps=3, batch_size=4, warmup=1, save_every=3,
                                  log_every=1), tmp_path / "run", torch.device("cpu"), show_progress=False)
@@ -380,6 +387,35 @@ def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, mo
     seen.clear()
     retro_nll(model, db, stream, neighbours=None, stride=2 * M, device=torch.device("cpu"), show_progress=False)
     assert seen and all(nb is None and mask is None for _, nb, mask in seen)
+
+
+def test_copy_warmup_trains_first_on_the_db_text_with_each_chunk_its_own_neighbour(tmp_path, monkeypatch):
+    """`copy_warmup` steps read windows of the chunk DB's own stream, neighbour 0 of chunk c the
+    chunk itself and its continuation, neighbour 1 another chunk; then training goes on with
+    the text's cached neighbours. Too many warm-up steps is a clear error."""
+    from ralm.configs import ConfigError
+    from ralm.models.retro import training_config
+    from ralm.retrieval.lm.chunkdb import ChunkDB, build_chunk_db
+    from ralm.train.lm import RetroTrainConfig, train_retro
+
+    _, db_corpus = _twin_corpus(tmp_path)
+    text = _twin_corpus(tmp_path / "other", seed=1)[0]  # the training text: other documents, in no DB
+    db_path = build_chunk_db(db_corpus, tmp_path / "db", chunk_len=M, show_progress=False)
+    seen = _spy_on_forward(monkeypatch)
+    cfg = training_config(db_path, dim=16, layers=2, heads=2, max_len=4 * M, neighbours=K, cca_start=0, encoder_layers=1)
+    options = dict(text=str(text), db=str(db_path), model=cfg, steps=4, batch_size=4, warmup=1, save_every=4, log_every=1)
+    train_retro(RetroTrainConfig(**options, copy_warmup=3), tmp_path / "run", torch.device("cpu"), show_progress=False)
+    db_stream = np.asarray(ChunkDB(db_path).tokens)
+    assert len(seen) == 4
+    for ids, nb, mask in seen[:3]:
+        want, want_mask = _expected_neighbour(ids, db_stream)  # the window's own tokens: itself, aligned
+        torch.testing.assert_close(nb[:, :, 0] * mask[:, :, 0], want, rtol=0, atol=0)
+        torch.testing.assert_close(mask[:, :, 0], want_mask, rtol=0, atol=0)
+        assert mask[:, :, 1].any(-1).all()
+    windows = np.lib.stride_tricks.sliding_window_view(db_stream, 4 * M)
+    assert not any((windows == row.numpy()).all(1).any() for row in seen[3][0])  # then the text's own windows
+    with pytest.raises(ConfigError, match="copy_warmup"):
+        RetroTrainConfig(**options, copy_warmup=5)
 
 
 def test_chunk_db_finds_a_chunks_twin_with_an_encoder_that_does_not_normalise(tmp_path, tiny_bert):

@@ -39,9 +39,19 @@ NAME_FIRST = ("amber silver golden copper iron crimson hollow quiet northern eas
               "burning silent wild lonely bright dark green blue white black stone glass velvet marble scarlet royal").split()
 NAME_SECOND = ("falcon lantern harbor river tower meadow forest bridge garden castle valley island crown anchor mirror "
                "arrow bell wolf raven fox oak willow lake hill gate shield star moon rose temple").split()
-# A third word, for tasks with more entities than two words name (more facts than a small model memorises).
-NAME_THIRD = ("port bay point field wood ford haven dale shore cliff ridge grove brook glen mill creek marsh peak cape "
-              "rock spring park hall court cross view heights fort camp farm").split()
+# More of each, for tasks with more entities than the lists above name (more facts than a small
+# model memorises): names stay two words, so every fact document stays ten wordpieces, two of
+# RETRO's 5-wordpiece chunks, and a chunk of it can be retrieved aligned.
+MORE_FIRST = ("red orange yellow purple pink gray brown gentle proud high deep southern western central upper lower "
+              "misty sunny rainy stormy windy snowy icy dusty sandy rocky grassy sweet bitter salty warm cold cool soft "
+              "heavy swift slow brave bold calm fierce noble humble wise lone twin grand tiny giant narrow wide round "
+              "steep sharp pale shining rising sacred secret magic eternal bronze gold crystal pearl ruby emerald jade "
+              "coral ivory").split()
+MORE_SECOND = ("eagle hawk owl swan crow dove sparrow heron crane lion tiger bear deer horse lamb hare otter beaver "
+               "badger serpent dragon whale dolphin salmon trout spider bee moth stream brook creek pond sea bay shore "
+               "beach coast cliff cave canyon peak mountain ridge summit field farm orchard grove wood hall cottage manor "
+               "palace fortress spire dome arch chain sword spear hammer blade banner flag wheel mill forge candle torch "
+               "flame").split()
 CITIES = ("paris london berlin madrid rome vienna prague dublin oslo cairo lima tokyo delhi sydney boston chicago "
           "denver dallas seattle houston athens moscow warsaw lisbon geneva milan naples venice florence munich").split()
 FOUNDERS = ("james mary john anna peter paul george henry thomas edward william charles alice emma grace clara lucy "
@@ -74,7 +84,7 @@ class KnowledgeConfig:
         total = self.train_entities + self.eval_entities
         if min(self.train_entities, self.eval_entities, self.mentions, self.eval_mentions) < 1:
             raise RalmError("train_entities, eval_entities, mentions and eval_mentions must be positive")
-        if total > (most := len(NAME_FIRST) * len(NAME_SECOND) * len(NAME_THIRD)):
+        if total > (most := len(NAME_FIRST + MORE_FIRST) * len(NAME_SECOND + MORE_SECOND)):
             raise RalmError(f"at most {most} entities, got {total}")
 
 
@@ -150,8 +160,10 @@ def _mention(template: str, entity: str, city: str, founder: str, relation: str)
 
 
 def _entity_names(total: int, rng: np.random.Generator) -> list[str]:
-    """`total` distinct names: two words while they suffice, else three."""
-    lists = (NAME_FIRST, NAME_SECOND) if total <= len(NAME_FIRST) * len(NAME_SECOND) else (NAME_FIRST, NAME_SECOND, NAME_THIRD)
+    """`total` distinct two-word names, from the longer word lists only where the short ones
+    run out (so a task that fits them is the same as before the lists grew)."""
+    small = total <= len(NAME_FIRST) * len(NAME_SECOND)
+    lists = (NAME_FIRST, NAME_SECOND) if small else (NAME_FIRST + MORE_FIRST, NAME_SECOND + MORE_SECOND)
     sizes = tuple(len(words) for words in lists)
     picks = rng.choice(int(np.prod(sizes)), size=total, replace=False)
     return [" ".join(words[i] for words, i in zip(lists, np.unravel_index(int(p), sizes))).title() for p in picks]

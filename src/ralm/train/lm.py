@@ -10,6 +10,12 @@ Examples are consecutive windows of the training text's token stream: seq_len + 
 the LM; for RETRO, max_len + 1 tokens starting on a chunk boundary, with the cached neighbours
 of the max_len // m chunks they contain (same-document neighbours excluded). RETRO can start
 from a trained LM with only its retrieval parts training (`retrofit`, the paper's Retro-fitting).
+
+RETRO's copy warm-up (`copy_warmup` steps first) trains on windows of the chunk DB's own text,
+each chunk given itself (with its continuation) as its first neighbour. Where a small model can
+memorise the text faster than it learns to read neighbours that start elsewhere, it never
+learns to read them (benchmarks/RESULTS.md, "RETRO and kNN-LM" on the knowledge task); leaked
+neighbours make reading them the quickest way to the loss, from the first steps.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import KW_ONLY, asdict, dataclass
 import numpy as np
 import torch
 
-from ralm.configs import LIMIT_TOKENS_HELP, TEXT_HELP, option
+from ralm.configs import LIMIT_TOKENS_HELP, TEXT_HELP, ConfigError, option
 from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
@@ -65,6 +71,14 @@ class RetroTrainConfig(OptimConfig):
     retrofit: str = option("", "start from a `ralm lm train` model and train only the CCA layers and neighbour encoder "
                                "(its decoder stays frozen; dim, layers, heads and mlp_ratio come from it unless given)",
                          path="location")
+    copy_warmup: int = option(0, "first steps on the chunk DB's own text, each chunk's first neighbour itself: the "
+                                 "cross-attention learns to copy from neighbours before the decoder memorises the text")
+    non_negative_fields = ("copy_warmup",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.copy_warmup > self.steps:
+            raise ConfigError("copy_warmup", f"{self.copy_warmup} is more than the {self.steps} training steps")
 
 
 @dataclass
@@ -195,6 +209,8 @@ class RetroTrainer(CausalLMTrainer):
                                               show_progress=ctx.show_progress)
         self.tokens, self.seq, self.chunks = stream.tokens, cfg.max_len, cfg.max_len // cfg.chunk_len
         self.examples = _windows(self.tokens, self.seq, config.text)
+        if config.copy_warmup:
+            self.copy_examples = _windows(db.tokens, self.seq, f"{config.db} (the copy warm-up's text)")
         seed_everything(config.seed)  # the same initial weights whatever reading the data drew
         model = RetroLM(cfg)
         if config.retrofit:
@@ -207,10 +223,29 @@ class RetroTrainer(CausalLMTrainer):
             retrofit(model, lm)
         return self.new_model(model)
 
+    def step(self, i: int):
+        if i >= self.cfg.copy_warmup:
+            return super().step(i)
+        idx = rank_batch(i, self.cfg.batch_size, n=self.copy_examples, seed=self.cfg.seed, env=self.ctx.env)
+        loss = self._loss(self.db.tokens, idx, self._copy_neighbours(idx), self.loop.ddp)
+        return loss, {"loss": loss.item()}
+
+    def _copy_neighbours(self, idx: np.ndarray) -> np.ndarray:
+        """Neighbours [B, n, k] of the DB's own windows `idx`: each chunk itself, then its nearest
+        other chunks (the DB's windows start on its chunk boundaries: window i holds chunks
+        i*n ... i*n + n - 1)."""
+        k = self.cfg.model.neighbours
+        ids = (idx[:, None] * self.chunks + np.arange(self.chunks)).reshape(-1)  # [B*n]
+        found = self.db.search(np.asarray(self.db.embeddings[ids]), k + 1)  # [B*n, k+1]
+        rows = [[own, *[c for c in row if c not in (own, -1)]][:k] for own, row in zip(ids, found)]
+        return np.array([row + [-1] * (k - len(row)) for row in rows]).reshape(len(idx), self.chunks, k)  # -1: none
+
     def loss(self, idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
-        x = _window_batch(self.tokens, idx, self.seq, self.ctx.device)
-        nb, mask = neighbour_batch(self.db, np.stack([self.neighbours[i * self.chunks : (i + 1) * self.chunks] for i in idx]),
-                                   self.ctx.device, self.tokenizer.pad_token_id or 0)
+        return self._loss(self.tokens, idx, np.stack([self.neighbours[i * self.chunks : (i + 1) * self.chunks] for i in idx]), net)
+
+    def _loss(self, tokens: np.ndarray, idx: np.ndarray, neighbours: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
+        x = _window_batch(tokens, idx, self.seq, self.ctx.device)
+        nb, mask = neighbour_batch(self.db, neighbours, self.ctx.device, self.tokenizer.pad_token_id or 0)
         return lm_loss(net(x[:, :-1], nb, mask), x[:, 1:])
 
     def result(self, done: TrainResult) -> RetroTrainResult:
