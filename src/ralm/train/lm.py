@@ -14,7 +14,7 @@ from a trained LM with only its retrieval parts training (`retrofit`, the paper'
 RETRO's copy warm-up (`copy_warmup` steps first) trains on windows of the chunk DB's own text,
 each chunk given itself (with its continuation) as its first neighbour. Where a small model can
 memorise the text faster than it learns to read neighbours that start elsewhere, it never
-learns to read them (benchmarks/RESULTS.md, "RETRO and kNN-LM" on the knowledge task); leaked
+learns to read them (benchmarks/RESULTS.md, "REALM on a knowledge task", its RETRO runs); leaked
 neighbours make reading them the quickest way to the loss, from the first steps.
 """
 
