@@ -25,13 +25,17 @@ neighbour. Without it RETRO never learns to read its neighbours here; with 800 e
 memorises the facts instead (benchmarks/RESULTS.md, "REALM on a knowledge task").
 
 A control, "stated": the held-out fact documents themselves, which the DB and datastore hold
-verbatim. The held-out entities are split in two halves: kNN-LM's lambda and temperature are
-chosen on the first ("tune"), every figure is reported on the second.
+verbatim, each scored on its own. The datastore's keys are the LM's states over its stream, so
+they carry the previous documents as context and a document scored on its own matches none of
+them; "stated_context" queries the kNN-LM with those very keys, the context the datastore holds.
+The held-out entities are split in two halves: kNN-LM's lambda and temperature are chosen on the
+first ("tune"), every figure is reported on the second.
 
     python benchmarks/lm_knowledge.py            # about 32 minutes on 2 CPU cores
 
 The last stdout line is JSON: {"lm": {...}, "knnlm": {...}, "retro": {...}, "retro_off": {...},
-"lm_stated": {...}, ...}, each with "fact_ppl" (all facts) and "fact_ppl_reachable".
+"lm_stated": {...}, "knnlm_stated_context": {...}, ...}, each with "fact_ppl" (all facts) and
+"fact_ppl_reachable".
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import torch
 
 from ralm.atomic import write_text
 from ralm.data.blocks import wordpiece_tokenizer
-from ralm.data.chunks import tokenize_text
+from ralm.data.chunks import TokenStream, tokenize_text
 from ralm.data.corpus import Document, jsonl_lines
 from ralm.data.knowledge import (
     FactSentence,
@@ -118,11 +122,41 @@ def fact_report(nll: np.ndarray, s: Scored, split: str = "report") -> dict:
             "reachable_tokens": int(reach.sum())}
 
 
+def datastore_keys(s: Scored, sentences: list[FactSentence], hf_tokenizer, stream: TokenStream,
+                   store: Datastore) -> torch.Tensor:
+    """The datastore's own key for each fact wordpiece of documents it holds [F, D]: the LM state
+    over the datastore's stream (the previous documents as context), where a sentence scored on
+    its own starts from nothing."""
+    starts = {tuple(stream.tokens[a : b - 1].tolist()): a  # a document's wordpieces, its [SEP] dropped
+              for a, b in zip(stream.doc_starts[:-1], stream.doc_starts[1:])}
+    tok = wordpiece_tokenizer(hf_tokenizer)
+    first = [starts[tuple(e.ids)] for e in tok.encode_batch([x.text for x in sentences], add_special_tokens=False)]
+    at = np.array([first[r] + p - 1 for r, p in zip(s.rows, s.positions)])  # the key at p - 1 predicts the token at p
+    if not (store.values[at] == s.ids[torch.from_numpy(s.rows), torch.from_numpy(s.positions)].numpy()).all():
+        raise SystemExit("datastore keys and fact wordpieces are misaligned")
+    return torch.from_numpy(np.asarray(store.keys[at], dtype=np.float32))
+
+
 @torch.inference_mode()
-def lm_scores(lm, s: Scored, store: Datastore, *, k: int, temperatures) -> tuple[np.ndarray, np.ndarray]:
-    """Per fact wordpiece: log p_LM [F] and p_kNN [len(temperatures), F]."""
+def own_key_distances(lm, s: Scored, own: torch.Tensor, store: Datastore) -> dict:
+    """How far the states of documents scored on their own lie from their own datastore keys
+    (`own` [F, D]), against the nearest key, in median squared L2; and how often the own key
+    is the nearest."""
+    alone = lm.features(s.ids)[torch.from_numpy(s.rows), torch.from_numpy(s.positions) - 1].float()  # [F, D]
+    to_own = ((alone - own) ** 2).sum(-1).numpy()
+    nearest, _ = store.search(alone.numpy(), 1)
+    return {"own_key_sq_dist": round(float(np.median(to_own)), 4), "nearest_sq_dist": round(float(np.median(nearest[:, 0])), 4),
+            "own_key_nearest": round(float((to_own <= nearest[:, 0] + 1e-4).mean()), 4)}
+
+
+@torch.inference_mode()
+def lm_scores(lm, s: Scored, store: Datastore, *, k: int, temperatures,
+              hidden: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per fact wordpiece: log p_LM [F] and p_kNN [len(temperatures), F]; the LM states are the
+    sentences' own unless `hidden` [F, D] gives others."""
     rows, positions = torch.from_numpy(s.rows), torch.from_numpy(s.positions)
-    hidden = lm.features(s.ids)[rows, positions - 1]  # [F, D]
+    if hidden is None:
+        hidden = lm.features(s.ids)[rows, positions - 1]  # [F, D]
     targets = s.ids[rows, positions]  # [F]
     logp = torch.log_softmax(lm.head(hidden), -1)[torch.arange(len(rows)), targets]
     dist, values = store.search(hidden.float().numpy(), k)
@@ -215,17 +249,23 @@ def main() -> None:
     lm, tokenizer = load_lm(out / "lm")
     lm.eval()
     scored = {name: score_batch(sentences, tune, tokenizer, args.chunk_len) for name, sentences in sets.items()}
-    store = Datastore(build_datastore(lm, out / "lm", tokenize_text(stating["all"], tokenizer, show_progress=False),
-                                      out / "datastore", device=cpu, show_progress=False))
-    temperatures, lambdas = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)  # squared distances here are O(1)
+    stream = tokenize_text(stating["all"], tokenizer, show_progress=False)
+    store = Datastore(build_datastore(lm, out / "lm", stream, out / "datastore", device=cpu, show_progress=False))
+    # Squared distances between states at the facts are 0.2-0.5 here: only a small temperature
+    # lets the nearest key outweigh the other k - 1.
+    temperatures, lambdas = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)
+    # The kNN-LM's verbatim control: the stated facts queried with the datastore's own keys.
+    scored["_stated_context"] = scored["_stated"]
+    in_context = {"_stated_context": datastore_keys(scored["_stated"], sets["_stated"], tokenizer, stream, store)}
     for name, s in scored.items():
-        p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures)
+        p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures, hidden=in_context.get(name))
         results["lm" + name] = {**fact_report(-p_lm, s), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
         grid = [(lmbda, t, -interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy())
                 for i, t in enumerate(temperatures) for lmbda in lambdas]
         lmbda, t, nll = min(grid, key=lambda g: fact_report(g[2], s, "tune")["fact_nll"])  # chosen on the tune half
         results["knnlm" + name] = {**fact_report(nll, s), "lmbda": lmbda, "temperature": t, "k": args.k}
         print(f"lm{name}: {json.dumps(results['lm' + name])}\nknnlm{name}: {json.dumps(results['knnlm' + name])}", flush=True)
+    results["knnlm_stated"].update(own_key_distances(lm, scored["_stated"], in_context["_stated_context"], store))
 
     dbs = {split: build_chunk_db(path, out / f"chunkdb-{split}", chunk_len=args.chunk_len, device=cpu, show_progress=False)
            for split, path in stating.items()}
@@ -242,6 +282,8 @@ def main() -> None:
     db = ChunkDB(dbs["all"], cpu)  # the held-out entities' fact documents added after training
     pad = tokenizer.pad_token_id or 0
     for name, s in scored.items():
+        if name in in_context:
+            continue
         neighbours = chunk_neighbours(db, s, cfg.neighbours)
         for arm, nb in (("retro", neighbours), ("retro_off", None)):
             results[arm + name] = {**fact_report(retro_fact_nll(retro, db, s, nb, pad), s), "train_loss": retro_run.loss,
