@@ -255,17 +255,16 @@ def main() -> None:
     # lets the nearest key outweigh the other k - 1.
     temperatures, lambdas = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0), (0.1, 0.25, 0.5, 0.75, 0.9)
     # The kNN-LM's verbatim control: the stated facts queried with the datastore's own keys.
-    scored["_stated_context"] = scored["_stated"]
-    in_context = {"_stated_context": datastore_keys(scored["_stated"], sets["_stated"], tokenizer, stream, store)}
-    for name, s in scored.items():
-        p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures, hidden=in_context.get(name))
+    own_keys = datastore_keys(scored["_stated"], sets["_stated"], tokenizer, stream, store)
+    for name, s, hidden in [*((name, s, None) for name, s in scored.items()), ("_stated_context", scored["_stated"], own_keys)]:
+        p_lm, p_knn = lm_scores(lm, s, store, k=args.k, temperatures=temperatures, hidden=hidden)
         results["lm" + name] = {**fact_report(-p_lm, s), "train_loss": lm_run.loss, "train_s": lm_run.seconds}
         grid = [(lmbda, t, -interpolate(torch.from_numpy(p_lm), torch.from_numpy(p_knn[i]), lmbda).double().numpy())
                 for i, t in enumerate(temperatures) for lmbda in lambdas]
         lmbda, t, nll = min(grid, key=lambda g: fact_report(g[2], s, "tune")["fact_nll"])  # chosen on the tune half
         results["knnlm" + name] = {**fact_report(nll, s), "lmbda": lmbda, "temperature": t, "k": args.k}
         print(f"lm{name}: {json.dumps(results['lm' + name])}\nknnlm{name}: {json.dumps(results['knnlm' + name])}", flush=True)
-    results["knnlm_stated"].update(own_key_distances(lm, scored["_stated"], in_context["_stated_context"], store))
+    results["knnlm_stated"].update(own_key_distances(lm, scored["_stated"], own_keys, store))
 
     dbs = {split: build_chunk_db(path, out / f"chunkdb-{split}", chunk_len=args.chunk_len, device=cpu, show_progress=False)
            for split, path in stating.items()}
@@ -282,8 +281,6 @@ def main() -> None:
     db = ChunkDB(dbs["all"], cpu)  # the held-out entities' fact documents added after training
     pad = tokenizer.pad_token_id or 0
     for name, s in scored.items():
-        if name in in_context:
-            continue
         neighbours = chunk_neighbours(db, s, cfg.neighbours)
         for arm, nb in (("retro", neighbours), ("retro_off", None)):
             results[arm + name] = {**fact_report(retro_fact_nll(retro, db, s, nb, pad), s), "train_loss": retro_run.loss,

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from ralm.atomic import read_json
+from ralm.retrieval.index.store import KEEP_VERSIONS
 from ralm.train.pretrain import PretrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,12 +129,12 @@ def train(args, corpus: Path, work: Path, ralm: list[str]) -> dict:
     """Train up to each point; returns {point: wall seconds of its segment}."""
     run_dir, points = work / "run", work / "points"
     points.mkdir(parents=True, exist_ok=True)
-    # The start's towers are read from the run index's step-0 version, which goes at the third
-    # refresh (IndexDir.publish keeps three): refuse, before any training, a first segment past it.
+    # The start's towers are read from the run index's step-0 version, which the KEEP_VERSIONS-th
+    # refresh prunes: refuse, before any training, a first segment past it.
     refresh = read_json(run_dir / "config.json")["refresh_every"] if (run_dir / "config.json").is_file() \
         else PretrainConfig.refresh_every
-    if not (points / "step-0").is_dir() and args.points[0] >= 3 * refresh:
-        raise SystemExit(f"--points: the first point ({args.points[0]}) must come before step {3 * refresh}, where the "
+    if not (points / "step-0").is_dir() and args.points[0] >= (last := KEEP_VERSIONS * refresh):
+        raise SystemExit(f"--points: the first point ({args.points[0]}) must come before step {last}, where the "
                          "run's index drops the starting towers that step 0 is measured with")
     walls = json.loads((work / "train_wall.json").read_text()) if (work / "train_wall.json").is_file() else {}
     for step in args.points:

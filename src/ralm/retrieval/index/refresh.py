@@ -33,12 +33,12 @@ from ralm.errors import RalmError
 from ralm.retrieval.index.build import version_manifest
 from ralm.retrieval.index.dense_side import dense_manifest, embed_blocks
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.index.store import IndexDir, embeddings_file
+from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir, embeddings_file
 from ralm.runtime import DTYPES, resolve_dtype
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str, blocks: BlockStore, step: int,
-                       device: torch.device, batch_size: int = 64, keep: int = 3, show_progress: bool = False,
+                       device: torch.device, batch_size: int = 64, keep: int = KEEP_VERSIONS, show_progress: bool = False,
                        dtype: torch.dtype | None = None) -> str:
     """Embed every block with `retriever`'s document tower and publish a new version built at
     training step `step`; returns its name. The retriever is saved with the index so that the

@@ -39,6 +39,7 @@ from ralm.retrieval.index.verify import FILES, inventory, used_folders
 FORMAT = "ralm.index/2"
 OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
 _VERSION = re.compile(r"^v(\d{6})$")
+KEEP_VERSIONS = 3  # the newest versions a publish leaves; older ones are removed
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ class IndexDir:
                             f"manifest says {(manifest.count, manifest.dim)}")
         return emb
 
-    def publish(self, write: Callable[[Path], dict], keep: int = 3) -> str:
+    def publish(self, write: Callable[[Path], dict], keep: int = KEEP_VERSIONS) -> str:
         """Call `write(tmp_dir) -> manifest`, then give the folder the next version name and
         point LATEST at it. Older versions beyond `keep` are removed."""
         vdir = self.root / "versions"
