@@ -113,6 +113,13 @@ def main() -> None:
                 f"ids_equal_fraction_{dtype}": round(float((i_ours == i_f).mean()), 5),
                 f"mismatches_beyond_ties_{dtype}": int(((i_ours != i_f) & (np.abs(s_ours - s_f) > tol * np.abs(s_f).max())).sum()),
             })
+    elif "fp32" in out:  # no faiss (a GPU machine without it): check against ours in fp32
+        s_r, i_r, _ = out["fp32"]
+        for dtype, (s_ours, i_ours, _) in out.items():
+            if dtype != "fp32":
+                tol = 1e-2 if args.device.startswith("cuda") else 1e-4
+                result.update({f"ids_equal_fp32_fraction_{dtype}": round(float((i_ours == i_r).mean()), 5),
+                               f"mismatches_beyond_ties_vs_fp32_{dtype}": int(((i_ours != i_r) & (np.abs(s_ours - s_r) > tol * np.abs(s_r).max())).sum())})
     print(json.dumps(result, indent=2))
 
 

@@ -5,13 +5,18 @@ deleted from the index (through its update log, as a user deletes documents); ev
 article, related ones included, stays. Questions are split as everywhere in benchmarks/RESULTS.md:
 odd lines of squad_dev_official.jsonl are the calibration half, even lines the held-back half.
 
-For each retriever kind it answers both halves over that index, fits the selective calibration
-(models/confidence.py) on the calibration half, chooses the threshold on it, and reports on the
-held-back half: the share of answerable and of unanswerable questions answered, the EM of the
-answers given, AUROC (answerable vs removed), and the risk-coverage curve (PNG) before (the
-reader's previous map) and after. Writes WORK/reader: the reader with the fitted maps.
+For each index kind it answers both halves over that index and fits the two-stage confidence
+(models/confidence.py: P(an answer is in the blocks read) x P(right | read)) on the calibration
+half; the threshold is chosen there on confidences cross-fitted by article (no article helps
+predict itself); it reports on the held-back half: the share of answerable and of unanswerable
+questions answered, the EM of the answers given, AUROC (answerable vs removed; right vs wrong),
+and the risk-coverage curve (PNG) against `--before` (another run's held-back confidences).
+The fallback map ("*", for any other kind) is fitted on the first kind's answers with the
+reader's own signals. Writes WORK/reader: the reader with the fitted maps, each recording the
+reader, k and threshold rule it was fitted with.
 
     python benchmarks/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25]
+        [--before runs/selective-old]
 
 `--index`: a hybrid index over squad_corpus.jsonl + squad_dev_official_corpus.jsonl (it is not
 modified: a linked copy in WORK gets the deletions). Resumes: finished answer files are reused.
@@ -97,6 +102,7 @@ def main() -> None:
                          "questions get an answer (a margin under the 10%% target)")
     ap.add_argument("--max-risk", type=float, default=1.0, help="and at which the answers given there are right at least "
                                                                "1 - this of the time (1: no such bound)")
+    ap.add_argument("--before", type=Path, default=None, help="a WORK of an earlier run: its held-back curve is drawn as 'before'")
     ap.add_argument("--cal-limit", type=int, default=None, help="N evenly spaced questions of the calibration half")
     ap.add_argument("--heldout-limit", type=int, default=None, help="N evenly spaced questions of the held-back half")
     args = ap.parse_args()
@@ -104,10 +110,11 @@ def main() -> None:
     import torch
 
     from ralm.data.qa import read_questions
-    from ralm.eval.calibration import auroc, cross_fitted, fit_selective, risk_coverage
-    from ralm.models.confidence import Calibrations
+    from ralm.eval.calibration import auroc, cross_fitted, fit_two_stage, risk_coverage, side_features
+    from ralm.models.confidence import ANY_KIND, FOUND, Calibrations
     from ralm.models.reader import Reader, save_calibrated
     from ralm.pipeline import OpenQA, open_searcher, resolve_reader
+    from ralm.retrieval.index.kinds import side_class, sides_of
 
     start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -122,45 +129,86 @@ def main() -> None:
     sel = index_without(args.index, args.work, removed)
     source = resolve_reader(args.reader)
     reader = Reader.from_pretrained(source)
-    before = Calibrations.from_json(reader.cfg.calibration, str(source))
     searcher = open_searcher(sel)
     report = {"removed_articles": sorted(removed), "questions": {k: len(v) for k, v in qs.items()},
               "unanswerable_share": {k: round(float(np.mean([q.extra["title"] in removed for q in v])), 4) for k, v in qs.items()},
-              "kinds": {}}
-    fitted = before
-    for kind in args.kinds.split(","):
+              "reader": reader.fingerprint(), "kinds": {}}
+    fitted = Calibrations({})
+    rule = (f"the lowest threshold at which at most {args.max_unanswerable:.0%} of the calibration half's unanswerable "
+            "questions get an answer, on confidences cross-fitted by article")
+    titles = [q.extra["title"] for q in qs["calibration"]]
+    for i, kind in enumerate(args.kinds.split(",")):
         qa = OpenQA(reader, searcher, retriever=kind, min_confidence=0.0)
         rows = {name: answers(qa, qs[name], args.work / f"{name}-{kind}.predictions.jsonl") for name in qs}
         sig = {n: [r["signals"] for r in rows[n]] for n in rows}
         em = {n: np.array([r["em"] for r in rows[n]], dtype=float) for n in rows}
+        found = {n: np.array([r["answer_in_read"] for r in rows[n]], dtype=float) for n in rows}
         answerable = {n: np.array([q.extra["title"] not in removed for q in qs[n]]) for n in qs}
-        cal = fit_selective(sig["calibration"], em["calibration"])
-        fitted = fitted.with_kind(kind, cal)
-        cal_conf = cross_fitted(sig["calibration"], em["calibration"])  # as the held-back half will see it
-        t = choose_threshold(cal_conf, em["calibration"], answerable["calibration"], args.max_risk, args.max_unanswerable)
-        new = cal.of_signals(sig["heldout"])
-        old_map = before.for_kind(kind)
-        old = old_map.of_signals(sig["heldout"]) if old_map is not None else np.array([s["score"] for s in sig["heldout"]])
-        rc_new, rc_old = risk_coverage(new, em["heldout"]), risk_coverage(old, em["heldout"])
-        report["kinds"][kind] = {
-            "heldout_em_all": round(100 * float(em["heldout"].mean()), 2),
-            "heldout_em_answerable": round(100 * float(em["heldout"][answerable["heldout"]].mean()), 2),
-            "threshold_chosen_on_calibration": t,
-            "after": {**selective_at(new, em["heldout"], answerable["heldout"], t), "aurc": rc_new["aurc"],
-                      "auroc_answerable_vs_removed": round(auroc(new, answerable["heldout"]), 4),
-                      "auroc_correct": round(auroc(new, em["heldout"] > 0), 4)},
-            "before": {**{f"at_{b}": selective_at(old, em["heldout"], answerable["heldout"], b) for b in (0.2, 0.5)},
-                       "aurc": rc_old["aurc"], "auroc_answerable_vs_removed": round(auroc(old, answerable["heldout"]), 4),
-                       "auroc_correct": round(auroc(old, em["heldout"] > 0), 4)},
-            "features": dict(zip(cal.features, [round(w, 3) for w in cal.weights])),
-        }
-        _plot(args.work / f"risk_coverage_{kind}.png", rc_old, rc_new, kind)
+        calibrated = [s for s in sides_of(kind) if side_class(s).calibrated_scores]
+        maps = {kind: (*FOUND, *side_features(sig["calibration"], calibrated=calibrated))}
+        if i == 0:
+            maps["*"] = ANY_KIND  # the fallback: the reader's own signals only
+        for name, features in maps.items():
+            def fit(rows_, features=features, t=None):
+                fitted_with = {"reader": report["reader"], "k": qa.k, "questions": len(rows_), "threshold_rule": rule,
+                               **({"threshold": t} if t is not None else {})}
+                return fit_two_stage([sig["calibration"][j] for j in rows_], found["calibration"][rows_],
+                                     em["calibration"][rows_], found_features=features, fitted_with=fitted_with)
+
+            cal_conf = cross_fitted(sig["calibration"], fit, groups=titles)  # as the held-back half will see it
+            t = choose_threshold(cal_conf, em["calibration"], answerable["calibration"], args.max_risk, args.max_unanswerable)
+            cal = fit(np.arange(len(titles)), t=t)
+            fitted = fitted.with_kind(name, cal)
+            new = cal.of_signals(sig["heldout"])
+            rc = risk_coverage(new, em["heldout"])
+            report["kinds"][name if name == "*" else kind] = {
+                **({"fallback_fitted_on": kind} if name == "*" else {}),
+                "heldout_em_all": round(100 * float(em["heldout"].mean()), 2),
+                "heldout_em_answerable": round(100 * float(em["heldout"][answerable["heldout"]].mean()), 2),
+                "threshold_chosen_on_calibration": t,
+                **selective_at(new, em["heldout"], answerable["heldout"], t), "aurc": rc["aurc"],
+                "auroc_answerable_vs_removed": _round(auroc(new, answerable["heldout"])),
+                "auroc_right_vs_wrong": _round(auroc(new, em["heldout"] > 0)),
+                "auroc_p_answer_answerable_vs_removed": _round(auroc([s["score"] for s in sig["heldout"]], answerable["heldout"])),
+                "at_60_coverage_of_answerable": at_coverage(new, em["heldout"], answerable["heldout"], 0.6),
+                "features": {"found": dict(zip(cal.found.features, [round(w, 3) for w in cal.found.weights])),
+                             "right": dict(zip(cal.right.features, [round(w, 3) for w in cal.right.weights]))},
+            }
+            (args.work / f"heldout-{'fallback' if name == '*' else kind}.confidence.jsonl").write_text("".join(
+                json.dumps({"confidence": round(float(c), 6), "em": float(e), "answerable": bool(a)}) + "\n"
+                for c, e, a in zip(new, em["heldout"], answerable["heldout"])))
+            if name != "*":
+                _plot(args.work / f"risk_coverage_{kind}.png", _before(args.before, kind), rc, kind)
     shutil.rmtree(args.work / "reader", ignore_errors=True)
     save_calibrated(source, args.work / "reader", fitted.to_json())
     report["seconds"] = round(time.perf_counter() - start, 1)
     report["threads"] = torch.get_num_threads()
     (args.work / "report.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def at_coverage(conf: np.ndarray, em: np.ndarray, answerable: np.ndarray, share: float) -> dict:
+    """The EM of the answers given at the threshold where `share` of the answerable questions
+    are answered, and the share of unanswerable ones answered there."""
+    t = float(np.quantile(conf[answerable], 1 - share))
+    ans = conf >= t
+    return {"threshold": round(t, 4), "answered_em": round(float(em[ans].mean()), 4),
+            "unanswerable_answered": round(float(ans[~answerable].mean()), 4)}
+
+
+def _before(work: Path | None, kind: str) -> dict | None:
+    """The risk-coverage curve of another run's held-back confidences, if it has them."""
+    from ralm.eval.calibration import risk_coverage
+
+    path = None if work is None else work / f"heldout-{kind}.confidence.jsonl"
+    if path is None or not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return risk_coverage([r["confidence"] for r in rows], [r["em"] for r in rows])
 
 
 def _sample(lines: list[str], n: int | None) -> list[str]:
@@ -170,15 +218,16 @@ def _sample(lines: list[str], n: int | None) -> list[str]:
     return [lines[i] for i in np.linspace(0, len(lines) - 1, n).astype(int)]
 
 
-def _plot(path: Path, old: dict, new: dict, kind: str) -> None:
+def _plot(path: Path, old: dict | None, new: dict, kind: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.plot(old["coverage"], old["risk"], label=f"before: p(answer|x) map (AURC {old['aurc']:.3f})", color="0.5")
-    ax.plot(new["coverage"], new["risk"], label=f"after: selective calibration (AURC {new['aurc']:.3f})", color="C0")
+    if old is not None:
+        ax.plot(old["coverage"], old["risk"], label=f"before (AURC {old['aurc']:.3f})", color="0.5")
+    ax.plot(new["coverage"], new["risk"], label=f"after: two-stage confidence (AURC {new['aurc']:.3f})", color="C0")
     ax.set_xlabel("coverage (share of questions answered)")
     ax.set_ylabel("risk (share of answers that are wrong)")
     ax.set_title(f"risk-coverage, {kind}, held-back half\n(half of the questions have no answer in the corpus)", fontsize=9)

@@ -4,6 +4,7 @@ reliability bins by hand, the stored form."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -107,10 +108,77 @@ def test_cross_fitted_confidence_is_measured_on_questions_the_map_did_not_see():
 
     rng = np.random.default_rng(1)
     sig, y = _signals(rng, 300)
-    out = cross_fitted(sig, y)
+
+    def fit(rows):
+        return fit_selective([sig[i] for i in rows], y[rows])
+
+    out = cross_fitted(sig, fit)
     even = fit_selective([s for i, s in enumerate(sig) if i % 2], y[1::2])  # fitted on the odd questions
     assert np.allclose(out[0::2], even.of_signals(sig[0::2]))
     assert auroc(out, y > 0) > 0.85
+    # leave-article-out: each article's questions are predicted by a map fitted on the others alone
+    articles = [f"a{i % 7}" for i in range(300)]
+    by_article = cross_fitted(sig, fit, groups=articles)
+    rows = np.array([a != "a3" for a in articles])
+    without = fit_selective([s for s, r in zip(sig, rows) if r], y[rows])
+    assert np.allclose(by_article[~rows], without.of_signals([s for s, r in zip(sig, rows) if not r]))
+
+
+def test_auroc_is_none_where_nothing_can_be_ranked():
+    from ralm.eval.calibration import auroc
+
+    assert auroc([0.2, 0.9, 0.4], [False, False, False]) is None and auroc([0.2, 0.9], [True, True]) is None
+    assert auroc([0.2, 0.9, 0.4], [False, True, False]) == 1.0
+
+
+def _two_stage_signals(rng, n):
+    """Questions whose answer is found in what was read (told by the log-partition and the null
+    mass), and, when found, right by p(a|x); p(a|x) tells nothing about 'found'."""
+    found = rng.random(n) < 0.6
+    score = rng.uniform(0.05, 0.95, n)
+    right = found & (rng.random(n) < score)
+    sig = [{"score": float(s), "p_null": float(1 / (1 + np.exp(-rng.normal(-2.0 if f else 1.5, 1.0)))),
+            "log_partition": float(rng.normal(1.5 if f else -0.5, 1.0)), "retrieval_entropy": float(rng.uniform(0, 2)),
+            "agreement": float(rng.uniform(0, 1)), "top_dense": float(rng.uniform(5, 15))}
+           for s, f in zip(score, found)]
+    return sig, found.astype(float), right.astype(float)
+
+
+def test_two_stage_confidence_is_found_times_right_given_found():
+    from ralm.eval.calibration import auroc, fit_selective, fit_two_stage
+    from ralm.models.confidence import RIGHT, Calibrations, TwoStageCalibration
+
+    rng = np.random.default_rng(3)
+    sig, found, right = _two_stage_signals(rng, 1200)
+    cal = fit_two_stage(sig[:600], found[:600], right[:600], fitted_with={"reader": "abc", "k": 10})
+    read = found[:600] > 0
+    by_hand = fit_selective([s for s, f in zip(sig[:600], read) if f], right[:600][read], features=RIGHT)
+    assert np.allclose(cal.right.of_signals(sig[600:]), by_hand.of_signals(sig[600:]))  # stage two sees found questions only
+    conf = cal.of_signals(sig[600:])
+    assert np.allclose(conf, cal.found.of_signals(sig[600:]) * cal.right.of_signals(sig[600:]))
+    one = fit_selective(sig[:600], right[:600], features=("logit_score", "log_partition", "logit_null"))
+    assert auroc(conf, right[600:] > 0) > auroc(one.of_signals(sig[600:]), right[600:] > 0)  # held out
+    again = Calibrations.from_json(json.loads(json.dumps(Calibrations({"hybrid": cal}).to_json())), "x").for_kind("hybrid")
+    assert isinstance(again, TwoStageCalibration) and again.fitted_with == {"reader": "abc", "k": 10}
+    assert np.allclose(again.of_signals(sig[600:]), conf, atol=1e-6)
+    with pytest.raises(RalmError, match="found and correct disagree"):
+        fit_two_stage(sig[:10], np.zeros(10), np.ones(10))
+
+
+def test_a_map_read_with_another_reader_or_k_warns_once():
+    from ralm.errors import RalmWarning
+    from ralm.eval.calibration import fit_two_stage
+    from ralm.models.confidence import check_fitted_with
+
+    sig, found, right = _two_stage_signals(np.random.default_rng(4), 200)
+    cal = fit_two_stage(sig, found, right, fitted_with={"reader": "abc", "k": 10})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_fitted_with(cal, kind="hybrid", reader="abc", k=10)  # as fitted: silent
+        check_fitted_with(cal, kind="hybrid", reader="xyz", k=5)
+        check_fitted_with(cal, kind="hybrid", reader="xyz", k=5)  # the same mismatch again: silent
+    assert len(caught) == 1 and issubclass(caught[0].category, RalmWarning)
+    assert "another reader" in str(caught[0].message) and "k = 10" in str(caught[0].message)
 
 
 def test_a_readers_maps_are_chosen_by_the_retriever_kind_and_round_trip():
@@ -129,3 +197,7 @@ def test_a_readers_maps_are_chosen_by_the_retriever_kind_and_round_trip():
     assert np.allclose(again.for_kind("hybrid").of_signals(sig), hybrid.of_signals(sig), atol=1e-6)
     with pytest.raises(RalmError, match="selective calibration needs"):
         Calibrations.from_json({"by_retriever": {"dense": {"method": "selective", "features": ["nope"]}}}, "x")
+    assert "by_kind" in maps.to_json() and Calibrations.from_json({"by_retriever": maps.to_json()["by_kind"]}, "x").by_kind.keys() \
+        == maps.by_kind.keys()  # readers of ralm 0.4 wrote by_retriever
+    fallback = maps.with_kind("*", hybrid)
+    assert fallback.for_kind("a-new-kind") is hybrid  # any kind gets a map, so it withholds answers too

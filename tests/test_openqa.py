@@ -34,14 +34,16 @@ TARGETS = {"france": "Paris", "moon": "1969", "mediterranean": "Nile"}  # questi
 
 @pytest.fixture(scope="module")
 def oracle_reader(tiny_bert) -> Reader:
-    """A reader whose span scores are 10 on spans equal to its question's target, 0 elsewhere."""
+    """A reader whose span scores are 10 on spans equal to its question's target (the shortest
+    highest: "Paris" over "Paris ."), 0 elsewhere."""
     torch.manual_seed(0)
     reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16)
 
     def forward(batch):
         questions = [reader.tokenizer.decode(ids[: int(s)]) for ids, s in zip(batch.input_ids, batch.evidence_start)]
         targets = [[t for w, t in TARGETS.items() if w in q] for q in questions]
-        return 10.0 * reader.answer_match(batch, targets).float()
+        match = reader.answer_match(batch, targets).float()  # [N, L, W]
+        return match * (10.0 - 0.01 * torch.arange(match.shape[-1]))
 
     reader.forward = forward
     return reader
@@ -86,6 +88,21 @@ def test_an_answer_found_in_several_blocks_adds_up():
     assert r.answer == "B" and r.best == 1 and r.shown == [0, 0]  # block 1 adds most to "B"; block 0 still shows its own best
     assert r.signals["score"] == r.score and r.signals["log_partition"] == pytest.approx(math.log(partition), rel=1e-6)
     assert r.signals["retrieval_entropy"] == pytest.approx(-(0.6 * math.log(0.6) + 0.4 * math.log(0.4)), rel=1e-6)
+
+
+def test_null_spans_join_the_reading_softmax_and_give_p_null():
+    """With a reader's null spans g_z the partition is Σ_z p(z) (e^g_z + Σ_s e^f(s)): p(a|x) is
+    what "not in what I read" leaves, and p_null = Σ_z p(z) e^g_z / partition."""
+    log_pz = torch.log(torch.tensor([0.6, 0.4]))
+    blocks = _blocks([[2.0, 1.0], [2.0, 0.0]], [["K", "B"], ["B", "the c"]])
+    nulls = [ReadBlock(b.spans, b.log_norm, g) for b, g in zip(blocks, (3.0, 0.0))]
+    r = pick_answer(log_pz, nulls)
+    e = math.e
+    partition = 0.6 * (e**2 + e + e**3) + 0.4 * (e**2 + 1 + 1)
+    assert r.answer == "B" and r.score == pytest.approx((0.6 * e + 0.4 * e**2) / partition, rel=1e-5)
+    assert r.signals["p_null"] == pytest.approx((0.6 * e**3 + 0.4) / partition, rel=1e-5)
+    assert r.signals["log_partition"] == pytest.approx(math.log(partition), rel=1e-6)
+    assert "p_null" not in pick_answer(log_pz, blocks).signals  # a reader without null spans
 
 
 def test_one_softmax_over_all_blocks_lets_a_confident_block_win():
@@ -184,7 +201,9 @@ def test_evaluate_qa_fits_the_kinds_map_on_cross_fitted_questions_and_reports_an
     assert result["em"] == pytest.approx(100 * 40 / 60, abs=0.01)  # the threshold never hides the best answer from EM
     assert qa.kind == "dense" and qa.calibrations.for_kind("dense").questions == 60
     assert qa.calibrations.for_kind("bm25") is None  # fitted for the kind searched only
-    assert result["reliability"]["cross_fitted"] and sum(b["count"] for b in result["reliability"]["bins"]) == 60
+    assert result["reliability"]["cross_fitted"] == "by half" and sum(b["count"] for b in result["reliability"]["bins"]) == 60
+    fitted = qa.calibrations.for_kind("dense")
+    assert fitted.fitted_with == {"reader": oracle_reader.fingerprint(), "k": 6, "questions": 60}
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert all(0 < r["confidence"] < 1 for r in rows)  # shrunk ends: never certain
     answered = [not r["no_answer"] for r in rows]
@@ -194,6 +213,23 @@ def test_evaluate_qa_fits_the_kinds_map_on_cross_fitted_questions_and_reports_an
     for few in (questions[:10], [q for q in questions if q.answers != ("Lyon",)][:55]):  # too few; all right
         with pytest.raises(RalmError, match="at least 50|both right and wrong"):
             evaluate_qa(qa, few, ks=(1,), show_progress=False, calibrate=True)
+
+
+def test_evaluate_qa_on_a_set_where_every_answer_is_wrong_reports_auroc_as_null(oracle_reader, tiny_dense_index, tmp_path):
+    """A set none of whose answers is right (their answers are not in the corpus) runs to the end:
+    AUROC has nothing to rank, so it is null with a one-line note, not an error blaming the index."""
+    from ralm.errors import RalmWarning
+
+    from ralm.models.confidence import Calibration, Calibrations
+
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=3)
+    qa.calibrations = Calibrations({"*": Calibration((0.0, 1.0), (0.1, 0.9), 10)})
+    wrong = [Question(f"w{i}", "What is the capital of France?", ("Lyon",)) for i in range(6)]
+    with pytest.warns(RalmWarning, match="AUROC is undefined: all 6 answers were wrong"):
+        result = evaluate_qa(qa, wrong, ks=(1,), show_progress=False)
+    assert result["em"] == 0.0 and result["auroc"] is None and result["notes"] == ["AUROC is undefined: all 6 answers were wrong"]
+    assert result["aurc"] == 1.0
+    json.dumps(result, allow_nan=False)
 
 
 def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
@@ -265,7 +301,7 @@ def test_cli_finetune_eval_and_ask(tiny_bert, tiny_dense_index, tmp_path, ralm, 
     assert "reliability" in result and result["calibration"] == str(tmp_path / "cal")
     assert (run / "final" / "reader" / "config.json").read_bytes() == before
     cal = Reader.from_pretrained(tmp_path / "cal").cfg.calibration
-    assert cal["by_retriever"]["dense"]["questions"] == 60 and cal["by_retriever"]["dense"]["method"] == "selective"
+    assert cal["by_kind"]["dense"]["questions"] == 60 and cal["by_kind"]["dense"]["method"] == "two_stage"
     write_calibration(run / "final" / "reader", {"raw": [0.0, 1.0], "confidence": [0.0, 0.9]})
     code, out, err = ralm("ask", "Who created Python?", "--model", run, "--index", tiny_dense_index, "-k", 2, "--json")
     assert code == 0, err

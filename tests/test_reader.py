@@ -14,11 +14,14 @@ from ralm.models.reader import (
     ReaderConfig,
     SpanScorer,
     best_spans,
+    distill_kl,
     is_reader_dir,
     marginal_nll,
     shared_nll,
     valid_spans,
+    wordpiece_map,
 )
+from ralm.data.qa import normalize_answer
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +46,31 @@ def test_span_scorer_is_an_mlp_over_concatenated_endpoints():
                 assert torch.allclose(got[n, i, w], want.squeeze(), atol=1e-5)
 
 
-def _brute_force_shared_nll(scores, valid, match, log_pz, question, questions):
-    """-log p(y|x) with one softmax over every valid span of every input of a question, spelt out
-    span by span: p(y|x) = Σ_n Σ_{matching s} p(z_n) e^f(s) / Σ_n Σ_{valid s} p(z_n) e^f(s)."""
+def _brute_force_shared_nll(scores, valid, match, log_pz, question, questions, null=None, no_answer=None):
+    """-log p(y|x) with one softmax over every valid span (and null span) of every input of a
+    question, spelt out span by span: p(y|x) = Σ_n Σ_{matching s} p(z_n) e^f(s) / C,
+    C = Σ_n p(z_n) (e^g_n + Σ_{valid s} e^f(s)); for a no-answer question y is the null spans."""
     total, count = 0.0, 0
     N, L, W = scores.shape
     for b in range(questions):
-        num = den = 0.0
+        num = den = nul = 0.0
         for n in range(N):
             if question[n] != b:
                 continue
+            if null is not None:
+                nul += math.exp(float(log_pz[n]) + float(null[n]))
             for i in range(L):
                 for w in range(W):
                     if valid[n, i, w]:
                         mass = math.exp(float(log_pz[n]) + float(scores[n, i, w]))
                         den += mass
                         num += mass if match[n, i, w] else 0.0
+        den += nul
         if num > 0:
             total += -math.log(num / den)
+            count += 1
+        elif null is not None and no_answer is not None and no_answer[b]:
+            total += -math.log(nul / den)
             count += 1
     return total / max(count, 1), count
 
@@ -83,6 +93,60 @@ def test_shared_nll_equals_a_brute_force_sum_over_blocks_and_spans():
     want, count = _brute_force_shared_nll(scores, valid, match, log_pz, question, 3)
     assert loss.item() == pytest.approx(want, rel=1e-5)
     assert answerable.tolist() == [True, True, False] and count == 2
+
+
+def test_null_span_joins_the_softmax_and_labels_no_answer_questions():
+    """With null scores, C gains p(z_n) e^g_n for every input, answerable questions are pushed
+    away from the null, and a no-answer question (nothing matches) learns its null spans; a
+    no-answer flag on a question that does match is ignored (its spans are the gold)."""
+    scores, valid, match, g = _random_inputs(3)
+    question = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    match[3:] = False  # questions 1 and 2 match nothing
+    match[0, 0, 0] = valid[0, 0, 0] = True
+    log_pz = torch.log_softmax(torch.randn(7, generator=g), 0)
+    null = torch.randn(7, generator=g, requires_grad=True)
+    no_answer = torch.tensor([True, True, False])  # question 0 matches: its flag is ignored; 2 is unlabelled
+    loss, labelled = shared_nll(scores, valid, match, log_pz=log_pz, question=question, questions=3, null=null,
+                                no_answer=no_answer)
+    want, count = _brute_force_shared_nll(scores, valid, match, log_pz, question, 3, null.detach(), no_answer)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert labelled.tolist() == [True, True, False] and count == 2
+    loss.backward()
+    assert (null.grad[:3] > 0).all()  # an answerable question's nulls go down
+    assert (null.grad[3:5] < 0).all()  # a no-answer question's nulls go up
+    assert (null.grad[5:] == 0).all()  # an unlabelled question leaves them alone
+    without, _ = shared_nll(scores, valid, match, log_pz=log_pz, question=question, questions=3)
+    assert without.item() < shared_nll(scores, valid, match, log_pz=log_pz, question=question, questions=3,
+                                       null=null.detach(), no_answer=torch.zeros(3, dtype=torch.bool))[0].item()
+
+
+def test_distillation_is_the_kl_of_the_shared_softmaxes():
+    scores, valid, _, g = _random_inputs(4)
+    teacher = torch.randn(scores.shape, generator=g) * 2
+    null, teacher_null = torch.randn(7, generator=g), torch.randn(7, generator=g)
+    question = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    log_pz = torch.log_softmax(torch.randn(7, generator=g), 0)
+    T = 2.0
+
+    def dist(f, n):  # brute force: per question, the softmax over (input, span) and (input, null)
+        out = []
+        for b in range(3):
+            items = [float(log_pz[i]) + float(f[i, s, w]) / T for i in range(7) if question[i] == b
+                     for s in range(f.shape[1]) for w in range(f.shape[2]) if valid[i, s, w]]
+            items += [float(log_pz[i]) + float(n[i]) / T for i in range(7) if question[i] == b]
+            t = torch.tensor(items, dtype=torch.float64)
+            out.append(torch.softmax(t, 0))
+        return out
+
+    pt, ps = dist(teacher, teacher_null), dist(scores, null)
+    want = sum(float((a * (a.log() - b.log())).sum()) for a, b in zip(pt, ps)) / 3 * T**2
+    got = distill_kl(scores, teacher, valid, log_pz=log_pz, question=question, questions=3, null=null,
+                     teacher_null=teacher_null, temperature=T)
+    assert got.item() == pytest.approx(want, rel=1e-4)
+    same = distill_kl(scores, scores, valid, log_pz=log_pz, question=question, questions=3, null=null, teacher_null=null)
+    assert abs(same.item()) < 1e-5
+    with pytest.raises(RalmError, match="null score from both"):
+        distill_kl(scores, teacher, valid, log_pz=log_pz, question=question, questions=3, null=null)
 
 
 def test_marginal_is_one_softmax_over_the_k_blocks_weighted_by_retrieval():
@@ -190,11 +254,60 @@ def test_answer_match_respects_word_boundaries_and_width(reader):
     batch = reader.featurize(["when ?"], ["built in 1889s and finished in 1889 ."])
     match = reader.answer_match(batch, [["1889"]])
     hits = match[0].nonzero().tolist()
-    assert len(hits) == 1  # "1889s" is not "1889"
+    assert len(hits) == 2  # "1889" and "1889 ." (equal once normalised); "1889s" is not "1889"
     text, (a, b) = reader.span_text(batch, 0, hits[0][0], hits[0][1])
     assert text == "1889" and batch.texts[0][a:b] == "1889" and a == batch.texts[0].index("1889 ")
     long_answer = " ".join(["word"] * (reader.cfg.max_span_width + 1))
     assert not reader.answer_match(batch, [[long_answer]]).any()
+
+
+def test_answer_match_is_the_answer_rule_every_normalised_equal_span(reader):
+    """Gold spans are exactly the valid spans whose SQuAD-normalised text equals a normalised
+    answer (what EM and pick_answer count right), not only verbatim copies: "photons." and
+    "The Photons" are gold for "photons"; "photon" and "photonsx" are not."""
+    texts = ["light is made of photons . the photons move ; photons , they say , photon photonsx labs .",
+             "a standard measurement scale was used : the standard measurement scale ( scale )"]
+    answers = [["Photons"], ["a standard measurement scale", "scale"]]
+    batch = reader.featurize(["what ?", "which ?"], texts)
+    match = reader.answer_match(batch, answers)
+    valid = valid_spans(batch, reader.cfg.max_span_width)
+    for n in range(2):
+        gold = {normalize_answer(a) for a in answers[n]}
+        brute = {(i, w) for i, w in valid[n].nonzero().tolist() if normalize_answer(reader.span_text(batch, n, i, w)[0]) in gold}
+        assert {tuple(x) for x in match[n].nonzero().tolist()} == brute
+    got = {reader.span_text(batch, 0, i, w)[0] for i, w in match[0].nonzero().tolist()}
+    assert {"photons", "photons .", "the photons", "; photons ,"} <= got and not {"photon", "photonsx"} & got
+
+
+def test_wordpiece_map_reads_a_student_batch_in_a_shifted_vocabulary(reader):
+    """A teacher whose vocabulary holds the same wordpieces at other ids (MPNet's: BERT's, after
+    <s> <pad> </s> <unk>) reads the student's inputs token for token, specials by role."""
+    class Shifted:
+        def __init__(self, base):
+            self.vocab = {t: i + 4 for t, i in base.get_vocab().items()}
+            self.vocab.update({"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3})
+            self.cls_token_id, self.pad_token_id, self.sep_token_id, self.unk_token_id = 0, 1, 2, 3
+            self.mask_token_id = None
+
+        def get_vocab(self):
+            return self.vocab
+
+    student = reader.tokenizer
+    mapped = wordpiece_map(student, Shifted(student))
+    batch = reader.featurize(["who built it ?"], ["eiffel built the tower ."])
+    ids = batch.input_ids[0].tolist()
+    got = mapped[batch.input_ids][0].tolist()
+    assert got[0] == 0 and got[ids.index(student.sep_token_id)] == 2
+    inner = [i for i in ids if i not in (student.cls_token_id, student.sep_token_id, student.pad_token_id)]
+    assert [mapped[i].item() for i in inner] == [i + 4 for i in inner]
+
+    class Other(Shifted):
+        def __init__(self, base):
+            super().__init__(base)
+            self.vocab = {f"x{t}": i for t, i in self.vocab.items()}
+
+    with pytest.raises(RalmError, match="not the student's"):
+        wordpiece_map(student, Other(student))
 
 
 def test_gradients_reach_the_encoder_and_scorer(reader):

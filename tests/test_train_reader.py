@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ralm.data.qa import Question, answer_occurrences
+from ralm.data.qa import Question
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, write_calibration
 from ralm.runtime import cpu_has_bf16
@@ -21,8 +22,8 @@ from ralm.retrieval.search.searcher import Searcher
 from ralm.train.reader import (
     ReaderTrainConfig,
     best_is_gold,
+    drop_gold,
     gold_passages,
-    label_windows,
     read_inputs,
     retrieve_distractors,
     train_reader,
@@ -54,8 +55,7 @@ def words(small_reader) -> list[str]:
 
 def _labelled(reader, text, answer, stride):
     batch, owner = reader.featurize_windows(["q ?"], [text], stride)
-    match = label_windows(batch, owner, [answer_occurrences(text, [answer])], reader.cfg.max_span_width)
-    return batch, match
+    return batch, reader.answer_match(batch, [[answer]] * len(owner))
 
 
 def test_an_answer_is_labelled_in_every_window_holding_it_whole(small_reader, words):
@@ -183,9 +183,49 @@ def test_open_domain_finetuning_continues_from_the_gold_run(questions_file, corp
     assert reader.cfg.max_len == 96 and reader.cfg.calibration is None  # read at the run's length; the stale calibration is dropped
 
 
+def test_drop_gold_takes_a_fixed_share_of_each_batch_reproducibly():
+    a, b = drop_gold(7, 10, 0.3, seed=1), drop_gold(7, 10, 0.3, seed=1)
+    assert a.sum() == 3 and (a == b).all()
+    assert any((drop_gold(s, 10, 0.3, seed=1) != a).any() for s in range(8, 12))  # another choice at other steps
+    assert not drop_gold(0, 10, 0.0, seed=1).any()
+
+
+@pytest.mark.slow
+def test_questions_read_without_their_passage_learn_the_null_span(questions_file, corpus_file, tiny_bert, tiny_dense_index,
+                                                                    tmp_path):
+    """Half of each batch reads only distractors (from other documents: none holds its answer),
+    so its gold is the null span; trained, the reader says "not here" on those reads and answers
+    from the passage; a teacher trained so distils into a student through the same softmax."""
+    cfg = _cfg(questions_file, corpus_file, tiny_bert, index=str(tiny_dense_index), distractors=2, no_answer_share=0.5,
+               steps=60, lr=3e-3, log_every=5)
+    train_reader(cfg, tmp_path / "run", show_progress=False)
+    reader = Reader.from_pretrained(tmp_path / "run" / "final" / "reader").eval()
+    assert reader.cfg.null_span
+    searcher = Searcher.open(tiny_dense_index)
+    qs = [Question(q["id"], q["question"], tuple(q["answers"]), {"doc_id": q.get("doc_id")}) for q in QUESTIONS[:2]]
+    gold = [next(d["text"] for d in DOCS if d["id"] == q.extra["doc_id"]) for q in qs]
+    others = retrieve_distractors(searcher, qs, 2)
+    from ralm.pipeline import pick_answer, read_blocks
+    gaps = []
+    for q, passage, distractors in zip(qs, gold, others):
+        def read(texts):
+            with torch.no_grad():
+                blocks = read_blocks(reader, [q.question] * len(texts), texts, device=torch.device("cpu"), dtype=torch.float32)
+            return pick_answer(torch.log_softmax(torch.zeros(len(texts)), 0), blocks)
+        with_gold, without = read([passage, *distractors]), read(distractors)
+        assert with_gold.answer.lower() == q.answers[0].lower()
+        gaps.append(without.signals["p_null"] - with_gold.signals["p_null"])
+    assert min(gaps) > 0 and sum(gaps) / len(gaps) > 0.3, gaps
+    student = train_reader(_cfg(questions_file, corpus_file, tiny_bert, index=str(tiny_dense_index), distractors=2,
+                                no_answer_share=0.5, steps=2, teacher=str(tmp_path / "run" / "final" / "reader")),
+                           tmp_path / "student", show_progress=False)
+    metrics = [json.loads(line) for line in (Path(student.run) / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["distill_kl"] > 0 for m in metrics)
+
+
 def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tiny_dense_index, tmp_path, ralm):
     code, out, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "run",
-                          "--init", tiny_bert, "--index", tiny_dense_index, "--distractors", 2, "--steps", 2,
+                          "--init", tiny_bert, "--index", tiny_dense_index, "--distractors", 2, "--no-answer-share", 0, "--steps", 2,
                           "--batch-size", 2, "--max-len", 80, "--stride", 16, "--log-every", 1, "--dtype", "fp32", "--json")
     assert code == 0, err
     assert json.loads(out)["steps"] == 2 and (tmp_path / "run" / "final" / "reader" / "config.json").is_file()

@@ -33,8 +33,8 @@ import torch
 from ralm.data.qa import normalize_answer
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE, Calibrations
-from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans, valid_spans
+from ralm.models.confidence import MIN_CONFIDENCE, Calibrations, check_fitted_with
+from ralm.models.reader import NEG, Reader, ReaderBatch, default_reader_path, is_reader_dir, top_spans, valid_spans
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
@@ -110,6 +110,8 @@ class OpenQA:
         self.retriever = retriever
         self.kind = kind_of(pick_sides(searcher.sides, retriever, searcher.index.root))  # checks `retriever` now
         self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
+        if self.calibration is not None:
+            check_fitted_with(self.calibration, kind=self.kind, reader=reader.fingerprint(), k=k)
 
     @property
     def calibration(self):
@@ -144,6 +146,7 @@ class OpenQA:
         ranked = self.searcher.rank(list(questions), retrieve, snap, self.retriever)
         scores, rows = ranked.scores, ranked.rows  # [Q, R]
         blocks = snap.blocks
+        log_blocks = math.log(max(len(blocks), 1))  # the corpus size, which the sides' top scores grow with
         k = min(self.k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         read = read_blocks(self.reader, [q for q in questions for _ in range(k)],
@@ -161,7 +164,7 @@ class OpenQA:
                                          math.exp(span.score - block.log_norm) if span else 0.0,
                                          span.offsets if span else None, ranked.found_by[qi][j]))
             signals = {**reading.signals, "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
-                       **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}}
+                       **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}, "log_blocks": log_blocks}
             confidence = None if self.calibration is None else float(self.calibration.of_signals([signals])[0])
             withheld = reading.best is None or (confidence is not None and confidence < self.min_confidence)
             out.append(Answer(question, "" if withheld else reading.answer, reading.score, confidence, evidence, reading.best or 0,
@@ -183,6 +186,7 @@ class ReadBlock:
     """What the reader found in one block for one question: all any answer needs."""
     spans: list[Span]  # the block's N_BEST highest-scoring valid spans, best first
     log_norm: float  # log Σ exp f over every valid span of the block, so blocks can share one softmax
+    null: float | None = None  # the block's null-span score g ("no answer here"), for readers trained with one
 
 
 @dataclass(frozen=True)
@@ -199,25 +203,38 @@ def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], 
                 dtype: torch.dtype) -> list[ReadBlock]:
     """Read block texts[n] for questions[n] (N pairs), each block whole (up to the encoder's
     positions), not the training window, which would hide the tail of every long block."""
-    batch = reader.featurize(questions, texts, max_len=reader.max_read_len)
+    return read_batch(reader, reader.featurize(questions, texts, max_len=reader.max_read_len), device=device, dtype=dtype)
+
+
+def read_batch(reader: Reader, batch: ReaderBatch, *, device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
+    """What the reader finds in each input of a featurised batch (`read_blocks`' second half, for
+    reading one batch with several readers of the same wordpieces)."""
     dev_batch = batch.to(device)
     with autocast(device, dtype):
         span_scores = reader(dev_batch)  # [N, L, W]
     valid = valid_spans(dev_batch, reader.cfg.max_span_width)
     f, start, width, log_norm = (t.cpu() for t in top_spans(span_scores, valid, N_BEST))  # [N, n] x3, [N]
+    null = reader.null_scores(span_scores)
+    null = None if null is None else null.float().cpu().tolist()  # [N]
     out = []
-    for n in range(len(texts)):
+    for n in range(len(batch.texts)):
         has_evidence = batch.evidence_end[n] > batch.evidence_start[n]
         spans = [Span(float(f[n, r]), *reader.span_text(batch, n, int(start[n, r]), int(width[n, r])))
                  for r in range(f.shape[1]) if has_evidence and f[n, r] > NEG / 2]
-        out.append(ReadBlock(spans, float(log_norm[n])))
+        out.append(ReadBlock(spans, float(log_norm[n]), None if null is None else null[n]))
     return out
 
 
 def pick_answer(log_pz: torch.Tensor, blocks: Sequence[ReadBlock]) -> Reading:
     """The most probable answer of one question over its k blocks read, log_pz [k] = log p(z|x).
-    Spans whose text normalises to "" are skipped."""
-    log_partition = torch.logsumexp(log_pz + torch.tensor([b.log_norm for b in blocks]), 0)
+    Spans whose text normalises to "" are skipped. A reader with null spans puts each block's
+    null in the softmax too: p(a|x) is then what is left after "not in what I read", p_null."""
+    nulls = [b.null for b in blocks]
+    with_null = bool(blocks) and all(g is not None for g in nulls)
+    log_block = torch.tensor([b.log_norm for b in blocks])  # [k]
+    if with_null:
+        log_block = torch.logaddexp(log_block, torch.tensor(nulls))
+    log_partition = torch.logsumexp(log_pz + log_block, 0)
     log_w = (log_pz - log_partition).tolist()  # [k]: a shared softmax over all blocks' spans
     keys = {(j, r): normalize_answer(s.text) for j, b in enumerate(blocks) for r, s in enumerate(b.spans)}
     # a span that normalises to nothing ("the", ",") is no answer: it neither wins nor pools mass
@@ -227,6 +244,8 @@ def pick_answer(log_pz: torch.Tensor, blocks: Sequence[ReadBlock]) -> Reading:
     for jr, p in joint.items():
         mass[keys[jr]] = mass.get(keys[jr], 0.0) + p
     signals = {"log_partition": float(log_partition), "retrieval_entropy": float(-(log_pz.exp() * log_pz).sum())}
+    if with_null:
+        signals["p_null"] = float(torch.exp(torch.logsumexp(log_pz + torch.tensor(nulls), 0) - log_partition))
     if not mass:
         return Reading("", 0.0, None, shown, {"score": 0.0, **signals})
     answer = max(mass, key=mass.get)

@@ -72,20 +72,3 @@ def has_answer(text: str, answers: tuple[str, ...] | list[str]) -> bool:
     """True when a normalised answer occurs in the normalised text on word boundaries."""
     norm = f" {normalize_answer(text)} "
     return any(a for a in (normalize_answer(x) for x in answers) if a and f" {a} " in norm)
-
-
-def answer_occurrences(text: str, answers: tuple[str, ...] | list[str]) -> list[tuple[int, int]]:
-    """Character spans (start, end) of every verbatim occurrence of an answer in `text` on word
-    boundaries ("1889" is not found in "1889s"), sorted: the gold labels of SQuAD-style
-    training, where answers are copied from the passage."""
-    spans = set()
-    for answer in (a.strip() for a in answers):
-        start = text.find(answer) if answer else -1
-        while start >= 0:
-            end = start + len(answer)
-            cuts_word = (start > 0 and text[start - 1].isalnum() and text[start].isalnum()
-                         or end < len(text) and text[end].isalnum() and text[end - 1].isalnum())
-            if not cuts_word:
-                spans.add((start, end))
-            start = text.find(answer, start + 1)
-    return sorted(spans)

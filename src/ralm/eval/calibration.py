@@ -1,21 +1,22 @@
 """Fitting the answer confidence (models/confidence.py) on held-back questions, and measuring it.
 
-`fit_selective`: logistic regression of exact-match correctness on the answer's signals
-(Newton's method, L2-regularised), the default; `fit_isotonic`: isotonic regression (pool
-adjacent violators) on the raw score alone. `cross_fitted` predicts each question with a map
-fitted on the other half, so the error reported is on questions the map did not see.
+`fit_two_stage`: P(found) x P(right | found), each a logistic regression (Newton's method,
+L2-regularised), the default; `fit_selective`: one logistic regression of exact-match
+correctness; `fit_isotonic`: isotonic regression (pool adjacent violators) on the raw score
+alone. `cross_fitted` predicts each question with a map fitted without it (without its article,
+where questions name one), so the error reported is on questions the map did not see.
 `reliability` compares confidence with correctness in bins; `risk_coverage` gives selective
-answering's curve.
+answering's curve; `auroc` is None where one class is missing.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ralm.errors import RalmError
-from ralm.models.confidence import FITTED, Calibration, SelectiveCalibration, feature_vector
+from ralm.models.confidence import FITTED, FOUND, RIGHT, Calibration, SelectiveCalibration, TwoStageCalibration, feature_vector
 
 MIN_QUESTIONS = 50  # fewer than this cannot tell a map from noise: refused
 
@@ -67,17 +68,15 @@ def check_fittable(correct: Sequence[float]) -> None:
                         f"{'right' if y[0] else 'wrong'}): is the index the questions' corpus?")
 
 
-def fit_selective(signals: Sequence[dict], correct: Sequence[float], *, features: Sequence[str] = FITTED,
-                  l2: float = 1.0, steps: int = 100) -> SelectiveCalibration:
-    """Logistic regression of `correct` (0/1) on the named features of each answer's signals,
-    standardised; features constant over these questions (a side the index lacks) are left out."""
-    y = np.asarray(correct, dtype=np.float64)
-    x_all = np.stack([feature_vector(s, features) for s in signals])  # [N, F]
-    keep = [j for j in range(x_all.shape[1]) if np.ptp(x_all[:, j]) > 0]
-    x = x_all[:, keep]
+def _logistic(x: np.ndarray, y: np.ndarray, *, l2: float, steps: int = 100) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """L2-regularised logistic regression on standardised columns by Newton's method: (mean,
+    scale, weights, bias). Outcomes all alike give the smoothed rate, (k + 1) / (n + 2), as bias."""
     mean, scale = x.mean(0), x.std(0)
-    z = np.hstack([(x - mean) / scale, np.ones((len(y), 1))])  # [N, F' + 1], the last column the bias
-    reg = np.diag([l2] * len(keep) + [0.0])
+    if y.min() == y.max():
+        rate = (y.sum() + 1) / (len(y) + 2)
+        return mean, np.ones_like(scale), np.zeros(x.shape[1]), float(np.log(rate / (1 - rate)))
+    z = np.hstack([(x - mean) / scale, np.ones((len(y), 1))])  # [N, F + 1], the last column the bias
+    reg = np.diag([l2] * x.shape[1] + [0.0])
     w = np.zeros(z.shape[1])
     for _ in range(steps):
         p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
@@ -87,18 +86,58 @@ def fit_selective(signals: Sequence[dict], correct: Sequence[float], *, features
         w -= step
         if np.abs(step).max() < 1e-8:
             break
-    return SelectiveCalibration(tuple(features[j] for j in keep), tuple(mean.tolist()), tuple(scale.tolist()),
-                                tuple(w[:-1].tolist()), float(w[-1]), len(y))
+    return mean, scale, w[:-1], float(w[-1])
 
 
-def cross_fitted(signals: Sequence[dict], correct: Sequence[float], fit=fit_selective) -> np.ndarray:
-    """[N] each question's confidence from a map fitted on the other half (alternate questions)."""
+def fit_selective(signals: Sequence[dict], correct: Sequence[float], *, features: Sequence[str] = FITTED,
+                  l2: float = 1.0, fitted_with: dict | None = None) -> SelectiveCalibration:
+    """Logistic regression of `correct` (0/1) on the named features of each answer's signals,
+    standardised; features constant over these questions (a side the index lacks) are left out."""
     y = np.asarray(correct, dtype=np.float64)
-    out = np.zeros(len(y))
-    for part in (0, 1):
-        test = np.arange(len(y)) % 2 == part
-        cal = fit([s for s, t in zip(signals, test) if not t], y[~test])
-        out[test] = cal.of_signals([s for s, t in zip(signals, test) if t])
+    x_all = np.stack([feature_vector(s, features) for s in signals])  # [N, F]
+    keep = [j for j in range(x_all.shape[1]) if np.ptp(x_all[:, j]) > 0]
+    mean, scale, weights, bias = _logistic(x_all[:, keep], y, l2=l2)
+    return SelectiveCalibration(tuple(features[j] for j in keep), tuple(mean.tolist()), tuple(scale.tolist()),
+                                tuple(weights.tolist()), bias, len(y), dict(fitted_with or {}))
+
+
+def fit_two_stage(signals: Sequence[dict], found: Sequence[float], correct: Sequence[float], *,
+                  found_features: Sequence[str] = FOUND, right_features: Sequence[str] = RIGHT, l2: float = 1.0,
+                  fitted_with: dict | None = None) -> TwoStageCalibration:
+    """P(found | x) on every question (found: a block read holds an answer), times P(right |
+    found, x) fitted on the questions whose answer was read (models/confidence.py)."""
+    f = np.asarray(found, dtype=np.float64)
+    y = np.asarray(correct, dtype=np.float64)
+    if np.any(y > f):
+        raise RalmError("an answer counted right though no block read holds an answer: found and correct disagree")
+    read = [s for s, hit in zip(signals, f) if hit]
+    if not read:
+        raise RalmError(f"calibration needs questions whose answer is in the blocks read; none of the {len(f)} has one: "
+                        "is the index the questions' corpus?")
+    return TwoStageCalibration(fit_selective(signals, f, features=found_features, l2=l2),
+                               fit_selective(read, y[f > 0], features=right_features, l2=l2), dict(fitted_with or {}))
+
+
+def side_features(signals: Sequence[dict], *, calibrated: Sequence[str]) -> tuple[str, ...]:
+    """The `top_<side>` features these answers carry for the sides in `calibrated` (those whose
+    scores mean the same on any corpus)."""
+    present = {k for s in signals for k in s if k.startswith("top_")}
+    return tuple(f"top_{side}" for side in calibrated if f"top_{side}" in present)
+
+
+def cross_fitted(signals: Sequence[dict], fit: Callable[[np.ndarray], object], *,
+                 groups: Sequence[str] | None = None) -> np.ndarray:
+    """[N] each question's confidence from a map fitted without it: `fit(train rows)` returns a
+    map. With `groups` (e.g. each question's article) every group is predicted by a map fitted
+    on the others (leave-group-out: no article helps predict itself); else each half by a map
+    fitted on the other (alternate questions)."""
+    n = len(signals)
+    folds = np.unique(np.asarray(groups), return_inverse=True)[1] if groups is not None else np.arange(n) % 2
+    out = np.zeros(n)
+    for fold in np.unique(folds):
+        test = folds == fold
+        cal = fit(np.flatnonzero(~test))
+        out[test] = cal.of_signals([signals[i] for i in np.flatnonzero(test)])
     return out
 
 
@@ -114,11 +153,12 @@ def risk_coverage(confidence: Sequence[float], correct: Sequence[float]) -> dict
             "aurc": round(float(risk.mean()), 4) if len(c) else None}
 
 
-def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float:
-    """Area under the ROC curve: P(a random positive scores above a random negative), ties half."""
+def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """Area under the ROC curve: P(a random positive scores above a random negative), ties half;
+    None when there is no pair to rank (every outcome alike)."""
     s, pos = np.asarray(scores, dtype=np.float64), np.asarray(positive, dtype=bool)
     if pos.all() or not pos.any():
-        return float("nan")
+        return None
     values, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
     ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, ties at their mean rank
     return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum()))

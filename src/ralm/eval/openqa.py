@@ -10,14 +10,20 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
-from ralm.eval.calibration import auroc, check_fittable, cross_fitted, fit_selective, reliability, risk_coverage
+from ralm.errors import RalmWarning
+from ralm.eval.calibration import auroc, check_fittable, cross_fitted, fit_two_stage, reliability, risk_coverage, side_features
 from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
+from ralm.models.confidence import FOUND
+from ralm.retrieval.index.kinds import side_class
 from ralm.pipeline import OpenQA
 from ralm.progress import progress_bar
 
@@ -26,6 +32,13 @@ def default_predictions_path(questions: str | os.PathLike, index: str | os.PathL
     """./<questions>-<index>-<retriever>.predictions.jsonl: the current directory, never a
     model's or an index's folder (a shared or read-only model must not be written into)."""
     return Path(f"{Path(questions).stem}-{Path(index).name}-{retriever}.predictions.jsonl")
+
+
+def found_features(qa: OpenQA, signals: Sequence[dict]) -> tuple[str, ...]:
+    """Stage one's features for `qa`'s kind: the reader's and fusion's signals, and the top
+    score of each side searched whose scores mean the same on any corpus."""
+    calibrated = [name for name in qa.searcher.sides if side_class(name).calibrated_scores]
+    return (*FOUND, *side_features(signals, calibrated=calibrated))
 
 
 def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
@@ -64,9 +77,19 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
     confidence = None
     if calibrate:
         check_fittable(ems)
-        confidence = cross_fitted(signals, ems)  # measured on questions the map did not see
-        qa.calibrations = qa.calibrations.with_kind(qa.kind, fit_selective(signals, ems))
-        result["reliability"] = {**reliability(confidence, ems), "cross_fitted": True}
+        found = [float(any(h[: qa.k])) for h in hits]  # an answer is in a block read
+        fitted_with = {"reader": qa.reader.fingerprint(), "k": qa.k, "questions": len(ems)}
+        features = found_features(qa, signals)
+
+        def fit(rows):
+            return fit_two_stage([signals[i] for i in rows], [found[i] for i in rows], [ems[i] for i in rows],
+                                 found_features=features, fitted_with=fitted_with)
+
+        titles = [q.extra.get("title") for q in questions]
+        groups = titles if all(isinstance(t, str) for t in titles) else None
+        confidence = cross_fitted(signals, fit, groups=groups)  # measured on questions (articles) the map did not see
+        qa.calibrations = qa.calibrations.with_kind(qa.kind, fit(np.arange(len(ems))))
+        result["reliability"] = {**reliability(confidence, ems), "cross_fitted": "by article" if groups else "by half"}
     elif qa.calibration is not None:
         confidence = qa.calibration.of_signals(signals)
         result["reliability"] = reliability(confidence, ems)
@@ -81,7 +104,12 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
     if confidence is not None:
         curve = risk_coverage(confidence, ems)
         result["aurc"] = curve["aurc"]
-        result["auroc"] = round(auroc(confidence, ems), 4)
+        area = auroc(confidence, ems)
+        result["auroc"] = None if area is None else round(area, 4)
+        if area is None:  # nothing to rank: every answer right, or every one wrong
+            note = f"AUROC is undefined: all {len(ems)} answers were {'right' if ems and ems[0] else 'wrong'}"
+            result["notes"] = [note]
+            warnings.warn(RalmWarning(note))
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

@@ -1,52 +1,75 @@
 """Calibrated answer confidence: P(the answer is right), whether or not the corpus holds one.
 
-A reader's config.json keeps one map per retriever kind (hybrid, dense, BM25: their scores
-differ in meaning and scale), chosen by the sides a question was searched with. Two forms:
+A reader's config.json keeps one map per index kind (hybrid, dense, BM25, ...: their scores
+differ in meaning and scale), chosen by the sides a question was searched with, and a fallback
+map ("*") on the reader's own signals for any other kind. Three forms:
 
-  selective  logistic regression on the answer's signals (`Answer.signals`): the answer's
-             probability p(a|x), the log-partition of the reading softmax, the entropy of
-             p(z|x), the dense side's best score and the sides' agreement. Fitted on a mix
-             of answerable questions and questions whose article is not in the corpus, it tells
-             "the corpus does not hold this" apart from "the reader is unsure" (selective QA,
-             Kamath et al., 2020). Its output never reaches 0 or 1.
-  isotonic   a monotone map of p(a|x) alone, as breakpoints (raw score -> accuracy), applied
-             by linear interpolation; older readers carry one map for every kind.
+  two_stage  P(right) = P(found | x) x P(right | found, x): "found" is that a block read holds
+             an answer (the corpus, the search and k decide it), fitted on the reading softmax's
+             log-partition, its null mass, the retrieval entropy and the sides' scores; "right |
+             found" on the answer's p(a|x) and null mass, fitted on the questions whose answer was
+             read. The default: the two questions have different evidence, and one logistic map
+             on everything ranked right against wrong answers worse than p(a|x) alone.
+  selective  one logistic regression on the answer's signals (readers of ralm 0.4).
+  isotonic   a monotone map of p(a|x) alone, as breakpoints (older readers).
 
+Each map records what it was fitted with (`fitted_with`: the reader's fingerprint, k, the
+threshold rule); `OpenQA` warns once when it reads with another reader or k.
 Fitting them on held-back questions is evaluation's job (eval/calibration.py). Below
 `MIN_CONFIDENCE` an answer is withheld ("no answer found in the corpus").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import warnings
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 
 # Answers whose calibrated P(correct) is below this are withheld. Chosen from the risk-coverage
 # curve of held-back questions, half of them with their article removed from the corpus
 # (benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
 MIN_CONFIDENCE = 0.29
 
-# Each signal as the selective model reads it: name -> how it is derived from `Answer.signals`.
-FEATURES = ("logit_score", "log_partition", "retrieval_entropy", "top_dense", "top_bm25", "agreement")
-# The ones new maps are fitted on. A raw BM25 score's scale is the corpus's own (its IDFs grow with
-# the number of documents), so a map fitted on one corpus misreads it on another: on the 282-document
-# demo corpus the top BM25 score sits at the 5th percentile of SQuAD's and pulled right answers
-# under the threshold. Maps that use it still load.
+# Each signal as a map reads it (`feature_vector`): the named signals of `Answer.signals`, with
+# probabilities as log-odds, and each side's best retrieval score as `top_<side>`.
+FEATURES = ("logit_score", "logit_null", "log_partition", "retrieval_entropy", "agreement", "log_blocks")
+_SIDE_FEATURE = re.compile(r"top_[a-z][a-z0-9_]*")
+# The stage-one ("found") features of new maps, the sides' top scores added per kind. A raw BM25
+# score's scale is the corpus's own (its IDFs grow with the number of documents), so a map fitted
+# on one corpus misreads it on another: on the 282-document demo corpus the top BM25 score sat at
+# the 5th percentile of SQuAD's and pulled right answers under the threshold; sides whose scores
+# are scale-free (`Side.calibrated_scores`) give theirs.
+FOUND = ("log_partition", "logit_null", "retrieval_entropy", "agreement")
+RIGHT = ("logit_score", "logit_null")  # stage two ("right | found"): the reader's own probabilities
+# The fallback map's: what every kind of index gives, the reader's signals only.
+ANY_KIND = ("log_partition", "logit_null", "retrieval_entropy")
+# Older maps (ralm 0.4's selective ones) named these.
 FITTED = ("logit_score", "log_partition", "retrieval_entropy", "top_dense", "agreement")
+
+
+def is_feature(name: str) -> bool:
+    return name in FEATURES or _SIDE_FEATURE.fullmatch(name) is not None
+
+
+def _logit(p) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return float(np.log(p / (1 - p)))
 
 
 def feature_vector(signals: dict, features: Sequence[str]) -> np.ndarray:
     """[F] the named features of one answer's signals (missing ones, e.g. a side the index
-    lacks, read as 0)."""
+    lacks or the null mass of a reader without one, read as 0)."""
     out = []
     for name in features:
         if name == "logit_score":
-            p = min(max(float(signals.get("score", 0.0)), 1e-6), 1 - 1e-6)
-            out.append(np.log(p / (1 - p)))
+            out.append(_logit(signals.get("score", 0.0)))
+        elif name == "logit_null":
+            out.append(_logit(signals["p_null"]) if signals.get("p_null") is not None else 0.0)
         else:
             value = signals.get(name)
             out.append(0.0 if value is None or not np.isfinite(value) else float(value))
@@ -90,6 +113,7 @@ class SelectiveCalibration:
     weights: tuple[float, ...]
     bias: float
     questions: int
+    fitted_with: dict = field(default_factory=dict, compare=False)
 
     def of_signals(self, signals: Sequence[dict]) -> np.ndarray:
         """[N] P(correct) of N answers' signals (`Answer.signals`)."""
@@ -100,51 +124,114 @@ class SelectiveCalibration:
     def to_json(self) -> dict:
         return {"method": "selective", "questions": self.questions, "features": list(self.features),
                 "mean": [round(v, 8) for v in self.mean], "scale": [round(v, 8) for v in self.scale],
-                "weights": [round(v, 8) for v in self.weights], "bias": round(self.bias, 8)}
+                "weights": [round(v, 8) for v in self.weights], "bias": round(self.bias, 8),
+                **({"fitted_with": self.fitted_with} if self.fitted_with else {})}
 
     @classmethod
     def from_json(cls, obj: dict, source: str) -> "SelectiveCalibration":
         features = obj.get("features")
         lists = [obj.get(k) for k in ("mean", "scale", "weights")]
-        ok = (isinstance(features, list) and all(f in FEATURES for f in features)
+        ok = (isinstance(features, list) and all(isinstance(f, str) and is_feature(f) for f in features)
               and all(isinstance(v, list) and len(v) == len(features) for v in lists) and isinstance(obj.get("bias"), (int, float))
               and all(s > 0 for s in obj["scale"]))
         if not ok:
             raise RalmError(f"{source}: a selective calibration needs 'features' (of {', '.join(FEATURES)}) and equally long "
                             "'mean', 'scale' (> 0) and 'weights', and a 'bias'; refit it with `ralm eval qa --calibrate`")
-        return cls(tuple(features), *(tuple(map(float, v)) for v in lists), float(obj["bias"]), int(obj.get("questions", 0)))
+        return cls(tuple(features), *(tuple(map(float, v)) for v in lists), float(obj["bias"]), int(obj.get("questions", 0)),
+                   _fitted_with(obj, source))
 
 
-def calibration_from_json(obj: dict, source: str) -> Calibration | SelectiveCalibration:
-    if obj.get("method") == "selective":
+@dataclass(frozen=True)
+class TwoStageCalibration:
+    """P(right) = P(found | x) x P(right | found, x), each a logistic map (`SelectiveCalibration`)."""
+    found: SelectiveCalibration
+    right: SelectiveCalibration
+    fitted_with: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def questions(self) -> int:
+        return self.found.questions
+
+    def of_signals(self, signals: Sequence[dict]) -> np.ndarray:
+        """[N] P(correct) of N answers' signals (`Answer.signals`)."""
+        return self.found.of_signals(signals) * self.right.of_signals(signals)
+
+    def to_json(self) -> dict:
+        return {"method": "two_stage", "questions": self.questions, "found": self.found.to_json(),
+                "right": self.right.to_json(), **({"fitted_with": self.fitted_with} if self.fitted_with else {})}
+
+    @classmethod
+    def from_json(cls, obj: dict, source: str) -> "TwoStageCalibration":
+        if not isinstance(obj.get("found"), dict) or not isinstance(obj.get("right"), dict):
+            raise RalmError(f"{source}: a two-stage calibration needs 'found' and 'right' maps; refit it with "
+                            "`ralm eval qa --calibrate`")
+        return cls(SelectiveCalibration.from_json(obj["found"], f"{source} (found)"),
+                   SelectiveCalibration.from_json(obj["right"], f"{source} (right)"), _fitted_with(obj, source))
+
+
+def _fitted_with(obj: dict, source: str) -> dict:
+    fitted = obj.get("fitted_with", {})
+    if not isinstance(fitted, dict):
+        raise RalmError(f"{source}: 'fitted_with' must be an object (reader, k, threshold rule)")
+    return fitted
+
+
+def calibration_from_json(obj: dict, source: str) -> Calibration | SelectiveCalibration | TwoStageCalibration:
+    method = obj.get("method")
+    if method == "two_stage":
+        return TwoStageCalibration.from_json(obj, source)
+    if method == "selective":
         return SelectiveCalibration.from_json(obj, source)
     return Calibration.from_json(obj, source)
 
 
+_warned: set[tuple] = set()
+
+
+def check_fitted_with(cal, *, kind: str, reader: str, k: int) -> None:
+    """Warn once (per map and mismatch) when a map is read with another reader or k than it
+    was fitted with: its confidences then mean something else. Maps that record nothing pass."""
+    fitted = getattr(cal, "fitted_with", None) or {}
+    problems = []
+    if fitted.get("reader") not in (None, reader):
+        problems.append(f"another reader ({fitted['reader']}, this one {reader})")
+    if fitted.get("k") not in (None, k):
+        problems.append(f"k = {fitted['k']} blocks read (now {k})")
+    key = (kind, reader, k, id(cal))
+    if problems and key not in _warned:
+        _warned.add(key)
+        warnings.warn(RalmWarning(f"the {kind} confidence map was fitted with {' and '.join(problems)}: its confidences "
+                                  "may be off; refit it with `ralm eval qa --calibrate`"), stacklevel=2)
+
+
 @dataclass(frozen=True)
 class Calibrations:
-    """A reader's maps, one per retriever kind ("*": any kind, as older readers store one)."""
+    """A reader's maps, one per index kind, and "*": the fallback for any other kind (older
+    readers store one map for every kind there)."""
     by_kind: dict
 
-    def for_kind(self, kind: str) -> Calibration | SelectiveCalibration | None:
+    def for_kind(self, kind: str) -> Calibration | SelectiveCalibration | TwoStageCalibration | None:
+        """The kind's map, else the fallback ("*": fitted on the reader's own signals, so that any
+        kind, a new one included, withholds answers)."""
         return self.by_kind.get(kind, self.by_kind.get("*"))
 
     def to_json(self) -> dict:
         if set(self.by_kind) == {"*"}:
             return self.by_kind["*"].to_json()
-        return {"by_retriever": {k: c.to_json() for k, c in self.by_kind.items()}}
+        return {"by_kind": {k: c.to_json() for k, c in self.by_kind.items()}}
 
     @classmethod
     def from_json(cls, obj: dict | None, source: str) -> "Calibrations":
         if not obj:
             return cls({})
-        if "by_retriever" in obj:
-            maps = obj["by_retriever"]
+        key = next((k for k in ("by_kind", "by_retriever") if k in obj), None)  # by_retriever: readers of ralm 0.4
+        if key is not None:
+            maps = obj[key]
             if not isinstance(maps, dict):
-                raise RalmError(f"{source}: 'by_retriever' must map retriever kinds to calibrations")
+                raise RalmError(f"{source}: '{key}' must map index kinds to calibrations")
             return cls({k: calibration_from_json(v, f"{source} ({k})") for k, v in maps.items()})
         return cls({"*": calibration_from_json(obj, source)})
 
-    def with_kind(self, kind: str, cal: Calibration | SelectiveCalibration) -> "Calibrations":
+    def with_kind(self, kind: str, cal: Calibration | SelectiveCalibration | TwoStageCalibration) -> "Calibrations":
         """These maps with `kind`'s replaced (an older single map is kept for the other kinds)."""
         return Calibrations({**self.by_kind, kind: cal})

@@ -17,6 +17,7 @@ model.safetensors (`bert.*`, `spans.*`), and the tokenizer files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -31,6 +33,7 @@ from torch import nn
 
 from ralm.atomic import atomic_path, link_or_copy, read_weights, write_model_dir, write_text
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
+from ralm.data.qa import normalize_answer
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import by_length, pad_rows
 from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer,
@@ -55,6 +58,10 @@ class ReaderConfig:
     encoder: dict = field(default_factory=dict)  # the BERT config, to rebuild the encoder
     # raw answer score -> P(correct), fitted by `ralm eval qa --calibrate` (models/confidence.py)
     calibration: dict | None = None
+    # The [CLS] span (start 0, width 0) is the reader's "no answer in this block" option: its score
+    # joins the shared softmax beside the spans, weighted by p(z|x) (`shared_nll`). False: a
+    # reader trained without one (its [CLS] score is untrained and never read).
+    null_span: bool = False
 
     def __post_init__(self):
         if self.max_span_width <= 0 or self.span_hidden <= 0:
@@ -133,44 +140,87 @@ def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
     return valid & begins[:, :, None] & after
 
 
-def shared_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, *, log_pz: torch.Tensor,
-               question: torch.Tensor, questions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reading objective with one softmax over every span of every input read for a question
-    (shared normalisation, Clark & Gardner 2018), averaged over answerable questions:
+def _per_question_lse(values: torch.Tensor, question: torch.Tensor, questions: int) -> torch.Tensor:
+    """[B] log Σ_{n of question b} exp values[n]; values [N]."""
+    owns = question.view(1, -1) == torch.arange(questions, device=question.device).view(-1, 1)  # [B, N]
+    return torch.logsumexp(values.view(1, -1).masked_fill(~owns, NEG), 1)
 
-        -log Σ_n Σ_{s in n matching} p(z_n|x) exp f(s) / C,   C = Σ_n p(z_n|x) Σ_{s valid in n} exp f(s)
+
+def shared_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, *, log_pz: torch.Tensor,
+               question: torch.Tensor, questions: int, null: torch.Tensor | None = None,
+               no_answer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reading objective with one softmax over every span of every input read for a question
+    (shared normalisation, Clark & Gardner 2018), averaged over the questions it labels:
+
+        -log Σ_n Σ_{s in n matching} p(z_n|x) exp f(s) / C,   C = Σ_n p(z_n|x) (exp g_n + Σ_{s valid in n} exp f(s))
 
     which is the answer probability the pipeline reads (pipeline.pick_answer). Inputs without a
     matching span still raise C: a block without the answer must score below one with it.
 
     scores, valid, match: [N, L, W] span scores f, valid spans, spans whose text is an answer;
     log_pz [N]: log p(z|x) of the block input n reads (the windows of one block share it);
-    question [N]: which of the `questions` questions input n belongs to. A question whose answer
-    matches no span of any of its inputs contributes exactly zero (value and gradient).
-    Returns (loss, answerable [questions] bool).
+    question [N]: which of the `questions` questions input n belongs to.
+    null [N] (optional): the score g_n of input n's null span, the reader's "no answer here"
+    option (without it, C has no g term). A question marked in `no_answer` [B] whose inputs hold
+    no matching span is labelled with the null: its loss is -log Σ_n p(z_n|x) exp g_n / C, so
+    "the answer is not in what I read" is learnt, not inferred. Any other question whose answer
+    matches no span of its inputs contributes exactly zero (value and gradient).
+    Returns (loss, labelled [questions] bool: the questions that count).
     """
     match = match & valid
     flat = scores.float().masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
-    log_all = torch.logsumexp(flat, 1) + log_pz  # [N]: log p(z|x) Σ_valid exp f
+    log_spans = torch.logsumexp(flat, 1)  # [N]
+    log_all = (log_spans if null is None else torch.logaddexp(log_spans, null.float())) + log_pz  # [N]
     log_gold = torch.logsumexp(flat.masked_fill(~match.flatten(1), NEG), 1) + log_pz  # [N]
-    owns = question.view(1, -1) == torch.arange(questions, device=question.device).view(-1, 1)  # [B, N]
-    log_c = torch.logsumexp(log_all.view(1, -1).masked_fill(~owns, NEG), 1)  # [B]
-    log_y = torch.logsumexp(log_gold.view(1, -1).masked_fill(~owns, NEG), 1)  # [B]
-    answerable = (owns & match.flatten(1).any(1).view(1, -1)).any(1)  # [B]
-    per_question = torch.where(answerable, log_c - log_y, torch.zeros_like(log_y))
-    return per_question.sum() / answerable.sum().clamp(min=1), answerable
+    log_c = _per_question_lse(log_all, question, questions)  # [B]
+    log_y = _per_question_lse(log_gold, question, questions)  # [B]
+    has_span = torch.zeros(questions, dtype=torch.long, device=scores.device).index_add(
+        0, question, match.flatten(1).any(1).long()) > 0  # [B]
+    labelled = has_span
+    if null is not None and no_answer is not None:
+        to_null = no_answer.to(has_span.device) & ~has_span
+        log_y = torch.where(to_null, _per_question_lse(null.float() + log_pz, question, questions), log_y)
+        labelled = has_span | to_null
+    per_question = torch.where(labelled, log_c - log_y, torch.zeros_like(log_y))
+    return per_question.sum() / labelled.sum().clamp(min=1), labelled
 
 
-def marginal_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
-                 retrieval_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def distill_kl(scores: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, *, log_pz: torch.Tensor,
+               question: torch.Tensor, questions: int, null: torch.Tensor | None = None,
+               teacher_null: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """Knowledge distillation on the reading softmax: KL(p_teacher || p_student) of one softmax
+    per question over every valid span (and null span, when both give one) of every input read,
+    as `shared_nll` defines it, at `temperature` T, times T^2 (Hinton et al., 2015), averaged over
+    questions. scores, teacher, valid: [N, L, W] (the teacher read the same wordpieces);
+    null, teacher_null: [N] or None; log_pz, question: as `shared_nll`."""
+    if (null is None) != (teacher_null is None):
+        raise RalmError("distillation needs a null score from both the student and the teacher, or from neither")
+
+    def log_probs(f: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+        flat = (f.float() / temperature).masked_fill(~valid, NEG).flatten(1)  # [N, L*W]
+        if g is not None:
+            flat = torch.cat([flat, g.float()[:, None] / temperature], 1)  # [N, L*W + 1]
+        flat = flat + log_pz[:, None]
+        log_c = _per_question_lse(torch.logsumexp(flat, 1), question, questions)  # [B]
+        return flat - log_c[question][:, None]
+
+    lt, ls = log_probs(teacher.detach(), None if teacher_null is None else teacher_null.detach()), log_probs(scores, null)
+    kl = (lt.exp() * (lt - ls)).sum(1)  # [N]; masked entries have p_teacher = 0
+    per_question = torch.zeros(questions, device=kl.device).index_add(0, question, kl)  # [B]
+    return per_question.mean() * temperature**2
+
+
+def marginal_nll(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, retrieval_logits: torch.Tensor, *,
+                 null: torch.Tensor | None = None, no_answer: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-log p(y|x) for K retrieved blocks per question, with p(z|x) the softmax of
     `retrieval_logits` [B, K] and one span softmax shared by the K blocks (`shared_nll`), not one
-    per block. scores, valid, match: [B, K, L, W]. Returns (loss, answerable [B] bool)."""
+    per block. scores, valid, match: [B, K, L, W]; null [B, K] and no_answer [B]: as `shared_nll`.
+    Returns (loss, labelled [B] bool)."""
     b, k = retrieval_logits.shape
     question = torch.arange(b, device=scores.device).repeat_interleave(k)  # [B*K]
     log_pz = torch.log_softmax(retrieval_logits.float(), -1).flatten()  # [B*K]
     return shared_nll(scores.flatten(0, 1), valid.flatten(0, 1), match.flatten(0, 1), log_pz=log_pz,
-                      question=question, questions=b)
+                      question=question, questions=b, null=None if null is None else null.flatten(), no_answer=no_answer)
 
 
 def best_spans(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -222,6 +272,17 @@ class Reader(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def fingerprint(self) -> str:
+        """A short hash of the span scorer's and the top encoder layer's weights: which reader a
+        confidence map was fitted with (models/confidence.py `fitted_with`)."""
+        top = f"bert.encoder.layer.{self.bert.config.num_hidden_layers - 1}."
+        digest = hashlib.sha256()
+        for key, value in sorted(self.state_dict().items()):
+            if key.startswith(("spans.", top)):
+                digest.update(key.encode())
+                digest.update(value.detach().float().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()[:16]
+
     def __repr__(self) -> str:
         """One line (nn.Module's tree view: `print(nn.Module.__repr__(reader))`)."""
         c, enc = self.cfg, self.bert.config
@@ -235,14 +296,22 @@ class Reader(nn.Module):
         length = batch.input_ids.shape[1]
         lengths = batch.attention_mask.sum(1).tolist()
 
+        segments = getattr(self.bert.config, "type_vocab_size", 0) > 1  # encoders without segments (MPNet) take none
+
         def run(rows: list[int]) -> torch.Tensor:
             m = max(lengths[r] for r in rows)
             pick = torch.as_tensor(rows, device=batch.input_ids.device)
+            extra = {"token_type_ids": batch.token_type_ids[pick, :m]} if segments else {}
             h = self.bert(input_ids=batch.input_ids[pick, :m], attention_mask=batch.attention_mask[pick, :m],
-                          token_type_ids=batch.token_type_ids[pick, :m]).last_hidden_state  # [G, m, H]
+                          **extra).last_hidden_state  # [G, m, H]
             return F.pad(self.spans(h), (0, 0, 0, length - m))  # [G, L, W]; the padding is never a valid span
 
         return by_length(lengths, run)
+
+    def null_scores(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """[N] each input's null-span score (its [CLS] span, start 0 width 0) from the span scores
+        [N, L, W], or None for a reader trained without one (cfg.null_span)."""
+        return scores[:, 0, 0] if self.cfg.null_span else None
 
     # -- featurisation ---------------------------------------------------------------------
     @property
@@ -308,25 +377,45 @@ class Reader(nn.Module):
         return self._continuation[ids.clamp(max=len(self._continuation) - 1)]
 
     def answer_match(self, batch: ReaderBatch, answers: Sequence[Sequence[str]]) -> torch.Tensor:
-        """[N, L, W] bool: evidence spans whose wordpieces equal an answer's wordpieces, on
-        word boundaries (the span is not followed by a `##` continuation). `answers[n]` are
-        the gold strings of input n."""
+        """[N, L, W] bool: every valid span (`valid_spans`) whose text, SQuAD-normalised, equals a
+        normalised gold answer of its input (`answers[n]`): the rule the pipeline answers by
+        (pick_answer pools the spans of equal normalised text) and EM scores by, so "photons.",
+        "the photons" and "Photons" are gold wherever "photons" is."""
         n, length = batch.input_ids.shape
         width = self.cfg.max_span_width
+        valid = valid_spans(batch, width).cpu().numpy()  # [N, L, W]
         match = torch.zeros(n, length, width, dtype=torch.bool)
-        ids = batch.input_ids.cpu()
-        cont = self._is_continuation(ids)  # [N, L]
+        begins = None if batch.word_start is None else batch.word_start.cpu().numpy()
+        normalised: dict[str, str] = {}  # word text -> its normalised text, squeezed (words repeat)
         for i in range(n):
+            gold = {normalize_answer(a) for a in answers[i]} - {""}
+            if not gold:
+                continue
+            squeezed = {g.replace(" ", "") for g in gold}  # a cheap filter; each candidate is checked exactly
+            prefixes = {g[:k] for g in squeezed for k in range(1, len(g) + 1)}
             lo, hi = int(batch.evidence_start[i]), int(batch.evidence_end[i])
-            row = ids[i, lo:hi].tolist()
-            for enc in self._wordpieces.encode_batch([a for a in answers[i] if a.strip()], add_special_tokens=False):
-                a = enc.ids
-                if not a or len(a) > width:
-                    continue
-                for s in range(len(row) - len(a) + 1):
-                    end = lo + s + len(a)  # one past the span
-                    if row[s : s + len(a)] == a and not cont[i, lo + s] and (end >= hi or not cont[i, end]):
-                        match[i, lo + s, len(a) - 1] = True
+            text, offs = batch.texts[i], batch.offsets[i]
+            # words (a wordpiece that begins one, then its `##` continuations) and their normalised text
+            firsts = list(range(lo, hi)) if begins is None else [lo, *(np.flatnonzero(begins[i, lo + 1 : hi]) + lo + 1).tolist()]
+            lasts = [*(f - 1 for f in firsts[1:]), hi - 1]
+            norms = []
+            for a, b in zip(firsts, lasts):
+                word = text[offs[a - lo][0] : offs[b - lo][1]]
+                if word not in normalised:
+                    normalised[word] = normalize_answer(word).replace(" ", "")
+                norms.append(normalised[word])
+            for s_word, first in enumerate(firsts):
+                joined = ""
+                for e_word in range(s_word, len(firsts)):
+                    w = lasts[e_word] - first
+                    if w >= width:
+                        break
+                    joined += norms[e_word]
+                    if joined and joined not in prefixes:
+                        break
+                    if (joined in squeezed and valid[i, first, w]
+                            and normalize_answer(text[offs[first - lo][0] : offs[lasts[e_word] - lo][1]]) in gold):
+                        match[i, first, w] = True
         return match.to(batch.input_ids.device)
 
     def span_text(self, batch: ReaderBatch, n: int, start: int, width: int) -> tuple[str, tuple[int, int]]:
@@ -372,6 +461,28 @@ class Reader(nn.Module):
         if missing or unexpected:
             raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
         return model
+
+
+SPECIAL_ROLES = ("cls", "sep", "pad", "unk", "mask")
+
+
+def wordpiece_map(source, target) -> torch.Tensor:
+    """[source vocabulary] the id in `target`'s vocabulary of each wordpiece of `source`'s
+    (special tokens by role: [CLS] -> <s>), so a teacher whose wordpieces are the student's under
+    other ids (MPNet's vocabulary is BERT's uncased one, shifted) reads the student's inputs as
+    they are: `replace(batch, input_ids=map[batch.input_ids])`."""
+    src, tgt = source.get_vocab(), target.get_vocab()
+    specials = {getattr(source, f"{r}_token_id", None): getattr(target, f"{r}_token_id", None) for r in SPECIAL_ROLES}
+    specials = {s: t for s, t in specials.items() if s is not None and t is not None}
+    missing = [tok for tok, i in src.items() if tok not in tgt and i not in specials]
+    if len(missing) > 0.001 * len(src):
+        raise RalmError(f"the teacher's wordpieces are not the student's ({len(missing)} of {len(src)} missing, e.g. "
+                        f"{missing[:3]}): distillation reads both on the same windows")
+    unk = getattr(target, "unk_token_id", None) or 0
+    out = torch.full((max(src.values()) + 1,), unk, dtype=torch.long)
+    for tok, i in src.items():
+        out[i] = specials.get(i, tgt.get(tok, unk))
+    return out
 
 
 def is_reader_dir(path: str | os.PathLike) -> bool:

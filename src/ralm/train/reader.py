@@ -6,17 +6,24 @@ Each question comes with the passage it was written on: a "context" field, or a 
 looked up in a corpus. With an index (`index`), the top `distractors` blocks retrieved for the
 question from other documents are read too, as the pipeline reads retrieved blocks. Every text
 is read as `[CLS] question [SEP] window [SEP]` windows that start `stride` wordpieces apart
-(BERT's doc stride). Every verbatim occurrence of an answer on word boundaries, in the gold
-passage or a distractor, is a gold span in each window that holds it whole.
+(BERT's doc stride). The gold spans are the answer rule's: every valid span whose SQuAD-normalised
+text equals a normalised answer, in the gold passage or a distractor (`Reader.answer_match`).
 
 The loss is the one the pipeline answers with: one softmax shared by every span of every window
 read for the question (`shared_nll`, shared normalisation as in Clark & Gardner 2018), so
 windows and distractors without the answer raise the normaliser and the reader learns span
 scores comparable across blocks, not only within one. p(z|x) is uniform over the texts read:
 the gold passage has no retrieval score, and a softmax of raw retrieval scores would weigh it by
-an accident of its rank. Questions with no gold span anywhere (an answer longer than W
-wordpieces, or not verbatim in what was read) contribute nothing; the share of questions with
-one is logged as `answerable`.
+an accident of its rank. With an index and `no_answer_share` > 0, that share of each batch is
+read without its gold passage (retrieved blocks of other documents only): where none of them
+holds an answer, the gold is the null span ([CLS]), so the reader learns "the answer is not in
+what I read" (SQuAD 2.0 readers; REALM's null document on the reader side). Other questions with
+no gold span anywhere (an answer longer than W wordpieces) contribute nothing; the share of
+questions that count is logged as `answerable`.
+
+With a `teacher` (a reader checkpoint with the same wordpieces, e.g. a larger encoder fine-tuned
+by this trainer), the loss is (1 - distill) x that loss + distill x KL(teacher || student) of the
+same shared softmax (`distill_kl`), the teacher reading the same windows.
 
 A run: RUN/config.json, RUN/checkpoints/ (resumable), RUN/metrics.jsonl (loss, span_accuracy:
 the question's best span over all it read is a gold one, answerable, windows, lr, steps_per_s),
@@ -25,16 +32,17 @@ loss.png, span_accuracy.png, RUN/final/reader.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.corpus import read_corpus
-from ralm.data.qa import Question, answer_occurrences
+from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
-from ralm.models.reader import NEG, Reader, ReaderBatch, shared_nll, valid_spans
+from ralm.models.reader import NEG, Reader, ReaderBatch, distill_kl, shared_nll, valid_spans, wordpiece_map
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
@@ -53,6 +61,11 @@ class ReaderTrainConfig(LoopConfig):
     index: str | None = option(None, "index to retrieve distractor blocks from", shown="none: gold passages only",
                                path="location")
     distractors: int = option(3, "retrieved blocks of other documents read per question (with index)")
+    no_answer_share: float = option(0.3, "share of questions read without their gold passage, only distractors, to "
+                                         "learn the null span (with index)")
+    teacher: str | None = option(None, "reader checkpoint to distil from (same wordpieces)", shown="none", path="location")
+    distill: float = option(0.5, "weight of the teacher's KL term in the loss (with teacher)")
+    distill_temperature: float = option(1.0, "softmax temperature of distillation (with teacher)")
     max_len: int = option(384, "reader input length: [CLS] question [SEP] window [SEP] (a reader given as init is read at it too)")
     stride: int = option(128, "wordpieces between the starts of a passage's windows")
     trainable_layers: int | None = option(None, "train only the top N layers", shown="all")
@@ -62,8 +75,9 @@ class ReaderTrainConfig(LoopConfig):
     batch_size: int = option(32, "questions per step and rank (under torchrun)")
     warmup: int = option(500, WARMUP_HELP + " (then linear decay to 0)")
     save_every: int = option(500, SAVE_EVERY_HELP)
-    positive_fields = ("max_len", "stride", "limit")
+    positive_fields = ("max_len", "stride", "limit", "distill_temperature")
     non_negative_fields = ("trainable_layers", "distractors")
+    fraction_fields = ("no_answer_share", "distill")
     presets = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
 
@@ -94,23 +108,6 @@ def gold_passages(questions: Sequence[Question], source: str, corpus: str | None
     return out
 
 
-def label_windows(batch: ReaderBatch, owner: Sequence[int], occurrences: Sequence[Sequence[tuple[int, int]]],
-                  width: int) -> torch.Tensor:
-    """[N, L, W] bool: each answer occurrence (character span in its pair's text) marked in every
-    window holding it whole; never where it is cut by a window edge or is longer than `width`
-    wordpieces. The shared softmax sums a window's copy with the others, as the pipeline sums the
-    mass of one answer text over the blocks it reads."""
-    match = torch.zeros(*batch.input_ids.shape, width, dtype=torch.bool)
-    for n, offs in enumerate(batch.offsets):
-        starts = {a: i for i, (a, _) in reversed(list(enumerate(offs)))}  # character -> first wordpiece there
-        ends = {b: i for i, (_, b) in enumerate(offs)}  # character -> last wordpiece ending there
-        for a, b in occurrences[owner[n]]:
-            i, j = starts.get(a), ends.get(b)
-            if i is not None and j is not None and 0 <= j - i < width:
-                match[n, int(batch.evidence_start[n]) + i, j - i] = True
-    return match
-
-
 def retrieve_distractors(searcher: Searcher, questions: Sequence[Question], n: int) -> list[list[str]]:
     """The texts of the top `n` blocks retrieved for each question that are not from its gold
     document ("doc_id"); a block holding the answer stays (answer matching labels it)."""
@@ -129,12 +126,21 @@ def retrieve_distractors(searcher: Searcher, questions: Sequence[Question], n: i
 def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[Sequence[str]],
                 stride: int) -> tuple[ReaderBatch, torch.Tensor, torch.Tensor]:
     """Every window of every text read for each question (`texts[b]`: its gold passage first,
-    then its distractors): (batch, match [N, L, W], question [N]: which question a window is for)."""
+    unless dropped, then its distractors): (batch, match [N, L, W], question [N]: which question a window is for)."""
     pairs = [(b, text) for b, qtexts in enumerate(texts) for text in qtexts]
     batch, owner = reader.featurize_windows([questions[b].question for b, _ in pairs], [t for _, t in pairs], stride)
-    occurrences = [answer_occurrences(text, questions[b].answers) for b, text in pairs]
-    match = label_windows(batch, owner, occurrences, reader.cfg.max_span_width)
-    return batch, match, torch.tensor([pairs[o][0] for o in owner])
+    question = [pairs[o][0] for o in owner]
+    match = reader.answer_match(batch, [questions[b].answers for b in question])
+    return batch, match, torch.tensor(question)
+
+
+def drop_gold(step: int, batch_size: int, share: float, *, seed: int) -> np.ndarray:
+    """[batch_size] bool: the questions of step `step` read without their gold passage, a fixed
+    share of each batch chosen by (seed, step), so a resumed run drops the same ones."""
+    rng = np.random.default_rng([seed, step])
+    drop = np.zeros(batch_size, dtype=bool)
+    drop[rng.permutation(batch_size)[: round(share * batch_size)]] = True
+    return drop
 
 
 def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor, *,
@@ -160,6 +166,17 @@ class ReaderTrainer(QuestionTrainer):
         cfg, ctx = self.cfg, self.ctx
         self.searcher = Searcher.open(cfg.index, device=ctx.device, dtype=ctx.dtype) if cfg.index else None
         self.reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(ctx.device)
+        self.no_answer_share = cfg.no_answer_share if self.searcher else 0.0  # without an index there are no distractors
+        if self.no_answer_share > 0:
+            self.reader.cfg.null_span = True  # a reader trained without one gains its [CLS] null span here
+        self.teacher = None
+        if cfg.teacher:
+            self.teacher = Reader.from_pretrained(cfg.teacher, max_len=cfg.max_len, calibration=None).to(ctx.device).eval()
+            self.teacher.requires_grad_(False)
+            if self.teacher.cfg.null_span != self.reader.cfg.null_span:
+                raise RalmError(f"teacher {cfg.teacher} {'has' if self.teacher.cfg.null_span else 'lacks'} a null span and the "
+                                "student does not: train the teacher with the same --no-answer-share")
+            self.to_teacher = wordpiece_map(self.reader.tokenizer, self.teacher.tokenizer).to(ctx.device)
         return self.reader
 
     def schedule(self):
@@ -169,27 +186,49 @@ class ReaderTrainer(QuestionTrainer):
         self.count = AnswerableCount(**self.loop.resumed)
         self.reader.train()
 
+    def texts(self, i: int, idx: Sequence[int], qs: Sequence[Question]) -> tuple[list[list[str]], torch.Tensor]:
+        """What each question of step i reads (its gold passage, unless dropped, then its
+        distractors) and which questions are unanswerable from it [B] bool."""
+        cfg = self.cfg
+        distractors = retrieve_distractors(self.searcher, qs, cfg.distractors) if self.searcher else [[] for _ in qs]
+        dropped = drop_gold(i, len(qs), self.no_answer_share, seed=cfg.seed)
+        texts = [[*([] if drop else [self.passages[j]]), *d] for j, d, drop in zip(idx, distractors, dropped)]
+        no_answer = [drop and not any(has_answer(t, q.answers) for t in qt) for q, qt, drop in zip(qs, texts, dropped)]
+        return texts, torch.tensor(no_answer)
+
     def step(self, i: int):
         cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
         idx = rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)
         qs = [self.questions[j] for j in idx]
-        distractors = retrieve_distractors(self.searcher, qs, cfg.distractors) if self.searcher else [[] for _ in qs]
-        texts = [[self.passages[j], *d] for j, d in zip(idx, distractors)]
+        texts, no_answer = self.texts(i, idx, qs)
         batch, match, question = read_inputs(self.reader, qs, texts, cfg.stride)
         batch, match, question = batch.to(device), match.to(device), question.to(device)
         scores = self.loop.ddp(batch)  # [N, L, W]
+        teacher = None
+        if self.teacher is not None:
+            with torch.no_grad():
+                teacher = self.teacher(replace(batch, input_ids=self.to_teacher[batch.input_ids]))  # [N, L, W]
         with full_precision(device):
             valid = valid_spans(batch, width)
-            loss, labelled = shared_nll(scores, valid, match, log_pz=torch.zeros(len(match), device=device),
-                                        question=question, questions=len(qs))
+            log_pz = torch.zeros(len(match), device=device)
+            null = self.reader.null_scores(scores)
+            loss, labelled = shared_nll(scores, valid, match, log_pz=log_pz, question=question, questions=len(qs), null=null,
+                                        no_answer=no_answer.to(device))
+            extra = {}
+            if teacher is not None:
+                kl = distill_kl(scores, teacher, valid, log_pz=log_pz, question=question, questions=len(qs), null=null,
+                                teacher_null=self.teacher.null_scores(teacher), temperature=cfg.distill_temperature)
+                loss = (1 - cfg.distill) * loss + cfg.distill * kl
+                extra["distill_kl"] = kl.item()
             mine = int(labelled.sum())
             loss, labelled_now = global_mean(loss * mine, mine, env)
             with torch.no_grad():
-                hit = best_is_gold(scores.detach(), valid, match, question, questions=len(qs))[labelled]
+                spans = labelled & ~no_answer.to(device)
+                hit = best_is_gold(scores.detach(), valid, match, question, questions=len(qs))[spans]
         self.count.add(len(idx) * env.world, labelled_now)
         return loss if labelled_now else None, {
-            "loss": loss.item(), "span_accuracy": hit.float().mean().item() if mine else 0.0,
-            "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match))}
+            "loss": loss.item(), "span_accuracy": hit.float().mean().item() if len(hit) else 0.0,
+            "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match)), **extra}
 
     def exports(self):
         return {"reader": self.reader}

@@ -40,6 +40,7 @@ class _BM25Builder:
 
 class BM25Side:
     name = "bm25"
+    calibrated_scores = False  # IDFs grow with the number of documents: a score's scale is the corpus's own
 
     def __init__(self, index: BM25Index, blocks: BlockStore):
         self.index = index

@@ -91,6 +91,7 @@ class _DenseBuilder:
 
 class DenseSide:
     name = "dense"
+    calibrated_scores = True  # inner products of unit or trained vectors: one scale on any corpus
 
     def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, dtype: torch.dtype):
         self.retriever = retriever

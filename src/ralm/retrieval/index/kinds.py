@@ -81,6 +81,9 @@ class Side(Protocol):
     """One retrieval method of a loaded index version. Rows are the version's block rows."""
 
     name: str
+    # whether a score means the same on any corpus (a confidence map may then read this side's
+    # best score, `top_<name>`, as a feature; models/confidence.py)
+    calibrated_scores: bool
 
     @classmethod
     def tokenizer(cls, model: str | None):
