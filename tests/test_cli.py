@@ -146,7 +146,7 @@ def test_empty_documents_and_an_index_of_another_corpus_are_one_warning_line(ral
     corpus.write_text("".join(json.dumps(d) + "\n" for d in [*DOCS, {"id": "stub", "title": "Stub", "text": ""}]))
     rc, out, err = ralm("index", "build", corpus, "--out", tmp_path / "idx", "--retriever", "bm25", "--json")
     assert rc == 0 and json.loads(out)["blocks"] == len(DOCS)
-    assert err.strip() == f"warning: {corpus}: skipped 1 document(s) with empty text (the first at {corpus}:{len(DOCS) + 1})"
+    assert err.strip() == f"warning: {corpus}: skipped 1 document with empty text (the first at {corpus}:{len(DOCS) + 1})"
 
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"id": f"o{i}", "title": "Soup", "text": f"Stir the soup {i} times."}) + "\n" for i in range(4)))

@@ -104,6 +104,7 @@ class EvidenceOut(BaseModel):
 
 
 class AskResponse(BaseModel):
+    question: str = ""  # as asked
     answer: str  # "" when no answer is found in the corpus (confidence below the server's threshold)
     no_answer: bool = False
     guess: str = ""  # the most probable answer, also when withheld
