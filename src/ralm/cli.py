@@ -30,7 +30,7 @@ from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError
 from ralm.defaults import READ_K
-from ralm.errors import RalmError, RalmWarning
+from ralm.errors import RalmError, RalmWarning, plural
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
                   pretty_exceptions_show_locals=False, help="Retrieval-augmented language models on your own corpus.")
@@ -232,6 +232,7 @@ def serve(
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
+    max_body_mb: int = typer.Option(1, "--max-body-mb", help="the largest request body in MiB (a PDF sent to POST /documents/file)"),
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -240,6 +241,7 @@ def serve(
     refuse_second_index("--bm25", bm25, index_dir)
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
+    positive("--max-body-mb", max_body_mb)
     index_path(index_dir)
     check_runtime(device, dtype)
     from ralm.pipeline import resolve_reader
@@ -248,11 +250,13 @@ def serve(
 
     quiet_libraries()
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
-                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
+                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
+                              max_body_bytes=max_body_mb << 20),
                   runtime(device, dtype))
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, announce=lambda: err.print(
-        f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
-        f", reader {svc.cfg.model}) on http://{host}:{port}"))
+        f"serving on {url} ({index_dir}: {plural(svc.stats()['corpus_blocks'], 'block')}; "
+        f"retrievers: {', '.join(svc.retrievers())}; reader: {svc.cfg.model})", highlight=False))
 
 
 app.add_typer(convert_app, name="convert")

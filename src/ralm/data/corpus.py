@@ -133,15 +133,32 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
             yield where, _document({name: fields[i] for name, i in cols.items()}, where)
 
 
-def _read_file(file: Path, rel: str) -> Iterator[tuple[str, Document]]:
+def _documents(data: bytes, path: str, rel: str) -> Iterator[Document]:
     """A .txt file is one document (id `rel`, titled by its name); a Markdown, HTML or PDF file
-    one per section (id `rel` + the section's anchor)."""
-    data = file.read_bytes()
-    if file.suffix.lower() == ".txt":
-        yield str(file), Document(rel, stem_title(rel), visible(_decode(data, file, 1)))
+    one per section (id `rel` + the section's anchor). `path` names the file in errors."""
+    if Path(path).suffix.lower() == ".txt":
+        yield Document(rel, stem_title(rel), visible(_decode(data, Path(path), 1)))
         return
-    for section in reader_for(file.name)(data, str(file)):
-        yield f"{file}{section.anchor}", Document(rel + section.anchor, section.title, visible(section.text))
+    for section in reader_for(path)(data, path):
+        yield Document(rel + section.anchor, section.title, visible(section.text))
+
+
+def _read_file(file: Path, rel: str) -> Iterator[tuple[str, Document]]:
+    for doc in _documents(file.read_bytes(), str(file), rel):
+        yield f"{file}{doc.id[len(rel):]}", doc  # where: the file, and the section's anchor
+
+
+def file_documents(data: bytes, name: str) -> list[Document]:
+    """The documents of one file given as its bytes (an upload), `name` its path: as a folder's
+    file of that name is read, the sections without text left out."""
+    if (problem := id_problem(name)) is not None:
+        raise RalmError(f"the file name {problem}")
+    if Path(name).suffix.lower() not in FOLDER_SUFFIXES:
+        raise RalmError(f"{name}: unknown format (use {', '.join(FOLDER_SUFFIXES)})")
+    docs = [d for d in _documents(data, name, name) if d.text]
+    if not docs:
+        raise RalmError(f"{name}: no text to index (a scanned PDF has none)")
+    return docs
 
 
 def _read_folder(listing: Listing) -> Iterator[tuple[str, Document]]:
