@@ -17,6 +17,7 @@ The parsers are imported when a file of their format is read, so listing a folde
 from __future__ import annotations
 
 import fnmatch
+import functools
 import html
 import io
 import os
@@ -84,15 +85,13 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r
 def markdown_sections(data: bytes, name: str) -> list[Section]:
     """CommonMark (plus tables) rendered to plain text: markup, link targets and raw HTML
     tags dropped, list items one a line, code kept as written."""
-    from markdown_it import MarkdownIt
-
     source = decode_utf8(data, name)
     title = ""
     if m := _FRONT_MATTER.match(source):  # YAML front matter (Jekyll, Hugo, MkDocs): its title, not text
         title = next((v.strip().strip("'\"") for k, _, v in (line.partition(":") for line in m.group(1).splitlines())
                       if k.strip() == "title"), "")
         source = source[m.end():]
-    tokens = MarkdownIt("commonmark").enable("table").parse(source)
+    tokens = _markdown_parser().parse(source)
     parts: list[tuple[int, str]] = []
     level, prefix = 0, ""  # the level of the heading being read (0: body); a list item's marker
     cells: list[str] | None = None  # the cells of the table row being read
@@ -118,6 +117,14 @@ def markdown_sections(data: bytes, name: str) -> list[Section]:
         elif tok.type == "html_block":
             parts.append((0, _strip_tags(tok.content)))
     return sectioned(parts, title=title, fallback=stem_title(name))
+
+
+@functools.cache
+def _markdown_parser():
+    """One parser for every file: building its rule chains costs more than parsing a page."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").enable("table")
 
 
 def _inline_text(children) -> str:
