@@ -65,7 +65,7 @@ def test_build_index_from_documents_in_memory(tiny_bert, tmp_path, corpus_file):
 
 def says_it_prints(code: str) -> list[str]:
     """What the guide says each `print(...)` of a block prints: the comment after it."""
-    return re.findall(r"^print\(.*\)  # (.*)$", code, flags=re.M)
+    return re.findall(r"^print\(.*\)  # (.*)$", code, flags=re.MULTILINE)
 
 
 def printed_as_said(printed: str, said: str) -> bool:

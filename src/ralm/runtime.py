@@ -11,6 +11,7 @@ import torch
 
 from ralm.configs import ConfigError, check_device_name, check_dtype_name
 from ralm.errors import RalmError
+
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 

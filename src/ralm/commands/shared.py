@@ -14,7 +14,12 @@ from typing import Iterator, Optional, get_args
 
 import typer
 
-from ralm.configs import DTYPE_HELP, LIMIT_TOKENS_HELP, check_device_name, check_dtype_name
+from ralm.configs import (
+    DTYPE_HELP,
+    LIMIT_TOKENS_HELP,
+    check_device_name,
+    check_dtype_name,
+)
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 

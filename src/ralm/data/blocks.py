@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 
 from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
-from ralm.data.formats import FileFilter
+from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -144,7 +144,7 @@ def _count_documents(path: Path) -> int | None:
 
 
 def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_tokenizer, *, cfg: BlockConfig = BlockConfig(),
-                      files: FileFilter = FileFilter(), show_progress: bool = True) -> "BlockStore":
+                      files: FileFilter = EVERY_FILE, show_progress: bool = True) -> "BlockStore":
     """Stream `corpus` (of a folder: the files `files` picks) into a block store at `out`
     (published atomically when complete)."""
     corpus = Path(corpus)
@@ -188,7 +188,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
 
 
 def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_tokenizer, *, cfg: BlockConfig = BlockConfig(),
-                       files: FileFilter = FileFilter(), show_progress: bool = True) -> tuple[str, "BlockStore"]:
+                       files: FileFilter = EVERY_FILE, show_progress: bool = True) -> tuple[str, "BlockStore"]:
     """(key, store): the block store of this corpus (its files `files` picks) + tokenizer +
     config, kept in `folder` under a key of all three, so it is built once and reused."""
     if not Path(corpus).exists():

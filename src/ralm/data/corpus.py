@@ -20,7 +20,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ralm.data.formats import FOLDER_SUFFIXES, FileFilter, Listing, list_folder, reader_for, stem_title
+from ralm.data.formats import (
+    EVERY_FILE,
+    FOLDER_SUFFIXES,
+    FileFilter,
+    Listing,
+    list_folder,
+    reader_for,
+    stem_title,
+)
 from ralm.errors import RalmError, RalmWarning, plural
 
 
@@ -176,7 +184,7 @@ def _corpus_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def read_corpus(path: str | os.PathLike, *, files: FileFilter = FileFilter()) -> Iterator[Document]:
+def read_corpus(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> Iterator[Document]:
     """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus
     and warns (RalmWarning) about documents skipped for their empty text and about the files
     of a folder that are not read (`files` picks which are)."""
@@ -205,7 +213,7 @@ def read_corpus(path: str | os.PathLike, *, files: FileFilter = FileFilter()) ->
                       stacklevel=2)
 
 
-def check_corpus(path: str | os.PathLike, *, files: FileFilter = FileFilter()) -> None:
+def check_corpus(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> None:
     """What can be known of a corpus without reading it (that it exists, its format, that a
     folder holds a file to read), raised as `read_corpus` would: commands check it before they
     load a model."""
@@ -278,7 +286,7 @@ def save_documents(folder: str | os.PathLike, docs: Documents) -> Path:
     return path
 
 
-def corpus_fingerprint(path: str | os.PathLike, *, files: FileFilter = FileFilter()) -> str:
+def corpus_fingerprint(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> str:
     """sha256 of the corpus bytes (file names too for a folder, of the files `files` picks):
     an index records it."""
     path = _corpus_path(path)

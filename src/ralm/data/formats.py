@@ -79,7 +79,7 @@ def decode_utf8(data: bytes, name: str) -> str:
         raise RalmError(f"{name}: not valid UTF-8 (byte {e.start})") from None
 
 
-_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
 def markdown_sections(data: bytes, name: str) -> list[Section]:
@@ -145,7 +145,7 @@ def _strip_tags(markup: str) -> str:
 
 # Elements that are never a page's content, skipped inside a <main> or <article> too.
 _BOILERPLATE = ["nav", "header", "footer", "aside", "form", "[role=navigation]", "[role=banner]", "[role=contentinfo]"]
-_HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.S)
+_HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.DOTALL)
 
 
 def html_sections(data: bytes, name: str) -> list[Section]:
@@ -250,6 +250,9 @@ class FileFilter:
         return (not self.include or _matches(rel, self.include)) and not _matches(rel, self.exclude)
 
 
+EVERY_FILE = FileFilter()
+
+
 def _matches(rel: str, patterns: Sequence[str]) -> bool:
     name = rel.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatchcase(rel, p) or ("/" not in p and fnmatch.fnmatchcase(name, p)) for p in patterns)
@@ -277,7 +280,7 @@ def _first(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (", …" if len(names) > shown else "")
 
 
-def list_folder(root: Path, files: FileFilter = FileFilter()) -> Listing:
+def list_folder(root: Path, files: FileFilter = EVERY_FILE) -> Listing:
     """Walk `root` recursively, in name order, following links to folders once each."""
     listing = Listing()
     seen = set()

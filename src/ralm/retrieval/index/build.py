@@ -12,13 +12,18 @@ import torch
 from ralm.atomic import link_or_copy
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
 from ralm.data.corpus import Document, save_documents
-from ralm.data.formats import FileFilter
+from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
-from ralm.retrieval.index.kinds import DEFAULT_KIND, BuildContext, kind_of, side_class, sides_of
+from ralm.retrieval.index.kinds import (
+    DEFAULT_KIND,
+    BuildContext,
+    kind_of,
+    side_class,
+    sides_of,
+)
 from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import resolve_dtype
-
 
 Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
 
@@ -41,7 +46,7 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> di
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
-                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = FileFilter(),
+                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
                 dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
