@@ -42,6 +42,7 @@ def export(
     source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever or RUN/final/reader)"),
     fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
     dest: Path = typer.Option(..., "--out", help="the new directory to write"),
+    *,
     part: Optional[str] = typer.Option(None, "--part", help="retriever or reader: which model of a run to export (needed when the "
                                        "run holds both)"),
     as_json: bool = JsonOpt,
