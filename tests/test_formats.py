@@ -190,6 +190,12 @@ def test_index_and_ask_a_folder_of_each_format_citing_the_pdf_page(ralm, tiny_be
     (extra / "cogs.md").write_text("# Cogs\n\nCogs have teeth.\n\n## Sizes\n\nSmall and large.\n")
     code, out, err = ralm("index", "add", index, extra)
     assert code == 0 and "added 2 documents" in out and "9 blocks" in out, err
+    # the file edited: a section it no longer has goes with the new version
+    (extra / "cogs.md").write_text("# Cogs\n\nCogs have teeth and come in one size.\n")
+    code, out, err = ralm("index", "add", index, extra, "--json")
+    assert code == 0 and (json.loads(out)["added"], json.loads(out)["deleted"], json.loads(out)["blocks"]) == (1, 1, 8), err
+    code, out, _ = ralm("search", index, "Small and large sizes", "--retriever", "bm25", "--json")
+    assert "cogs.md#sizes:0" not in {h["id"] for h in json.loads(out)}
     (extra / "cogs.md").unlink()
     (extra / "a.docx").write_text("x")
     code, _, err = ralm("index", "add", index, extra)

@@ -31,7 +31,8 @@ def test_add_then_delete_reach_both_sides_and_every_command(ralm, tiny_hybrid_in
     docs.write_text("".join(json.dumps(d) + "\n" for d in NEW))
     code, out, err = ralm("index", "add", index, docs, "--json")
     assert code == 0, err
-    assert json.loads(out) == {"index": str(index), "added": 2, "blocks": len(DOCS) + 2, "index_version": "v000001"}
+    assert json.loads(out) == {"index": str(index), "added": 2, "deleted": 0, "blocks": len(DOCS) + 2,
+                               "index_version": "v000001"}
     assert _ids(ralm, index, "archipelago cloves", "bm25", k=1) == ["zanzibar:0"]
     assert {"zanzibar:0", "kili:0"} <= set(_ids(ralm, index, "anything", "dense"))
     code, out, err = ralm("index", "delete", index, "zanzibar", "paris", "--json")

@@ -439,6 +439,9 @@ def test_a_file_posted_as_the_body_becomes_its_sections(dirs):
         assert added["added"] == ["kb/cogs.md", "kb/cogs.md#sizes"] and added["blocks"] == len(DOCS) + 2
         hit = c.post("/search", json={"query": "twelve sizes", "k": 1, "retriever": "bm25"}).json()[0]
         assert (hit["id"], hit["title"]) == ("kb/cogs.md#sizes:0", "Cogs › Sizes")
+        edited = c.post("/documents/file", params={"name": "kb/cogs.md"}, content=b"# Cogs\n\nCogs are brass.\n").json()
+        assert (edited["added"], edited["deleted"], edited["blocks"]) == (["kb/cogs.md"], ["kb/cogs.md#sizes"], len(DOCS) + 1)
+        c.post("/documents/file", params={"name": "kb/cogs.md"}, content=guide)
         assert c.delete("/documents/kb/cogs.md%23sizes").json()["deleted"] == "kb/cogs.md#sizes"
         for params, body, message in (({"name": "a.docx"}, b"x", "unknown format"), ({"name": "s.pdf"}, b"%PDF-1.4 x", "not a readable PDF"),
                                       ({}, guide, "name")):

@@ -214,16 +214,18 @@ def index_add(
     files = corpus_files(corpus, include, exclude)
     index_path(index_dir)
     check_runtime(device, dtype)
-    from ralm.data.corpus import read_corpus
+    from ralm.data.corpus import read_corpus, sectioned_files
     from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
     docs = list(read_corpus(corpus, files=files))
     rt = runtime(device, dtype)
     live = LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype)
-    ids = live.add(docs)
-    summary = {"index": str(index_dir), "added": len(ids), "blocks": len(live), "index_version": live.current.name}
-    print_summary(summary, as_json, f"[green]added[/green] {plural(len(ids), 'document')} to {index_dir}: {plural(len(live), 'block')} searchable")
+    ids, gone = live.replace_files(docs, sectioned_files(corpus, files=files))
+    summary = {"index": str(index_dir), "added": len(ids), "deleted": len(gone), "blocks": len(live), "index_version": live.current.name}
+    print_summary(summary, as_json, f"[green]added[/green] {plural(len(ids), 'document')} to {index_dir}"
+                  + (f" (and deleted {plural(len(gone), 'section')} their files no longer hold)" if gone else "")
+                  + f": {plural(len(live), 'block')} searchable")
 
 
 @index_app.command("delete")

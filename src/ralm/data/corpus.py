@@ -169,6 +169,14 @@ def file_documents(data: bytes, name: str) -> list[Document]:
     return docs
 
 
+def sectioned_files(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> list[str]:
+    """The Markdown, HTML and PDF files of a corpus by the name their sections' ids start with
+    (`guide.md` of `guide.md#setup`): paths in a folder, or the file's name."""
+    path = Path(path)
+    named = [rel for _, rel in list_folder(path, files).files] if path.is_dir() else [path.name]
+    return [rel for rel in named if reader_for(rel) is not None]
+
+
 def _read_folder(listing: Listing) -> Iterator[tuple[str, Document]]:
     """The documents of a folder's files, ids relative to the folder."""
     for file, rel in listing.files:

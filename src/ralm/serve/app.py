@@ -238,10 +238,10 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
             "the file's name or path: its suffix picks the format, and it is the documents' id (a section's anchor "
             "appended: guide.md#setup, paper.pdf#page=3)"))):
         docs = await asyncio.to_thread(file_documents, await request.body(), name)
-        ids = await run(service.add, docs)
-        log.info("added %s from %s", plural(len(ids), "document"), name)
+        ids, gone = await run(service.add_file, docs, name)
+        log.info("added %s from %s%s", plural(len(ids), "document"), name, f", deleted {len(gone)} it no longer holds" if gone else "")
         after = await index_after()
-        return {"added": ids, "corpus_blocks": after["blocks"], **after}
+        return {"added": ids, "deleted": gone, "corpus_blocks": after["blocks"], **after}
 
     @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it)",
              responses=_errors(404, 422))
