@@ -140,6 +140,8 @@ def test_markdown_sections_follow_the_headings():
         ("", "my file", "Lead text."), ("#a", "my file › A", "under A"), ("#c", "my file › A › B › C", "under C"),
         ("#a-1", "my file › A", "again")]
     assert [s.title for s in markdown_sections(b"# Only\n\ntext", "x.md")] == ["Only"]
+    twins = markdown_sections(b"## Care\n\na\n\n## Care\n\nb\n\n## Care 1\n\nc", "x.md")
+    assert [s.anchor for s in twins] == ["#care", "#care-1", "#care-1-1"]  # ids stay unique
     assert slug("What's new in 2.0?") == "whats-new-in-20" and slug("Ünïcode Title") == "ünïcode-title"
 
 

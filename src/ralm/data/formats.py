@@ -20,6 +20,7 @@ import fnmatch
 import functools
 import html
 import io
+import itertools
 import os
 import re
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) ->
     title = title or fallback
     sections: list[tuple[str, list[str], list[str]]] = [("", [], [])]  # (anchor, heading path, body)
     stack: list[tuple[int, str]] = []
-    used: dict[str, int] = {}
+    used: set[str] = set()
     for level, text in parts:
         if not level:
             sections[-1][2].append(text)
@@ -65,9 +66,9 @@ def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) ->
             stack.pop()
         stack.append((level, text))
         base = slug(text) or "section"
-        n = used.get(base, 0)
-        used[base] = n + 1
-        sections.append((f"#{base}" + (f"-{n}" if n else ""), [t for _, t in stack], []))
+        anchor = next(a for a in (base if n == 0 else f"{base}-{n}" for n in itertools.count()) if a not in used)
+        used.add(anchor)  # "Care", "Care", "Care 1": care, care-1, care-1-1 (ids are unique)
+        sections.append((f"#{anchor}", [t for _, t in stack], []))
     # a heading with no text of its own lives on in its subsections' titles
     return [Section(anchor, PATH_SEPARATOR.join([title, *path]), "\n".join(body)) for anchor, path, body in sections if body]
 
