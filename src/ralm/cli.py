@@ -46,7 +46,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit")):
-    """Retrieval-augmented language models on your own corpus."""
+    pass  # the app's own options; its help is the Typer's
+
+
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate retrieval and question answering.")
 app.add_typer(index_app, name="index")
 app.command()(search)
