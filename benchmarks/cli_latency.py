@@ -7,8 +7,13 @@ of a one-shot answer through the library (start + import torch, ralm's imports, 
 index with its retriever, encoding + search, reading the hits, loading the reader, reading the
 blocks). Medians over the rounds; the last line is JSON {"search_ratio", "ask_ratio", ...}.
 
+`--errors` times mistakes instead: the seconds from start to the one-line error (exit code 2) of
+a missing index, `-k 0`, a missing corpus, a folder of no readable file, and `eval qa
+--calibrate` on 20 questions (it needs 50), in this checkout and `--baseline-src`'s.
+
   python benchmarks/cli_latency.py --rounds 7
   python benchmarks/cli_latency.py --rounds 7 --baseline-src /path/to/old/checkout/src
+  python benchmarks/cli_latency.py --errors --rounds 3 --baseline-src /path/to/old/checkout/src
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,13 +54,43 @@ print(json.dumps({"import torch": t1 - t0, "import ralm": t2 - t1, "open index +
 '''
 
 
-def timed(cmd: list[str], env: dict) -> float:
+def timed(cmd: list[str], env: dict, expect: int = 0) -> float:
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     took = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    if proc.returncode != expect:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}, not {expect}:\n{proc.stderr[-2000:]}")
     return took
+
+
+def mistakes(index: str, tmp: Path) -> dict[str, list[str]]:
+    """Commands that are each one mistake away from working (all exit with code 2)."""
+    (tmp / "office").mkdir()
+    (tmp / "office" / "report.docx").write_bytes(b"PK")
+    questions = tmp / "twenty.jsonl"
+    questions.write_text("".join(json.dumps({"id": str(i), "question": f"who invented thing {i}", "answers": ["Bell"]}) + "\n"
+                                 for i in range(20)))
+    return {"ask: missing index": ["ask", QUESTION, "--index", str(tmp / "no-index")],
+            "search: -k 0": ["search", index, QUESTION, "-k", "0"],
+            "index build: missing corpus": ["index", "build", str(tmp / "missing.jsonl"), "--out", str(tmp / "a")],
+            "index build: no readable file": ["index", "build", str(tmp / "office"), "--out", str(tmp / "b")],
+            "eval qa --calibrate: 20 questions": ["eval", "qa", "--index", index, "--questions", str(questions), "--calibrate",
+                                                  "--out", str(tmp / "c")]}
+
+
+def error_latency(args, codes: dict[str, dict], index: str) -> None:
+    times: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = mistakes(index, Path(tmp))
+        for _ in range(args.rounds):
+            for case, argv in cases.items():
+                for name, code_env in codes.items():
+                    times.setdefault((case, name), []).append(timed([sys.executable, "-m", "ralm", *argv], code_env, expect=2))
+    median = {key: statistics.median(v) for key, v in times.items()}
+    print(f"{args.rounds} rounds, medians: seconds to the error")
+    for case in cases:
+        print(f"  {case:<36}" + "".join(f"  {name} {median[case, name]:6.2f} s" for name in codes))
+    print(json.dumps({f"{case} ({name})": round(median[case, name], 2) for case in cases for name in codes}))
 
 
 def environment(src: Path) -> dict:
@@ -73,12 +109,16 @@ def main() -> None:
     ap.add_argument("--index", help="index directory (default: the demo index, built once in the cache)")
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--baseline-src", type=Path, help="another checkout's src/ to time in the same rounds")
+    ap.add_argument("--errors", action="store_true", help="time mistakes (bad options and paths) instead of answers")
     args = ap.parse_args()
     env = environment(SRC)
     index = args.index or demo_index(env)
     codes = {"new": env}
     if args.baseline_src:
         codes["baseline"] = environment(args.baseline_src.resolve())
+    if args.errors:
+        error_latency(args, codes, index)
+        return
     times: dict[str, list[float]] = {"torch": []}
     phases: list[dict] = []
     for _ in range(args.rounds):

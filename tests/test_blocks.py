@@ -115,6 +115,6 @@ def test_a_block_record_overwritten_in_place_is_an_error_naming_blocks_jsonl(tmp
 def test_documents_with_empty_text_are_skipped_with_a_warning(tmp_path, tokenizer):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "text": "One text."}\n{"id": "e", "title": "Empty", "text": " "}\n{"id": "b", "text": "Two."}\n')
-    with pytest.warns(RalmWarning, match=r"skipped 1 document\(s\) with empty text \(the first at .*c.jsonl:2\)"):
+    with pytest.warns(RalmWarning, match=r"skipped 1 document with empty text \(the first at .*c.jsonl:2\)"):
         store = build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False)
     assert [store.record(i)["doc_id"] for i in range(len(store))] == ["a", "b"]  # no title-only block

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -146,7 +147,7 @@ def test_empty_documents_and_an_index_of_another_corpus_are_one_warning_line(ral
     corpus.write_text("".join(json.dumps(d) + "\n" for d in [*DOCS, {"id": "stub", "title": "Stub", "text": ""}]))
     rc, out, err = ralm("index", "build", corpus, "--out", tmp_path / "idx", "--retriever", "bm25", "--json")
     assert rc == 0 and json.loads(out)["blocks"] == len(DOCS)
-    assert err.strip() == f"warning: {corpus}: skipped 1 document(s) with empty text (the first at {corpus}:{len(DOCS) + 1})"
+    assert err.strip() == f"warning: {corpus}: skipped 1 document with empty text (the first at {corpus}:{len(DOCS) + 1})"
 
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"id": f"o{i}", "title": "Soup", "text": f"Stir the soup {i} times."}) + "\n" for i in range(4)))
@@ -157,3 +158,62 @@ def test_empty_documents_and_an_index_of_another_corpus_are_one_warning_line(ral
     assert rc == 0 and json.loads(out)["recall@5"] == 0.0
     assert err.startswith("warning: no question has an answer in its top-4 passages") and str(other) in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_version(ralm):
+    code, out, _ = ralm("--version")
+    assert code == 0 and out.strip() == f"ralm {ralm_version()}"
+
+
+def ralm_version() -> str:
+    import ralm
+
+    return ralm.__version__
+
+
+def test_mistakes_are_named_before_torch_is_imported(tiny_hybrid_index, tmp_path):
+    """A bad option or path is one line and exit code 2 before the heavy imports (about a second,
+    benchmarks/RESULTS.md), and `eval qa --calibrate` counts its questions before answering them."""
+    (tmp_path / "office").mkdir()
+    (tmp_path / "office" / "report.docx").write_text("x")
+    twenty = tmp_path / "twenty.jsonl"
+    twenty.write_text("".join(json.dumps({"id": str(i), "question": f"q{i}", "answers": ["a"]}) + "\n" for i in range(20)))
+    index = str(tiny_hybrid_index)
+    cases = {("ask", "q", "--index", str(tmp_path / "none")): "not an index directory",
+             ("search", index, "q", "-k", "0"): "-k must be a positive integer",
+             ("index", "build", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "a")): "corpus not found",
+             ("index", "build", str(tmp_path / "office"), "--out", str(tmp_path / "b")): "skipped 1 file of unknown format (report.docx)",
+             ("index", "add", index, str(tmp_path / "office"), "--include", "*.md"): "1 file left out by the include/exclude patterns",
+             ("eval", "qa", "--index", index, "--questions", str(twenty), "--calibrate", "--out", str(tmp_path / "c")):
+                 "calibration needs at least 50 held-back questions, got 20",
+             ("ask", "q", "--index", index, "--device", "gpu"): "--device must be auto, cpu, cuda or cuda:N",
+             ("ask", "q", "--index", index, "--dtype", "fp16"): "--dtype must be one of auto, fp32, bf16",
+             ("serve", "--index", index, "--max-body-mb", "0"): "--max-body-mb must be a positive integer"}
+    code = ("import sys\nfrom ralm.cli import main\nsys.argv = ['ralm', *sys.argv[1:]]\ntry:\n    main()\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    for argv, message in cases.items():
+        proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env)
+        assert proc.stdout.split() == ["2", "False"] and message in proc.stderr, (argv, proc.stdout, proc.stderr)
+
+
+def test_lines_sent_to_a_file_are_not_wrapped(tmp_path):
+    code = "from ralm.console import err, out\nout.print('ralm index upgrade ' + 'x' * 150)\nerr.print('resume with: ' + 'y' * 150)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout == "ralm index upgrade " + "x" * 150 + "\n" and proc.stderr == "resume with: " + "y" * 150 + "\n"
+
+
+def test_export_of_a_run_holding_a_retriever_and_a_reader_asks_which(ralm, tiny_bert, tmp_path):
+    from ralm.models.reader import Reader
+    from ralm.retrieval.towers.encoders import Retriever
+
+    run = tmp_path / "run"
+    Retriever.from_pretrained(str(tiny_bert)).save_pretrained(run / "final" / "retriever")
+    Reader.from_encoder(tiny_bert).save_pretrained(run / "final" / "reader")
+    code, _, err = ralm("export", run, "--format", "hf", "--out", tmp_path / "e")
+    assert code == 2 and "holds a retriever and a reader: name the one to export with --part" in err
+    assert not (tmp_path / "e").exists()
+    for part in ("reader", "retriever"):
+        code, out, err = ralm("export", run, "--format", "hf", "--part", part, "--out", tmp_path / part, "--json")
+        assert code == 0 and json.loads(out)["kind"] == part, err

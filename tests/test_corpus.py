@@ -69,7 +69,7 @@ def test_fingerprint_changes_with_content(tmp_path):
 def test_documents_with_empty_text_are_skipped_with_one_warning_naming_the_first(tmp_path):
     path = tmp_path / "c.tsv"
     path.write_text("id\ttitle\ttext\na\tA\tSome text.\nb\tB\t \nc\tC\t\nd\tD\tMore text.\n")
-    with pytest.warns(RalmWarning, match=r"c.tsv: skipped 2 document\(s\) with empty text \(the first at .*c.tsv:3\)") as caught:
+    with pytest.warns(RalmWarning, match=r"c.tsv: skipped 2 documents with empty text \(the first at .*c.tsv:3\)") as caught:
         assert [d.id for d in read_corpus(path)] == ["a", "d"]
     assert len(caught) == 1
 

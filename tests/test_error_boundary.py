@@ -117,11 +117,13 @@ def test_faiss_specs_are_parsed_first_and_ivf_fitted_to_the_corpus(ralm, tiny_be
 def test_bugs_are_one_line_and_exit_1_with_the_traceback_under_ralm_debug(ralm, tmp_path, monkeypatch):
     from ralm.retrieval.search.searcher import Searcher
 
+    (tmp_path / "idx").mkdir()  # an index the command line's own checks let through
+    (tmp_path / "idx" / "manifest.json").write_text('{"format": "ralm.index/2", "retriever": "hybrid"}')
+
     def bug(*a, **k):
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(Searcher, "open", bug)
-    tmp_path.joinpath("idx").mkdir()
     rc, _, err = ralm("search", tmp_path / "idx", "anything")
     assert rc == 1 and "internal error (ZeroDivisionError" in err and "RALM_DEBUG=1" in err and "Traceback" not in err
     monkeypatch.setenv("RALM_DEBUG", "1")

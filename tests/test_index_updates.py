@@ -31,7 +31,8 @@ def test_add_then_delete_reach_both_sides_and_every_command(ralm, tiny_hybrid_in
     docs.write_text("".join(json.dumps(d) + "\n" for d in NEW))
     code, out, err = ralm("index", "add", index, docs, "--json")
     assert code == 0, err
-    assert json.loads(out) == {"index": str(index), "added": 2, "blocks": len(DOCS) + 2, "index_version": "v000001"}
+    assert json.loads(out) == {"index": str(index), "added": 2, "deleted": 0, "blocks": len(DOCS) + 2,
+                               "index_version": "v000001"}
     assert _ids(ralm, index, "archipelago cloves", "bm25", k=1) == ["zanzibar:0"]
     assert {"zanzibar:0", "kili:0"} <= set(_ids(ralm, index, "anything", "dense"))
     code, out, err = ralm("index", "delete", index, "zanzibar", "paris", "--json")
@@ -70,7 +71,23 @@ def test_upgrade_a_dense_index_from_the_command_line(ralm, tiny_dense_index, tmp
     assert code == 2 and "--hybrid is no longer needed" in err and "ralm index upgrade" in err
     code, out, err = ralm("index", "upgrade", index, "--json")
     assert code == 0 and json.loads(out)["retriever"] == "hybrid" and json.loads(out)["version"] == "v000002"
+    assert json.loads(out)["upgraded"] is True
     assert _ids(ralm, index, "Guido van Rossum", "bm25", k=1) == ["python:0"]
+    code, out, err = ralm("index", "upgrade", index)  # already hybrid: said, not "upgraded in 0.0 s"
+    assert code == 0 and out.strip() == f"nothing to do: {index} (v000002) already holds every side of a hybrid index (hybrid)"
+
+
+def test_counts_are_singular_where_they_are_one(ralm, tiny_hybrid_index, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(NEW[0]) + "\n")
+    code, out, err = ralm("index", "add", index, one)
+    assert code == 0 and out.strip() == f"added 1 document to {index}: {len(DOCS) + 1} blocks searchable", err
+    for doc in DOCS[1:]:
+        ralm("index", "delete", index, doc["id"])
+    code, out, err = ralm("index", "delete", index, DOCS[0]["id"])
+    assert code == 0 and out.strip() == f"deleted 1 document from {index}: 1 block searchable", err
 
 
 def test_deleting_many_documents_takes_one_pass_and_one_log_append(tiny_hybrid_index, tmp_path, monkeypatch):

@@ -3,10 +3,13 @@ lists, and the examples in docs/python-api.md run as written."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
+from inspect import signature
 from pathlib import Path
 
 import numpy as np
@@ -60,15 +63,41 @@ def test_build_index_from_documents_in_memory(tiny_bert, tmp_path, corpus_file):
             build_index(bad, tmp_path / "bad", kind="bm25", model=str(tiny_bert), show_progress=False)
 
 
+def says_it_prints(code: str) -> list[str]:
+    """What the guide says each `print(...)` of a block prints: the comment after it."""
+    return re.findall(r"^print\(.*\)  # (.*)$", code, flags=re.MULTILINE)
+
+
+def printed_as_said(printed: str, said: str) -> bool:
+    """`...` in the guide stands for what varies between machines (paths)."""
+    return re.fullmatch(".*?".join(re.escape(part) for part in said.split("...")), printed) is not None
+
+
 @pytest.mark.slow
-def test_the_python_api_guide_runs_as_written(tmp_path, monkeypatch):
-    """The ```python blocks of docs/python-api.md, in order, in one namespace, in a fresh directory."""
+def test_the_python_api_guide_runs_and_prints_as_written(tmp_path, monkeypatch):
+    """The ```python blocks of docs/python-api.md, in order, in one namespace, in a fresh
+    directory: each runs, and each print shows what its comment says it does."""
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) >= 5
+    assert len(blocks) >= 5 and sum(len(says_it_prints(code)) for code in blocks) >= 3
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     for i, code in enumerate(blocks):
-        exec(compile(code, f"{DOC}:block{i + 1}", "exec"), namespace)
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            exec(compile(code, f"{DOC}:block{i + 1}", "exec"), namespace)
+        printed = buffer.getvalue().splitlines()
+        said = says_it_prints(code)
+        assert len(printed) == len(said) and all(map(printed_as_said, printed, said)), (f"block {i + 1}", printed, said)
+
+
+def test_the_guide_states_the_defaults_the_code_has():
+    from ralm.models.confidence import MIN_CONFIDENCE
+
+    text = DOC.read_text(encoding="utf-8")
+    assert float(re.search(r"below `min_confidence` \(default ([0-9.]+)\)", text).group(1)) == MIN_CONFIDENCE
+    assert re.search(r'build_index\(corpus, out, kind="([a-z]+)"', text).group(1) == signature(build_index).parameters["kind"].default
+    assert printed_as_said("Retriever(dim=128, base_model='/x/y')", "Retriever(dim=..., base_model=...)")
+    assert not printed_as_said("[('eiffel:0', 12.4)]", "[('eiffel:0', 17.3)]")
 
 
 def test_public_objects_print_what_they_are(tiny_dense_index, tiny_bert):

@@ -430,3 +430,20 @@ def test_a_bad_min_confidence_fails_at_start_up_not_on_the_first_ask(tmp_path):
     for command in (["serve", "--index", str(tmp_path)], ["ask", "who?", "--index", str(tmp_path)]):
         result = CliRunner().invoke(app, [*command, "--min-confidence", "1.5"])
         assert result.exit_code == 2 and "--min-confidence" in result.output
+
+
+def test_a_file_posted_as_the_body_becomes_its_sections(dirs):
+    guide = b"# Cogs\n\nCogs are made of brass in Sheffield.\n\n## Sizes\n\nCogs come in twelve sizes.\n"
+    with client(service(dirs)) as c:
+        added = c.post("/documents/file", params={"name": "kb/cogs.md"}, content=guide).json()
+        assert added["added"] == ["kb/cogs.md", "kb/cogs.md#sizes"] and added["blocks"] == len(DOCS) + 2
+        hit = c.post("/search", json={"query": "twelve sizes", "k": 1, "retriever": "bm25"}).json()[0]
+        assert (hit["id"], hit["title"]) == ("kb/cogs.md#sizes:0", "Cogs › Sizes")
+        edited = c.post("/documents/file", params={"name": "kb/cogs.md"}, content=b"# Cogs\n\nCogs are brass.\n").json()
+        assert (edited["added"], edited["deleted"], edited["blocks"]) == (["kb/cogs.md"], ["kb/cogs.md#sizes"], len(DOCS) + 1)
+        c.post("/documents/file", params={"name": "kb/cogs.md"}, content=guide)
+        assert c.delete("/documents/kb/cogs.md%23sizes").json()["deleted"] == "kb/cogs.md#sizes"
+        for params, body, message in (({"name": "a.docx"}, b"x", "unknown format"), ({"name": "s.pdf"}, b"%PDF-1.4 x", "not a readable PDF"),
+                                      ({}, guide, "name")):
+            answer = c.post("/documents/file", params=params, content=body)
+            assert answer.status_code in (400, 422) and message in answer.json()["error"], answer.json()

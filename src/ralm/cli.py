@@ -24,16 +24,31 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, finite_floats, os_error_line,
-                                  positive, quiet_libraries, refuse_second_index, runtime)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, check_runtime, finite_floats, index_path,
+                                  os_error_line, positive, quiet_libraries, refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError
 from ralm.defaults import READ_K
-from ralm.errors import RalmError, RalmWarning
+from ralm.errors import RalmError, RalmWarning, plural
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
                   pretty_exceptions_show_locals=False, help="Retrieval-augmented language models on your own corpus.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ralm import __version__
+
+        print(f"ralm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit")):
+    pass  # the app's own options; its help is the Typer's
+
+
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate retrieval and question answering.")
 app.add_typer(index_app, name="index")
 app.command()(search)
@@ -52,14 +67,16 @@ def demo(
     as_json: bool = JsonOpt,
 ):
     """Index the bundled demo corpus (cached) and answer its sample questions with the package's reader, with evidence."""
+    positive("-k", k)
+    check_runtime(device, dtype)
     from ralm.demo import run_demo
 
     quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(runtime(device, dtype), k=positive("-k", k), rebuild=rebuild, min_confidence=min_confidence)
+    path, built, results = run_demo(runtime(device, dtype), k=k, rebuild=rebuild, min_confidence=min_confidence)
     if as_json:
-        print_json([{"question": q.question, **a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)}
-                                                                        for e in a.evidence]} for q, a in results], ensure_ascii=False)
+        print_json([{**a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)} for e in a.evidence]}
+                    for _, a in results], ensure_ascii=False)
         return
     err.print(f"{'built' if built else 'reusing cached'} demo index at {path} ({time.perf_counter() - start:.1f} s)")
     for _, answer in results:
@@ -75,14 +92,21 @@ app.add_typer(knnlm_app, name="knnlm")
 
 # -- open-domain QA: `ralm eval qa`, `ralm ask`, `ralm serve` (pipeline.py; the trainers: commands/train.py) --
 
+def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optional[Path]) -> None:
+    """What `_open_qa` is given, checked before the heavy imports."""
+    refuse_second_index("--hybrid", hybrid, index_dir)
+    positive("-k", k)
+    index_path(index_dir)
+    check_runtime(device, dtype)
+
+
 def _open_qa(model: Optional[str], index_dir: Path, *, k: int, retriever: Optional[str], device: str, dtype: str,
-             min_confidence: float, hybrid: Optional[Path] = None):
+             min_confidence: float):
     from ralm.pipeline import OpenQA
 
-    refuse_second_index("--hybrid", hybrid, index_dir)
+    quiet_libraries()
     rt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, k=positive("-k", k), retriever=retriever, device=rt.device, dtype=rt.dtype,
-                       min_confidence=min_confidence)
+    return OpenQA.open(index_dir, model, k=k, retriever=retriever, device=rt.device, dtype=rt.dtype, min_confidence=min_confidence)
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that
@@ -113,11 +137,8 @@ def eval_qa(
 ):
     """EM / F1 (SQuAD normalisation, max over gold answers) and recall@1/5/20 of open-domain QA."""
     from ralm.data.qa import read_questions
-    from ralm.eval.openqa import default_predictions_path, evaluate_qa
-    from ralm.models.reader import save_calibrated
-    from ralm.pipeline import resolve_reader
+    from ralm.eval.calibration import check_question_count
 
-    quiet_libraries()
     if calibrate and calibrated_out is None:
         raise RalmError("--calibrate writes a calibrated copy of the reader: give it a new directory with --out")
     if calibrated_out is not None and not calibrate:
@@ -127,10 +148,17 @@ def eval_qa(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
-    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
-                  hybrid=hybrid)
+    if calibrate:
+        check_question_count(len(qs))
+    positive("--batch-size", batch_size)
+    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
+    from ralm.eval.openqa import default_predictions_path, evaluate_qa
+    from ralm.models.reader import save_calibrated
+    from ralm.pipeline import resolve_reader
+
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence)
     predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
-    result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=positive("--batch-size", batch_size), predictions=predictions,
+    result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=batch_size, predictions=predictions,
                          calibrate=calibrate)
     result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
@@ -164,15 +192,14 @@ def ask(
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print {answer, no_answer, score, confidence, evidence: [{id, title, text, "
-                                                       "retrieval_score, span}]} (one line per question when read from stdin)"),
+    as_json: bool = typer.Option(False, "--json", help="print {question, answer, no_answer, score, confidence, evidence: [{id, title, "
+                                                       "text, retrieval_score, span}]} (one line per question when read from stdin)"),
 ):
     """Answer a question with evidence: the most probable answer over the top-k blocks."""
-    quiet_libraries()
     if question is not None and not question.strip():
         raise RalmError("the question is empty")
-    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence,
-                  hybrid=hybrid)
+    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
+    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence)
     for q in [question] if question is not None else _stdin_questions():
         answer = qa.answer([q])[0]
         if as_json:
@@ -207,25 +234,31 @@ def serve(
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
+    max_body_mb: int = typer.Option(1, "--max-body-mb", help="the largest request body in MiB (a PDF sent to POST /documents/file)"),
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
+    refuse_second_index("--bm25", bm25, index_dir)
+    if not 0 < port < 65536:
+        raise RalmError(f"--port must be in 1..65535, got {port}")
+    positive("--max-body-mb", max_body_mb)
+    index_path(index_dir)
+    check_runtime(device, dtype)
     from ralm.pipeline import resolve_reader
     from ralm.serve.app import serve_forever
     from ralm.serve.service import ServeConfig, Service
 
     quiet_libraries()
-    refuse_second_index("--bm25", bm25, index_dir)
-    if not 0 < port < 65536:
-        raise RalmError(f"--port must be in 1..65535, got {port}")
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
-                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
+                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
+                              max_body_bytes=max_body_mb << 20),
                   runtime(device, dtype))
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, announce=lambda: err.print(
-        f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"
-        f", reader {svc.cfg.model}) on http://{host}:{port}"))
+        f"serving on {url} ({index_dir}: {plural(svc.stats()['corpus_blocks'], 'block')}; "
+        f"retrievers: {', '.join(svc.retrievers())}; reader: {svc.cfg.model})", highlight=False))
 
 
 app.add_typer(convert_app, name="convert")

@@ -11,6 +11,7 @@ reports them under the option's flag.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 from ralm.errors import RalmError
@@ -18,7 +19,7 @@ from ralm.errors import RalmError
 DTYPE_HELP = ("compute dtype: auto (bf16 on CUDA and on CPUs with native bf16, else fp32), fp32 or bf16; "
               "weights and checkpoints stay fp32")
 WARMUP_HELP = "steps of linear learning-rate warm-up"
-CORPUS_HELP = "JSONL {id,title,text}, TSV with a header, or a folder of .txt files"
+CORPUS_HELP = "JSONL {id,title,text}, TSV with a header, a .txt, Markdown, HTML or PDF file, or a folder of them"
 QUESTIONS_HELP = "training questions, JSONL {id, question, answers}"
 TEXT_HELP = "a corpus (.jsonl/.tsv/folder; same-title records form one article) or a raw .txt/.raw file (WikiText)"
 LOG_EVERY_HELP = "steps per logged line of metrics (means over those steps)"
@@ -36,12 +37,28 @@ SPACY_HELP = ("the spaCy pipeline that finds sentences and salient spans: an ins
 PATH_KINDS = ("content", "location")
 
 
+DTYPES = ("auto", "fp32", "bf16")
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
 class ConfigError(RalmError):
     """A config field holds a value it cannot take; `field` names it, `problem` says why."""
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field} {problem}")
         self.field, self.problem = field, problem
+
+
+def check_device_name(name: str | None) -> None:
+    """--device spelled as a device ralm runs on; whether this machine has it is the Runtime's
+    check (with torch): this one runs before torch is imported."""
+    if name not in (None, "") and not _DEVICE.fullmatch(name):
+        raise RalmError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+
+
+def check_dtype_name(name: str | None) -> None:
+    if name not in (None, "") and name not in DTYPES:
+        raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, aliases: tuple[str, ...] = (),

@@ -4,14 +4,17 @@ and the tables and lines several commands share."""
 from __future__ import annotations
 
 import json
+import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from ralm.errors import RalmError
 
-out = Console()
-err = Console(stderr=True)
+# Into a file or a pipe (a log, a CI run) a line stays one line: rich would wrap it at 80 columns,
+# splitting a command it suggests. Tables keep their layout.
+out = Console(soft_wrap=not sys.stdout.isatty())
+err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def print_json(obj, ensure_ascii: bool = True) -> None:

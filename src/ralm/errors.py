@@ -9,3 +9,9 @@ class RalmError(Exception):
 
 class RalmWarning(UserWarning):
     """Input accepted but suspicious (records skipped, results that suggest the wrong file)."""
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 document", "2 documents", "1,024 blocks": counts in messages, right in the singular
+    (`nouns`: an irregular plural)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"

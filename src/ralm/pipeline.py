@@ -85,7 +85,8 @@ class Answer:
         return not self.answer
 
     def to_json(self) -> dict:
-        return {"answer": self.answer, "no_answer": self.no_answer, "guess": self.guess, "score": round(self.score, 6),
+        return {"question": self.question, "answer": self.answer, "no_answer": self.no_answer, "guess": self.guess,
+                "score": round(self.score, 6),
                 "confidence": None if self.confidence is None else round(self.confidence, 4),
                 "retriever": self.retriever, "index_version": self.index_version,
                 "evidence": [e.to_json() for e in self.evidence], "best": self.best}

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ralm.configs import ConfigError
+from ralm.configs import ConfigError, check_device_name, check_dtype_name
 from ralm.errors import RalmError
 
-DTYPES = ("auto", "fp32", "bf16")
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
@@ -24,10 +23,8 @@ def resolve_device(name: str | None) -> torch.device:
     """`None`/"auto" picks CUDA when present; anything else is passed to torch."""
     if name in (None, "", "auto"):
         return default_device()
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise RalmError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
+    check_device_name(name)
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RalmError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
@@ -49,15 +46,14 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
     bf16, fp32 elsewhere; "bf16" where the CPU lacks it is an error, not a silent slowdown."""
     if isinstance(name, torch.dtype):
         name = _NAMES.get(name, str(name))
+    check_dtype_name(name)
     if name in (None, "", "auto"):
         return torch.bfloat16 if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()) else torch.float32
     if name == "fp32":
         return torch.float32
-    if name == "bf16":
-        if device.type == "cpu" and not cpu_has_bf16():
-            raise ConfigError("dtype", "bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use fp32 or auto")
-        return torch.bfloat16
-    raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {name!r}")
+    if device.type == "cpu" and not cpu_has_bf16():  # bf16
+        raise ConfigError("dtype", "bf16: this CPU has no native bf16 (AVX512-BF16 or AMX); use fp32 or auto")
+    return torch.bfloat16
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,12 @@ def convert_hf_realm_cmd(
 
 
 def export(
-    source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever, else RUN/final/reader)"),
+    source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever or RUN/final/reader)"),
     fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
     dest: Path = typer.Option(..., "--out", help="the new directory to write"),
+    *,
+    part: Optional[str] = typer.Option(None, "--part", help="retriever or reader: which model of a run to export (needed when the "
+                                       "run holds both)"),
     as_json: bool = JsonOpt,
 ):
     """Export a trained retriever (query and document towers) or reader into the directories
@@ -49,6 +52,6 @@ def export(
     from ralm.convert.export import export_model
 
     quiet_libraries()
-    summary = export_model(source, dest, fmt)
+    summary = export_model(source, dest, fmt, part=part)
     print_summary(summary, as_json, f"[green]exported[/green] {summary['kind']} {summary['source']} as {fmt}: "
                   + ", ".join(f"{name} {path}" for name, path in summary["parts"].items()))

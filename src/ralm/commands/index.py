@@ -10,19 +10,22 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, RetrieverOpt, main_rank, positive, quiet_libraries, removed_on_error,
-                                  runtime)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, RetrieverOpt, check_runtime, corpus_files,
+                                  index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime)
+from ralm.configs import CORPUS_HELP
 from ralm.console import out, print_hits, print_json, print_summary
-from ralm.errors import RalmError
+from ralm.errors import RalmError, plural
 
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents.")
 
 
 @index_app.command("build")
 def index_build(
-    corpus: Path = typer.Argument(..., help="JSONL {id,title,text}, TSV with a header, or a folder of .txt files"),
+    corpus: Path = typer.Argument(..., help=CORPUS_HELP),
     *,
     out_dir: Path = typer.Option(..., "--out", help="index directory (created, or given a new version)"),
+    include: list[str] = IncludeOpt,
+    exclude: list[str] = ExcludeOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
     retriever: str = typer.Option("hybrid", "--retriever", help="what each version holds: hybrid (a dense and a BM25 side, "
                                   "searched fused), dense or bm25"),
@@ -35,22 +38,25 @@ def index_build(
     as_json: bool = JsonOpt,
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
+    start = time.perf_counter()
+    files = corpus_files(corpus, include, exclude)
+    positive("--batch-size", batch_size)
+    check_runtime(device, dtype)
     from ralm.retrieval.backends.faiss_index import FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
 
     quiet_libraries()
-    start = time.perf_counter()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
     rt = runtime(device, dtype)
     if faiss:
         check_spec(faiss, (dim,) if dim > 0 else FACTORY_DIMS)
     with removed_on_error(out_dir):
-        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss,
-                                     batch_size=positive("--batch-size", batch_size), device=rt.device, show_progress=reports, dtype=rt.dtype)
+        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss, files=files,
+                                     batch_size=batch_size, device=rt.device, show_progress=reports, dtype=rt.dtype)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
-    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {summary['blocks']} blocks, {retriever}"
+    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {plural(summary['blocks'], 'block')}, {retriever}"
                   f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
 
 
@@ -61,6 +67,7 @@ def index_check(
 ):
     """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
     no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
+    index_path(index_dir)
     from ralm.retrieval.index.store import IndexDir
     from ralm.retrieval.index.verify import check_full
 
@@ -76,8 +83,8 @@ def index_check(
         versions.append({"version": name, "files": checked, "verified": manifest.files is not None})
     unverified = [v["version"] for v in versions if not v["verified"]]
     summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
-    print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "
-                  f"{sum(v['files'] for v in versions)} files verified"
+    print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {plural(len(versions), 'version')}, latest {latest}, "
+                  f"{plural(sum(v['files'] for v in versions), 'file')} verified"
                   + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else ""))
 
 
@@ -93,12 +100,14 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text, found_by}]"),
 ):
     """Search an index with a free-text query (every side it holds, fused, with its live documents)."""
-    from ralm.retrieval.search.live import LiveSearcher
-
-    quiet_libraries()
     positive("-k", k)
     if not query.strip():
         raise RalmError("the query is empty")
+    index_path(index_dir)
+    check_runtime(device, dtype)
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
     rt = runtime(device, dtype)
     hits = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype).search([query], k, retriever)[0]
     if not main_rank():
@@ -125,10 +134,7 @@ def eval_retrieval(
 ):
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions
-    from ralm.eval.retrieval import evaluate_retrieval
-    from ralm.retrieval.search.live import LiveSearcher
 
-    quiet_libraries()
     try:
         cutoffs = sorted({positive("--ks", int(x)) for x in ks.split(",") if x.strip()})
     except ValueError:
@@ -138,6 +144,12 @@ def eval_retrieval(
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
+    index_path(index_dir)
+    check_runtime(device, dtype)
+    from ralm.eval.retrieval import evaluate_retrieval
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
     rt = runtime(device, dtype)
     searcher = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype)
     reports = main_rank()
@@ -168,37 +180,52 @@ def index_upgrade(
     as_json: bool = JsonOpt,
 ):
     """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
+    start = time.perf_counter()
+    index_path(index_dir)
+    positive("--batch-size", batch_size)
+    check_runtime(device, dtype)
     from ralm.retrieval.index.build import upgrade_index
+    from ralm.retrieval.index.store import IndexDir
 
     quiet_libraries()
-    start = time.perf_counter()
+    before = IndexDir(index_dir).latest()
     rt = runtime(device, dtype)
-    index, version = upgrade_index(index_dir, kind=retriever, model=model, batch_size=positive("--batch-size", batch_size),
-                                   device=rt.device, dtype=rt.dtype)
-    summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
-    print_summary(summary, as_json, f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s")
+    index, version = upgrade_index(index_dir, kind=retriever, model=model, batch_size=batch_size, device=rt.device, dtype=rt.dtype)
+    summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1), "upgraded": version != before}
+    if summary["upgraded"]:
+        line = f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s"
+    else:
+        line = f"nothing to do: {index_dir} ({version}) already holds every side of a {retriever} index ({summary['retriever']})"
+    print_summary(summary, as_json, line)
 
 
 @index_app.command("add")
 def index_add(
     index_dir: Path = typer.Argument(..., help="index directory"),
-    corpus: Path = typer.Argument(..., help="documents to add or replace: JSONL {id,title,text}, TSV with a header, or a folder of .txt"),
+    corpus: Path = typer.Argument(..., help=f"documents to add or replace: {CORPUS_HELP}"),
     *,
+    include: list[str] = IncludeOpt,
+    exclude: list[str] = ExcludeOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Add or replace documents (every side of the index), durably, through the index's update log; no server needed."""
-    from ralm.data.corpus import read_corpus
+    files = corpus_files(corpus, include, exclude)
+    index_path(index_dir)
+    check_runtime(device, dtype)
+    from ralm.data.corpus import read_corpus, sectioned_files
     from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
-    docs = list(read_corpus(corpus))
+    docs = list(read_corpus(corpus, files=files))
     rt = runtime(device, dtype)
     live = LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype)
-    ids = live.add(docs)
-    summary = {"index": str(index_dir), "added": len(ids), "blocks": len(live), "index_version": live.current.name}
-    print_summary(summary, as_json, f"[green]added[/green] {len(ids)} documents to {index_dir}: {len(live)} blocks searchable")
+    ids, gone = live.replace_files(docs, sectioned_files(corpus, files=files))
+    summary = {"index": str(index_dir), "added": len(ids), "deleted": len(gone), "blocks": len(live), "index_version": live.current.name}
+    print_summary(summary, as_json, f"[green]added[/green] {plural(len(ids), 'document')} to {index_dir}"
+                  + (f" (and deleted {plural(len(gone), 'section')} their files no longer hold)" if gone else "")
+                  + f": {plural(len(live), 'block')} searchable")
 
 
 @index_app.command("delete")
@@ -208,6 +235,7 @@ def index_delete(
     as_json: bool = JsonOpt,
 ):
     """Delete documents by id (every side of the index), durably, through the index's update log."""
+    index_path(index_dir)
     from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
@@ -218,4 +246,4 @@ def index_delete(
         raise RalmError(f"{index_dir} holds no document {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
     live.delete(ids)
     summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
-    print_summary(summary, as_json, f"[green]deleted[/green] {summary['deleted']} documents from {index_dir}: {len(live)} blocks searchable")
+    print_summary(summary, as_json, f"[green]deleted[/green] {plural(summary['deleted'], 'document')} from {index_dir}: {plural(len(live), 'block')} searchable")

@@ -14,7 +14,12 @@ from typing import Iterator, Optional, get_args
 
 import typer
 
-from ralm.configs import DTYPE_HELP, LIMIT_TOKENS_HELP
+from ralm.configs import (
+    DTYPE_HELP,
+    LIMIT_TOKENS_HELP,
+    check_device_name,
+    check_dtype_name,
+)
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 
@@ -25,6 +30,9 @@ OutOpt = typer.Option(..., "--out", help="run directory (created, or resumed fro
 LimitOpt = typer.Option(None, "--limit-tokens", help=LIMIT_TOKENS_HELP)
 RetrieverOpt = typer.Option(None, "--retriever", help="search one side of the index: dense or bm25 (default: every side it "
                             "holds, fused: hybrid)")
+IncludeOpt = typer.Option([], "--include", metavar="GLOB", help="of a folder: read only the files matching (repeatable; "
+                          "a pattern with '/' matches the path in the folder, one without the file name)")
+ExcludeOpt = typer.Option([], "--exclude", metavar="GLOB", help="of a folder: leave out the files matching (repeatable)")
 MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      "(0 always answers; an uncalibrated reader always answers)")
@@ -35,6 +43,36 @@ def refuse_second_index(option: str, given, index) -> None:
     if given is not None:
         raise RalmError(f"{option} is no longer needed: an index holds its dense and BM25 sides together and every command "
                         f"uses both; run `ralm index upgrade {index}` once to add the BM25 side to an older dense index")
+
+
+# -- checks of the command line that run before the heavy imports (torch, transformers): a
+# mistake is named in about a second, not after the models load --
+
+def check_runtime(device: str, dtype: str) -> None:
+    """--device and --dtype spelled right (whether this machine has the device is `runtime`'s check)."""
+    check_device_name(device)
+    check_dtype_name(dtype)
+
+
+def index_path(path: Path) -> Path:
+    """An index directory named on the command line holds an index's manifest."""
+    from ralm.retrieval.index.manifest import read_index_manifest
+
+    read_index_manifest(path)
+    return path
+
+
+def corpus_files(corpus: Path, include: list[str], exclude: list[str]):
+    """The FileFilter of --include/--exclude, with the corpus checked as far as it can be
+    without reading it (it exists, its format, a folder holds a file to read)."""
+    from ralm.data.corpus import check_corpus
+    from ralm.data.formats import FileFilter
+
+    if (include or exclude) and not corpus.is_dir():
+        raise RalmError(f"--include and --exclude pick the files of a folder; {corpus} is not a folder")
+    files = FileFilter(tuple(include), tuple(exclude))
+    check_corpus(corpus, files=files)
+    return files
 
 
 def torch_device(name: str):
@@ -55,9 +93,11 @@ def quiet_libraries() -> None:
     """Library progress bars and notices (transformers' weight loading, bm25s) would drown ours.
     Set through the environment, which transformers reads when it is imported, so a command that
     never needs transformers does not pay for importing it here."""
+    import logging
     import os
     import sys
 
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its notes on malformed but readable PDFs
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules:

@@ -29,40 +29,59 @@ from ralm.retrieval.towers.encoders import Retriever, Tower, is_retriever_dir
 FORMATS = ("sentence-transformers", "hf")
 
 
-def export_model(source: str | os.PathLike, out: str | os.PathLike, fmt: str) -> dict:
+PARTS = ("retriever", "reader")
+
+
+def export_model(source: str | os.PathLike, out: str | os.PathLike, fmt: str, *, part: str | None = None) -> dict:
     """Export the retriever or reader at `source` (a checkpoint directory, or a run: its
-    RUN/final/retriever, else RUN/final/reader) into `out` (created; must not exist).
-    Returns {"kind", "format", "out", "parts": {name: path}}."""
-    from ralm.models.reader import Reader, is_reader_dir
+    RUN/final/<part>) into `out` (created; must not exist). A run holding both needs `part`.
+    Returns {"kind", "source", "format", "out", "parts": {name: path}}."""
+    from ralm.models.reader import is_reader_dir
     from ralm.rundir import find_model
 
     if fmt not in FORMATS:
         raise RalmError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if part is not None and part not in PARTS:
+        raise RalmError(f"--part must be retriever or reader, got {part!r}")
     out = Path(out)
     if out.exists():
         raise RalmError(f"{out} exists; export into a new directory")
-    found = find_model(source, "retriever", is_retriever_dir)
-    if found is not None:
-        retriever = Retriever.from_pretrained(found)
-        if fmt == "sentence-transformers":
-            check_sentence_transformers(retriever)
-        with atomic_path(out) as tmp:
-            tmp.mkdir(parents=True)
-            for name, tower in (("query", retriever.query), ("document", retriever.doc)):
-                _write_tower(tower, retriever, tmp / name, fmt=fmt, max_len=retriever.cfg.query_max_len if name == "query"
-                             else retriever.cfg.block_max_len)
-        return {"kind": "retriever", "source": str(found), "format": fmt, "out": str(out),
-                "parts": {"query": str(out / "query"), "document": str(out / "document")}}
-    found = find_model(source, "reader", is_reader_dir)
-    if found is None:
-        raise RalmError(f"{source}: neither a retriever nor a reader checkpoint, nor a run with RUN/final/retriever or RUN/final/reader")
+    found = {name: find_model(source, name, accept) for name, accept in (("retriever", is_retriever_dir), ("reader", is_reader_dir))
+             if part in (None, name)}
+    found = {name: path for name, path in found.items() if path is not None}
+    if not found:
+        what = f"a {part} checkpoint, nor a run with RUN/final/{part}" if part else \
+            "a retriever nor a reader checkpoint, nor a run with RUN/final/retriever or RUN/final/reader"
+        raise RalmError(f"{source}: neither {what}")
+    if len(found) > 1:
+        raise RalmError(f"{source} holds a retriever and a reader: name the one to export with --part retriever or --part reader")
+    (name, path), = found.items()
+    return (_export_retriever if name == "retriever" else _export_reader)(path, out, fmt)
+
+
+def _export_retriever(found: Path, out: Path, fmt: str) -> dict:
+    retriever = Retriever.from_pretrained(found)
+    if fmt == "sentence-transformers":
+        check_sentence_transformers(retriever)
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        for name, tower in (("query", retriever.query), ("document", retriever.doc)):
+            _write_tower(tower, retriever, tmp / name, fmt=fmt, max_len=retriever.cfg.query_max_len if name == "query"
+                         else retriever.cfg.block_max_len)
+    return {"kind": "retriever", "source": str(found), "format": fmt, "out": str(out),
+            "parts": {"query": str(out / "query"), "document": str(out / "document")}}
+
+
+def _export_reader(found: Path, out: Path, fmt: str) -> dict:
+    from safetensors.torch import save_file
+
+    from ralm.models.reader import Reader
+
     if fmt != "hf":
         raise RalmError("a span reader has no sentence-transformers form; export it with --format hf")
     reader = Reader.from_pretrained(found)
     if reader.cfg.trainable_layers is not None:
         reader.cfg.trainable_layers = None  # the exported encoder is whole
-    from safetensors.torch import save_file
-
     with atomic_path(out) as tmp:
         tmp.mkdir(parents=True)
         _write_bert(reader.bert, reader.tokenizer, tmp, encoder_config=reader.cfg.encoder)

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
+from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -133,18 +134,21 @@ def iter_blocks(docs: Iterable[Document], hf_tokenizer, cfg: BlockConfig = Block
         yield from flush()
 
 
-def _count_lines(path: Path) -> int | None:
-    if path.is_dir():
-        return sum(1 for _ in path.rglob("*.txt"))
+def _count_documents(path: Path) -> int | None:
+    """The progress bar's total: a JSONL or TSV file's lines; unknown for files read by
+    sections (a Markdown file, a folder of PDFs)."""
+    if path.is_dir() or path.suffix not in (".jsonl", ".json", ".ndjson", ".tsv", ".tab"):
+        return None
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 
 
-def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_tokenizer,
-                      *, cfg: BlockConfig = BlockConfig(), show_progress: bool = True) -> "BlockStore":
-    """Stream `corpus` into a block store at `out` (published atomically when complete)."""
+def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_tokenizer, *, cfg: BlockConfig = BlockConfig(),
+                      files: FileFilter = EVERY_FILE, show_progress: bool = True) -> "BlockStore":
+    """Stream `corpus` (of a folder: the files `files` picks) into a block store at `out`
+    (published atomically when complete)."""
     corpus = Path(corpus)
-    total = _count_lines(corpus) if corpus.exists() else None
+    total = _count_documents(corpus) if corpus.exists() else None
     id_hashes = array("q")
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -153,7 +157,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
         n_docs = 0
         with open(tmp / "blocks.jsonl", "wb") as meta, progress_bar(show_progress) as bar:
             task = bar.add_task("blocking", total=total)
-            for doc, blocks in iter_blocks(read_corpus(corpus), hf_tokenizer, cfg):
+            for doc, blocks in iter_blocks(read_corpus(corpus, files=files), hf_tokenizer, cfg):
                 id_hashes.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True))
                 for b in blocks:
                     tokens.append(b.token_ids)
@@ -166,7 +170,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
                 n_docs += 1
                 bar.advance(task)
         tokens.close()
-        _check_unique_ids(np.frombuffer(id_hashes, dtype=np.int64), corpus)
+        _check_unique_ids(np.frombuffer(id_hashes, dtype=np.int64), corpus, files)
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
         np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
         np.save(tmp / "blocks.idx.npy", np.frombuffer(line_offsets, dtype=np.int64))
@@ -177,33 +181,33 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             "config": asdict(cfg),
             "tokenizer": tokenizer_fingerprint(hf_tokenizer),
             "corpus": str(corpus.resolve()),
-            "corpus_fingerprint": corpus_fingerprint(corpus),
+            "corpus_fingerprint": corpus_fingerprint(corpus, files=files),
         }
         manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
     return BlockStore(out)
 
 
 def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_tokenizer, *, cfg: BlockConfig = BlockConfig(),
-                       show_progress: bool = True) -> tuple[str, "BlockStore"]:
-    """(key, store): the block store of this corpus + tokenizer + config, kept in `folder`
-    under a key of all three, so it is built once and reused."""
+                       files: FileFilter = EVERY_FILE, show_progress: bool = True) -> tuple[str, "BlockStore"]:
+    """(key, store): the block store of this corpus (its files `files` picks) + tokenizer +
+    config, kept in `folder` under a key of all three, so it is built once and reused."""
     if not Path(corpus).exists():
         raise RalmError(f"corpus not found: {corpus}")
-    raw = json.dumps([corpus_fingerprint(corpus), tokenizer_fingerprint(hf_tokenizer), asdict(cfg)], sort_keys=True)
+    raw = json.dumps([corpus_fingerprint(corpus, files=files), tokenizer_fingerprint(hf_tokenizer), asdict(cfg)], sort_keys=True)
     key = hashlib.sha256(raw.encode()).hexdigest()[:16]
     path = Path(folder) / key
     if not manifest_file(path).is_file():
-        build_block_store(corpus, path, hf_tokenizer, cfg=cfg, show_progress=show_progress)
+        build_block_store(corpus, path, hf_tokenizer, cfg=cfg, files=files, show_progress=show_progress)
     return key, BlockStore(path)
 
 
-def _check_unique_ids(hashes: np.ndarray, corpus: Path) -> None:
+def _check_unique_ids(hashes: np.ndarray, corpus: Path, files: FileFilter) -> None:
     order = np.sort(hashes)
     dup = order[1:][order[1:] == order[:-1]]
     if len(dup):
         target = int(dup[0])
         seen = 0
-        for doc in read_corpus(corpus):
+        for doc in read_corpus(corpus, files=files):
             if int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True) == target:
                 seen += 1
                 if seen == 2:

@@ -1,4 +1,5 @@
-"""Read and validate corpora: JSON Lines, TSV, or a folder of .txt files.
+"""Read and validate corpora: JSON Lines, TSV, or documents as they are (.txt, Markdown, HTML,
+PDF: data/formats.py), one file or a folder of them.
 
 Every reader streams (a 13M-document corpus never sits in RAM) and raises `RalmError`
 naming file:line for malformed input. A document whose text is empty is skipped with a
@@ -17,9 +18,18 @@ import unicodedata
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from ralm.errors import RalmError, RalmWarning
+from ralm.data.formats import (
+    EVERY_FILE,
+    FOLDER_SUFFIXES,
+    FileFilter,
+    Listing,
+    list_folder,
+    reader_for,
+    stem_title,
+)
+from ralm.errors import RalmError, RalmWarning, plural
 
 
 @dataclass(frozen=True)
@@ -131,12 +141,46 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
             yield where, _document({name: fields[i] for name, i in cols.items()}, where)
 
 
-def _read_txt_dir(path: Path) -> Iterator[tuple[str, Document]]:
-    """One document per .txt file: id = path relative to the folder, title = file stem."""
-    for file in sorted(path.rglob("*.txt")):
-        rel = file.relative_to(path).as_posix()
-        text = _decode(file.read_bytes(), file, 1)
-        yield str(file), Document(rel, file.stem.replace("_", " "), visible(text))
+def _documents(data: bytes, path: str, rel: str) -> Iterator[Document]:
+    """A .txt file is one document (id `rel`, titled by its name); a Markdown, HTML or PDF file
+    one per section (id `rel` + the section's anchor). `path` names the file in errors."""
+    if Path(path).suffix.lower() == ".txt":
+        yield Document(rel, stem_title(rel), visible(_decode(data, Path(path), 1)))
+        return
+    for section in reader_for(path)(data, path):
+        yield Document(rel + section.anchor, section.title, visible(section.text))
+
+
+def _read_file(file: Path, rel: str) -> Iterator[tuple[str, Document]]:
+    for doc in _documents(file.read_bytes(), str(file), rel):
+        yield f"{file}{doc.id[len(rel):]}", doc  # where: the file, and the section's anchor
+
+
+def file_documents(data: bytes, name: str) -> list[Document]:
+    """The documents of one file given as its bytes (an upload), `name` its path: as a folder's
+    file of that name is read, the sections without text left out."""
+    if (problem := id_problem(name)) is not None:
+        raise RalmError(f"the file name {problem}")
+    if Path(name).suffix.lower() not in FOLDER_SUFFIXES:
+        raise RalmError(f"{name}: unknown format (use {', '.join(FOLDER_SUFFIXES)})")
+    docs = [d for d in _documents(data, name, name) if d.text]
+    if not docs:
+        raise RalmError(f"{name}: no text to index (a scanned PDF has none)")
+    return docs
+
+
+def sectioned_files(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> list[str]:
+    """The Markdown, HTML and PDF files of a corpus by the name their sections' ids start with
+    (`guide.md` of `guide.md#setup`): paths in a folder, or the file's name."""
+    path = Path(path)
+    named = [rel for _, rel in list_folder(path, files).files] if path.is_dir() else [path.name]
+    return [rel for rel in named if reader_for(rel) is not None]
+
+
+def _read_folder(listing: Listing) -> Iterator[tuple[str, Document]]:
+    """The documents of a folder's files, ids relative to the folder."""
+    for file, rel in listing.files:
+        yield from _read_file(file, rel)
 
 
 def _corpus_path(path: str | os.PathLike) -> Path:
@@ -148,18 +192,21 @@ def _corpus_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
+def read_corpus(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> Iterator[Document]:
     """Stream documents from `path`; raises RalmError on a missing, empty or malformed corpus
-    and warns (RalmWarning) about documents skipped for their empty text."""
+    and warns (RalmWarning) about documents skipped for their empty text and about the files
+    of a folder that are not read (`files` picks which are)."""
     path = _corpus_path(path)
+    listing = None
     if path.is_dir():
-        reader = _read_txt_dir(path)
-    elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        reader = _read_jsonl(path)
-    elif path.suffix in (".tsv", ".tab"):
-        reader = _read_tsv(path)
+        listing = list_folder(path, files)
+        if listing.skipped():
+            warnings.warn(RalmWarning(f"{path}: skipped {listing.skipped()}"), stacklevel=2)
+        reader = _read_folder(listing)
+    elif (read := _file_reader(path)) is not None:
+        reader = read(path)
     else:
-        raise RalmError(f"{path}: unknown corpus format (use .jsonl, .tsv or a folder of .txt files)")
+        raise _unknown_format(path)
     count, empty, first_empty = 0, 0, None
     for where, doc in reader:
         if not doc.text:
@@ -168,9 +215,50 @@ def read_corpus(path: str | os.PathLike) -> Iterator[Document]:
         count += 1
         yield doc
     if count == 0:
-        raise RalmError(f"{path}: the corpus is empty (no documents{f' with text: {empty} had empty text' if empty else ''})")
+        raise RalmError(f"{path}: the corpus is empty ({_why_empty(empty, listing)})")
     if empty:
-        warnings.warn(RalmWarning(f"{path}: skipped {empty} document(s) with empty text (the first at {first_empty})"), stacklevel=2)
+        warnings.warn(RalmWarning(f"{path}: skipped {plural(empty, 'document')} with empty text (the first at {first_empty})"),
+                      stacklevel=2)
+
+
+def check_corpus(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> None:
+    """What can be known of a corpus without reading it (that it exists, its format, that a
+    folder holds a file to read), raised as `read_corpus` would: commands check it before they
+    load a model."""
+    path = _corpus_path(path)
+    if path.is_dir():
+        listing = list_folder(path, files)
+        if not listing.files:
+            raise RalmError(f"{path}: the corpus is empty ({_why_empty(0, listing)})")
+    elif _file_reader(path) is None:
+        raise _unknown_format(path)
+
+
+def _file_reader(path: Path) -> Callable[[Path], Iterator[tuple[str, Document]]] | None:
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return _read_jsonl
+    if path.suffix in (".tsv", ".tab"):
+        return _read_tsv
+    if path.suffix.lower() in FOLDER_SUFFIXES:
+        return lambda file: _read_file(file, file.name)
+    return None
+
+
+def _unknown_format(path: Path) -> RalmError:
+    return RalmError(f"{path}: unknown corpus format (use .jsonl, .tsv, {', '.join(FOLDER_SUFFIXES)} or a folder of them)")
+
+
+def _why_empty(empty: int, listing: Listing | None) -> str:
+    why = f"no documents with text: {empty} had empty text" if empty else "no documents"
+    reasons = []
+    if listing is not None:
+        if listing.skipped():
+            reasons.append(f"skipped {listing.skipped()}")
+        if listing.excluded:
+            reasons.append(f"{plural(listing.excluded, 'file')} left out by the include/exclude patterns")
+        if not listing.files:
+            reasons.append(f"the folder holds no file to read ({', '.join(FOLDER_SUFFIXES)})")
+    return "; ".join([why, *reasons])
 
 
 def as_documents(items: Iterable[Document | dict | str]) -> list[Document]:
@@ -206,14 +294,14 @@ def save_documents(folder: str | os.PathLike, docs: Documents) -> Path:
     return path
 
 
-def corpus_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 of the corpus bytes (file names too for a folder): an index records it."""
+def corpus_fingerprint(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> str:
+    """sha256 of the corpus bytes (file names too for a folder, of the files `files` picks):
+    an index records it."""
     path = _corpus_path(path)
     h = hashlib.sha256()
-    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            h.update(file.relative_to(path).as_posix().encode() + b"\0")
+    for file, rel in list_folder(path, files).files if path.is_dir() else [(path, None)]:
+        if rel is not None:
+            h.update(rel.encode() + b"\0")
         with open(file, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)

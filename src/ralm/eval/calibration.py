@@ -59,10 +59,15 @@ def reliability(confidence: Sequence[float], correct: Sequence[float], bins: int
     return {"bins": rows, "ece": round(float(ece), 4), "at": at}
 
 
+def check_question_count(n: int) -> None:
+    """Enough questions to fit a map on: checked before they are answered (answering is the slow part)."""
+    if n < MIN_QUESTIONS:
+        raise RalmError(f"calibration needs at least {MIN_QUESTIONS} held-back questions, got {n}")
+
+
 def check_fittable(correct: Sequence[float]) -> None:
     y = np.asarray(correct, dtype=np.float64)
-    if len(y) < MIN_QUESTIONS:
-        raise RalmError(f"calibration needs at least {MIN_QUESTIONS} held-back questions, got {len(y)}")
+    check_question_count(len(y))
     if y.min() == y.max():
         raise RalmError(f"calibration needs both right and wrong answers among its {len(y)} questions (all were "
                         f"{'right' if y[0] else 'wrong'}): is the index the questions' corpus?")

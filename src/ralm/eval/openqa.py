@@ -19,7 +19,8 @@ import numpy as np
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmWarning
-from ralm.eval.calibration import auroc, check_fittable, cross_fitted, fit_two_stage, reliability, risk_coverage, side_features
+from ralm.eval.calibration import (auroc, check_fittable, check_question_count, cross_fitted, fit_two_stage, reliability,
+                                   risk_coverage, side_features)
 from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
 from ralm.models.confidence import FOUND
@@ -48,6 +49,8 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
     `answered_em` (EM over those), and recall@k; per-question JSONL to `predictions`.
     `calibrate` fits the confidence map of `qa`'s retriever kind on these questions; with a
     calibration the result holds reliability bins and each prediction its confidence."""
+    if calibrate:
+        check_question_count(len(questions))
     ems, f1s, hits, rows, signals = [], [], [], [], []
     start = time.perf_counter()
     with progress_bar(show_progress) as bar:

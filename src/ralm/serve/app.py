@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi_offline import FastAPIOffline
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
@@ -23,9 +23,9 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ralm.data.corpus import Document, id_problem
+from ralm.data.corpus import Document, file_documents, id_problem
 from ralm.defaults import READ_K
-from ralm.errors import RalmError
+from ralm.errors import RalmError, plural
 from ralm.serve.batching import MicroBatcher
 from ralm.serve.guards import BodyLimit, HeaderTimeoutH11, HostGuard, allowed_hosts, error
 from ralm.serve.service import Service
@@ -104,6 +104,7 @@ class EvidenceOut(BaseModel):
 
 
 class AskResponse(BaseModel):
+    question: str = ""  # as asked
     answer: str  # "" when no answer is found in the corpus (confidence below the server's threshold)
     no_answer: bool = False
     guess: str = ""  # the most probable answer, also when withheld
@@ -229,6 +230,18 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         log.info("added %d document(s): %s", len(ids), ", ".join(map(repr, ids[:5])) + (" ..." if len(ids) > 5 else ""))
         after = await index_after()
         return {"added": ids, "corpus_blocks": after["blocks"], **after}
+
+    @app.post("/documents/file", dependencies=[Depends(require_key)], responses=_errors(401, 413, 422),
+              summary="Add or replace the documents of a Markdown, HTML, PDF or .txt file, sent as the request body",
+              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+    async def add_file(request: Request, name: str = Query(..., min_length=1, max_length=500, description=(
+            "the file's name or path: its suffix picks the format, and it is the documents' id (a section's anchor "
+            "appended: guide.md#setup, paper.pdf#page=3)"))):
+        docs = await asyncio.to_thread(file_documents, await request.body(), name)
+        ids, gone = await run(service.add_file, docs, name)
+        log.info("added %s from %s%s", plural(len(ids), "document"), name, f", deleted {len(gone)} it no longer holds" if gone else "")
+        after = await index_after()
+        return {"added": ids, "deleted": gone, "corpus_blocks": after["blocks"], **after}
 
     @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it)",
              responses=_errors(404, 422))

@@ -119,6 +119,9 @@ class Service:
     def add(self, docs: Sequence[Document]) -> list[str]:
         return self.live.add(docs)
 
+    def add_file(self, docs: Sequence[Document], name: str) -> tuple[list[str], list[str]]:
+        return self.live.replace_files(docs, [name])
+
     def delete(self, doc_id: str) -> None:
         self.live.delete([doc_id])
 

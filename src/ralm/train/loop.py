@@ -36,10 +36,10 @@ import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
-from ralm.configs import DTYPE_HELP, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
+from ralm.configs import DTYPE_HELP, DTYPES, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
-from ralm.runtime import DTYPES, autocast
+from ralm.runtime import autocast
 from ralm.train.checkpoints import load_checkpoint, save_checkpoint
 from ralm.train.parallel import RunContext, all_mean, any_rank, wrap_ddp
 

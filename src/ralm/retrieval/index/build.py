@@ -12,12 +12,18 @@ import torch
 from ralm.atomic import link_or_copy
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
 from ralm.data.corpus import Document, save_documents
+from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
-from ralm.retrieval.index.kinds import DEFAULT_KIND, BuildContext, kind_of, side_class, sides_of
+from ralm.retrieval.index.kinds import (
+    DEFAULT_KIND,
+    BuildContext,
+    kind_of,
+    side_class,
+    sides_of,
+)
 from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import resolve_dtype
-
 
 Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
 
@@ -40,12 +46,13 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> di
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
-                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(),
+                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
                 dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
-    `corpus`: a corpus file or folder, or the documents themselves (Documents, {"id", "title",
-    "text"} dicts or strings), which are saved in the index directory. `kind` names the sides
+    `corpus`: a corpus file or folder (of a folder: the files `files` picks), or the documents
+    themselves (Documents, {"id", "title", "text"} dicts or strings), which are saved in the
+    index directory. `kind` names the sides
     each version holds (retrieval/index/kinds.py): by default hybrid, a dense and a BM25 side
     over one block store, published together as one version.
     `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
@@ -63,11 +70,11 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     tokenizer = side_class(sides[0]).tokenizer(model)  # every side's blocks: the same wordpieces
     if env.is_main:
         index = IndexDir.create(out, kind)
-        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, show_progress=show_progress)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, files=files, show_progress=show_progress)
     env.barrier()
     if not env.is_main:
         index = IndexDir(out)
-        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, show_progress=False)
+        key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, files=files, show_progress=False)
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=model, dim=dim, faiss_spec=faiss_spec, batch_size=batch_size,
                        device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows)
     name = _publish(ctx, sides, {}) if env.is_main else None

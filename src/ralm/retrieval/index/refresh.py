@@ -28,13 +28,14 @@ from pathlib import Path
 import torch
 
 from ralm.atomic import write_text
+from ralm.configs import DTYPES
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.build import version_manifest
 from ralm.retrieval.index.dense_side import dense_manifest, embed_blocks
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir, embeddings_file
-from ralm.runtime import DTYPES, resolve_dtype
+from ralm.runtime import resolve_dtype
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str, blocks: BlockStore, step: int,

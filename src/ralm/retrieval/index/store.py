@@ -30,14 +30,13 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from ralm.atomic import fsync_tree, manifest_file, read_json, read_manifest, read_npy, remove_stale_temps, temp_dir, write_json, write_text
+from ralm.atomic import fsync_tree, manifest_file, read_json, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import KINDS, kind_of, sides_of
+from ralm.retrieval.index.manifest import FORMAT, read_index_manifest
 from ralm.retrieval.index.verify import FILES, inventory, used_folders
 
-FORMAT = "ralm.index/2"
-OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
 _VERSION = re.compile(r"^v(\d{6})$")
 KEEP_VERSIONS = 3  # the newest versions a publish leaves; older ones are removed
 
@@ -118,7 +117,7 @@ def embeddings_file(version_dir: Path) -> Path:
 class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self.manifest = read_manifest(self.root, (FORMAT, *OLD_FORMATS), "index directory", "; build one with `ralm index build`")
+        self.manifest = read_index_manifest(self.root)
         if self.manifest.get("retriever") not in KINDS:
             raise RalmError(f"{manifest_file(self.root)}: no valid \"retriever\" (the index kind: {', '.join(KINDS)}); "
                             "the index is damaged: rebuild it")

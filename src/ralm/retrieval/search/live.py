@@ -14,10 +14,11 @@ opens an index searches through it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -156,6 +157,19 @@ class LiveSearcher(Searcher):
             snap = self._snapshot(self._snap.version, without(self._snap.delta, ids, self._snap.version.sides))
             self.updates.append([{"op": "delete", "id": i} for i in ids])
             self._snap = snap
+
+    def replace_files(self, docs: Sequence[Document], names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Add `docs`, read from the files `names` (a section's id is its file's name, '#' and its
+        anchor: data/formats.py), and delete the sections of those files that `docs` no longer
+        hold (a heading or page an edited file lost). Returns (the ids added, the ids deleted)."""
+        ids = self.add(docs)
+        names, kept = set(names), set(ids)
+        snap = self._snap
+        main = (d for d in self._rows_by_doc(snap.version) if d not in snap.delta.hidden_docs)
+        stale = sorted(d for d in itertools.chain(main, snap.delta.docs) if d not in kept and d.split("#", 1)[0] in names)
+        if stale:
+            self.delete(stale)
+        return ids, stale
 
     def exists(self, doc_id: str) -> bool:
         snap = self._snap
