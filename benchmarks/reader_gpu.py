@@ -99,7 +99,7 @@ def prepare(args) -> None:
         ranked = dev.rank([q["question"] for q in cal], 10, snap, None)
         _write_xz(data / "eval.jsonl.xz", (
             {"id": q["id"], "q": q["question"], "a": q["answers"], "gold": dev_docs[q["doc_id"]],
-             "texts": [r["text"] for r in snap.blocks.records(rows)], "scores": [float(s) for s in scores]}
+             "texts": [snap.blocks.record(int(r))["text"] for r in rows], "scores": [float(s) for s in scores]}
             for q, rows, scores in zip(cal, ranked.rows, ranked.scores)))
     if args.teacher_dir:
         pack_encoder(Path(args.teacher_dir), out)
@@ -440,24 +440,26 @@ def train(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out)
+    data = Path(args.data)
+    questions = _read_xz(data / "questions.jsonl.xz")[: args.limit]
+    docs, blocks = _read_xz(data / "docs.jsonl.xz"), _read_xz(data / "blocks.jsonl.xz")
+    eval_rows = _read_xz(data / "eval.jsonl.xz")[: args.eval_limit]
+    log(phase="start", cpus=os.cpu_count(), questions=len(questions))
+    # featurise before CUDA starts in this process: the workers are forked from it
+    features = featurize_all(questions, docs, blocks, student=args.student, max_len=args.max_len, stride=args.stride,
+                             distractors=args.distractors, workers=args.workers)
+    log(phase="featurised", questions=len(features), windows=sum(len(f) for f in features),
+        with_gold_span=round(float(np.mean([any(w[5] for w in f if w[0] == 0) for f in features])), 4))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cpus": os.cpu_count()}
+            "cuda": torch.version.cuda}
     try:
         import transformers
         info["transformers"] = transformers.__version__
     except ImportError:
         pass
-    log(phase="start", **info)
+    log(phase="device", **info)
     torch.backends.cuda.matmul.allow_tf32 = True
-    data = Path(args.data)
-    questions = _read_xz(data / "questions.jsonl.xz")[: args.limit]
-    docs, blocks = _read_xz(data / "docs.jsonl.xz"), _read_xz(data / "blocks.jsonl.xz")
-    eval_rows = _read_xz(data / "eval.jsonl.xz")[: args.eval_limit]
-    features = featurize_all(questions, docs, blocks, student=args.student, max_len=args.max_len, stride=args.stride,
-                             distractors=args.distractors, workers=args.workers)
-    log(phase="featurised", questions=len(features), windows=sum(len(f) for f in features),
-        with_gold_span=round(float(np.mean([any(w[5] for w in f if w[0] == 0) for f in features])), 4))
 
     common = {"distractors": args.distractors, "no_answer_share": args.no_answer_share, "warmup": 0.05, "seed": args.seed,
               "probe": args.probe, "log_every": args.log_every, "temperature": args.temperature}

@@ -53,6 +53,21 @@ def test_finetune_trains_reader_and_query_tower_only(questions_file, tiny_dense_
     Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
 
 
+def test_a_reader_with_a_null_span_learns_it_where_no_block_holds_the_answer(questions_file, tiny_dense_index, tiny_bert,
+                                                                             tmp_path):
+    """q4's answer is in no block: with a null-span reader it counts (its gold is the null), the
+    other three by their spans, so every question is labelled; the null span learns upwards."""
+    torch.manual_seed(0)
+    start = Reader.from_encoder(tiny_bert, max_len=96, null_span=True)
+    start.save_pretrained(tmp_path / "null-reader")
+    summary = finetune(_cfg(questions_file, tiny_dense_index, str(tmp_path / "null-reader"), k=len(DOCS), steps=2),
+                       tmp_path / "run", show_progress=False)
+    assert summary.answerable_share == 1.0  # q4 learns "not in what I read"
+    after = Reader.from_pretrained(tmp_path / "run" / "final" / "reader")
+    assert after.cfg.null_span and not all(torch.equal(a, b) for a, b in zip(after.spans.state_dict().values(),
+                                                                             start.spans.state_dict().values()))
+
+
 def test_resume_reproduces_an_uninterrupted_run(questions_file, tiny_dense_index, tiny_bert, tmp_path):
     cfg = _cfg(questions_file, tiny_dense_index, tiny_bert)
     finetune(cfg, tmp_path / "straight", show_progress=False)

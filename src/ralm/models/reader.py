@@ -35,7 +35,7 @@ from ralm.atomic import atomic_path, link_or_copy, read_weights, write_model_dir
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.data.qa import normalize_answer
 from ralm.errors import RalmError
-from ralm.retrieval.towers.encoding import by_length, pad_rows
+from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
 from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer,
                                            load_hf_encoder)
 
@@ -306,7 +306,7 @@ class Reader(nn.Module):
                           **extra).last_hidden_state  # [G, m, H]
             return F.pad(self.spans(h), (0, 0, 0, length - m))  # [G, L, W]; the padding is never a valid span
 
-        return by_length(lengths, run)
+        return by_length(lengths, run, length_group(batch.input_ids.device))
 
     def null_scores(self, scores: torch.Tensor) -> torch.Tensor | None:
         """[N] each input's null-span score (its [CLS] span, start 0 width 0) from the span scores

@@ -30,7 +30,7 @@ from ralm.data.masking import MaskedSentence
 from ralm.configs import ConfigError
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.towers.encoding import by_length, pad_rows
+from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
 from ralm.retrieval.towers.loading import ENCODER_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
@@ -211,7 +211,7 @@ def read_pairs(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedSent
         tt, _ = pad_rows([types[r] for r in rows], 0)
         return encoder(ids.to(dev), tt.to(dev), mask.to(dev), pos[rows].to(dev))
 
-    logits = by_length([len(x) for x in seqs], run)  # [B*K, M, V]
+    logits = by_length([len(x) for x in seqs], run, length_group(dev))  # [B*K, M, V]
     return rearrange(logits, "(b k) m v -> b k m v", b=b), labels.to(dev), label_mask.to(dev)
 
 
@@ -257,7 +257,7 @@ class Realm(nn.Module):
             ids, mask = pad_rows([tokens[i] for i in group], self.pad_id)
             return self.retriever.doc(ids.to(self.device), mask.to(self.device))
 
-        d = by_length([len(t) for t in tokens], run)  # [B*k + 1, D]
+        d = by_length([len(t) for t in tokens], run, length_group(self.device))  # [B*k + 1, D]
         retrieved = rearrange(d[:-1], "(b k) d -> b k d", b=b)
         return torch.cat([retrieved, d[-1].expand(b, 1, -1)], dim=1)  # [B, k + 1, D]
 

@@ -4,6 +4,10 @@ fixed, C = Σ_z p(z|x) Σ_{s valid in z} exp f(s): one span softmax shared by th
 (`marginal_nll`), the probability the pipeline answers with, so span scores are learnt on one
 scale across blocks (a per-block softmax would leave every block's best span equally sure).
 
+A reader with a null span (one `ralm train-reader --no-answer-share` trained) keeps it in the
+softmax, C gaining p(z|x) exp g_z, and learns it on the questions none of whose k blocks holds an
+answer (`shared_nll`'s no-answer label).
+
 Each step retrieves the top-k blocks with the current query tower (a search over the fixed
 index), then scores them again *with gradients*: p(z|x) = softmax_z <query(x), E[z]> where
 E[z] are the rows of the index's embeddings.npy. With a BM25 index p(z|x) is the softmax of
@@ -23,7 +27,7 @@ import numpy as np
 import torch
 
 from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
-from ralm.data.qa import Question
+from ralm.data.qa import Question, has_answer
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
@@ -134,14 +138,16 @@ def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, question
 
 def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question], rows: np.ndarray, *,
                     device: torch.device):
-    """Reader inputs for every (question, retrieved block): batch, valid [N, L, W], match [N, L, W]."""
+    """Reader inputs for every (question, retrieved block): batch, valid [N, L, W], match [N, L, W],
+    and no_answer [B]: no block read holds an answer (a null span's gold)."""
     blocks = searcher.current.blocks
     k = rows.shape[1]
     texts = [blocks.record(int(r))["text"] for r in rows.reshape(-1)]
     batch = reader.featurize([q.question for q in questions for _ in range(k)], texts)
     match = reader.answer_match(batch, [q.answers for q in questions for _ in range(k)])
+    no_answer = torch.tensor([not any(has_answer(t, q.answers) for t in texts[b * k : (b + 1) * k]) for b, q in enumerate(questions)])
     batch = batch.to(device)
-    return batch, valid_spans(batch, reader.cfg.max_span_width), match.to(device)
+    return batch, valid_spans(batch, reader.cfg.max_span_width), match.to(device), no_answer.to(device)
 
 
 class QAModel(torch.nn.Module):
@@ -155,14 +161,15 @@ class QAModel(torch.nn.Module):
         self.searcher, self.embeddings, self.env = searcher, embeddings, env
 
     def forward(self, questions: list[Question], k: int) -> tuple[torch.Tensor, ...]:
-        """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W]."""
+        """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W];
+        no_answer [B]."""
         device = self.reader.device
         logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device=device,
                                         env=self.env)
-        batch, valid, match = read_candidates(self.reader, self.searcher, questions, rows, device=device)
+        batch, valid, match, no_answer = read_candidates(self.reader, self.searcher, questions, rows, device=device)
         scores = self.reader(batch)  # [B*K, L, W]
         shape = (len(questions), rows.shape[1], *scores.shape[1:])
-        return logits, scores.view(shape), valid.view(shape), match.view(shape)
+        return logits, scores.view(shape), valid.view(shape), match.view(shape), no_answer
 
 
 class FinetuneTrainer(QuestionTrainer):
@@ -201,9 +208,11 @@ class FinetuneTrainer(QuestionTrainer):
     def step(self, i: int):
         cfg, env, device = self.cfg, self.ctx.env, self.ctx.device
         qs = [self.questions[int(j)] for j in rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)]
-        logits, scores, valid, match = self.loop.ddp(qs, cfg.k)
+        logits, scores, valid, match, no_answer = self.loop.ddp(qs, cfg.k)
         with full_precision(device):  # the marginal likelihood outside autocast
-            loss, answerable = marginal_nll(scores, valid, match, logits)  # mean over this rank's answerable
+            # a reader with a null span learns it where no block read holds an answer
+            null = scores[:, :, 0, 0] if self.reader.cfg.null_span else None
+            loss, answerable = marginal_nll(scores, valid, match, logits, null=null, no_answer=no_answer)  # mean over labelled
             mine = int(answerable.sum())
             loss, answerable_now = global_mean(loss * mine, mine, env)
         self.count.add(len(qs) * env.world, answerable_now)

@@ -41,6 +41,13 @@ def pad_rows(rows: Sequence[np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor,
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
+def length_group(device: torch.device) -> int:
+    """Rows per `by_length` group: few on a CPU, where padding is work the cores do; many on a
+    GPU, where each group's kernel launches cost more than its padding (one H200, a reader step of
+    256 windows: 16-row groups 0.22 s forward and backward, one group 0.17 s a whole step)."""
+    return 16 if device.type == "cpu" else 256
+
+
 def by_length(lengths: Sequence[int], run: Callable[[list[int]], torch.Tensor], group: int = 16) -> torch.Tensor:
     """run(rows) over groups of `group` rows of similar length (shortest first), the results
     stacked back in input order along dim 0. Each group is padded only to its own longest row, so
