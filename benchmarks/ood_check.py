@@ -8,6 +8,10 @@ check (not Wikipedia), at three corpus sizes, through the default pipeline (`ral
             pools, clinics, ... each stating a random subset of its attributes); 100 facility
             questions beside the handbook's: half ask an attribute the record states, half one
             it does not (stated for other facilities), or about a facility that does not exist
+
+Unanswerable questions are of two kinds, reported apart: `near_miss`, where a document read
+states the attribute for a neighbour (SQuAD 2.0's hard case) and `absent`, where nothing in the
+corpus is about it.
   tens of thousands
             the same documents added (`ralm index add`, live) to a copy of the default index of
             the SQuAD corpus (`--background`, about 20,800 Wikipedia blocks)
@@ -116,7 +120,7 @@ def facilities(n: int = 300, questions: int = 100, seed: int = 0) -> tuple[list[
             name, missing = f"{town} {kind}", list(KINDS[kind])
         attr = rng.choice(missing)
         qs.append({"id": f"fac-u{j:03d}", "question": QUESTIONS[attr].format(f=name), "answers": ["unanswerable"],
-                   "unanswerable": True})
+                   "unanswerable": True, "kind": "absent" if len(missing) == len(KINDS[kind]) else "near_miss"})
     return docs, qs
 
 
@@ -138,7 +142,11 @@ def score(predictions: Path, questions: list[dict]) -> dict:
     un = [rows[q["id"]] for q in questions if q.get("unanswerable")]
     an = [rows[q["id"]] for q in questions if not q.get("unanswerable")]
     answered = [r for r in an if not r["no_answer"]]
+    kinds = {q["id"]: q.get("kind") for q in questions if q.get("unanswerable")}
+    by_kind = {k: [r for r in un if kinds[r["id"]] == k] for k in ("near_miss", "absent")}
     return {"unanswerable": len(un), "unanswerable_answered": round(sum(not r["no_answer"] for r in un) / max(len(un), 1), 4),
+            **{f"{k}_answered": round(sum(not r["no_answer"] for r in rs) / len(rs), 4) for k, rs in by_kind.items() if rs},
+            **{f"{k}_questions": len(rs) for k, rs in by_kind.items()},
             "answerable": len(an), "answerable_answered": round(len(answered) / max(len(an), 1), 4),
             "answerable_em": round(sum(r["em"] for r in an) / max(len(an), 1), 4),
             "answered_em": round(sum(r["em"] for r in answered) / max(len(answered), 1), 4) if answered else None,

@@ -41,6 +41,7 @@ import numpy as np
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PART_BYTES = 56_000_000  # a teacher part: what travels in one call beside the working tree
+NEAR = -1  # the text number of a question's near miss (its paragraph without the answer's sentences)
 
 
 # -- prepare (CPU) ----------------------------------------------------------------------------
@@ -192,10 +193,15 @@ def _init_worker(student: str, max_len: int) -> None:
 
 def _featurize(job: tuple) -> list:
     """One question's texts as windows: [(text number, ids int32, evidence start, end, word_start
-    bool, gold spans [(start, width)], text holds an answer)]."""
+    bool, gold spans [(start, width)], text holds an answer)]. Text 0 is the gold paragraph, 1..
+    the distractors, NEAR the gold paragraph without its answer's sentences (train/reader.py
+    `without_answer`), when there is one."""
     from ralm.data.qa import has_answer
+    from ralm.train.reader import without_answer
 
     question, answers, texts, stride = job
+    near = without_answer(texts[0], answers)
+    texts = [*texts, *([near] if near is not None else [])]
     batch, owner = _READER.featurize_windows([question] * len(texts), texts, stride)
     match = _READER.answer_match(batch, [answers] * len(owner))
     lengths = batch.attention_mask.sum(1).tolist()
@@ -203,8 +209,10 @@ def _featurize(job: tuple) -> list:
     out = []
     for n, t in enumerate(owner):
         m = lengths[n]
-        out.append((t, batch.input_ids[n, :m].numpy().astype(np.int32), int(batch.evidence_start[n]), int(batch.evidence_end[n]),
-                    batch.word_start[n, :m].numpy().copy(), [tuple(x) for x in match[n].nonzero().tolist()], holds[t]))
+        number = NEAR if near is not None and t == len(texts) - 1 else t
+        out.append((number, batch.input_ids[n, :m].numpy().astype(np.int32), int(batch.evidence_start[n]),
+                    int(batch.evidence_end[n]), batch.word_start[n, :m].numpy().copy(),
+                    [tuple(x) for x in match[n].nonzero().tolist()], holds[t]))
     return out
 
 
@@ -248,12 +256,15 @@ def make_batch(windows: list, width: int, device):
     return batch.to(device), match.to(device)
 
 
-def step_inputs(features: list, order: np.ndarray, drops: np.ndarray, *, distractors: int):
-    """The windows a step reads: each question's gold windows (unless dropped) and those of its
-    first `distractors` distractors; (windows, question [N], no_answer [B])."""
+def step_inputs(features: list, order: np.ndarray, drops: np.ndarray, *, distractors: int, near: np.ndarray | None = None):
+    """The windows a step reads: each question's gold windows (unless dropped: then, where `near`,
+    its near miss) and those of its first `distractors` distractors; (windows, question [N],
+    no_answer [B]), as `ralm train-reader` reads them."""
+    near = np.zeros(len(order), dtype=bool) if near is None else near
     windows, question, no_answer = [], [], []
-    for b, (j, drop) in enumerate(zip(order, drops)):
-        mine = [w for w in features[j] if (w[0] > 0 or not drop) and w[0] <= distractors]
+    for b, (j, drop, miss) in enumerate(zip(order, drops, near)):
+        mine = [w for w in features[j] if (0 < w[0] <= distractors) or (w[0] == 0 and not drop)
+                or (w[0] == NEAR and drop and miss)]
         if not mine:  # a question whose texts all vanished (no distractor retrieved): read its gold
             mine, drop = [w for w in features[j] if w[0] == 0], False
         windows += mine
@@ -302,7 +313,8 @@ def run_phase(name: str, models: list, *, features, teacher, cfg: dict, budget: 
         epoch, pos = divmod(step, per_epoch)
         order = orders[epoch][pos * batch_size : (pos + 1) * batch_size]
         drops = np.random.default_rng([cfg["seed"], step]).random(len(order)) < cfg["no_answer_share"]
-        windows, question, no_answer = step_inputs(features, order, drops, distractors=distractors)
+        near = np.random.default_rng([cfg["seed"], step, 1]).random(len(order)) < cfg["near_miss_share"]
+        windows, question, no_answer = step_inputs(features, order, drops, distractors=distractors, near=near)
         batch, match = make_batch(windows, width, device)
         question = torch.tensor(question, device=device)
         no_answer = torch.tensor(no_answer, device=device)
@@ -449,7 +461,8 @@ def train(args) -> None:
     features = featurize_all(questions, docs, blocks, student=args.student, max_len=args.max_len, stride=args.stride,
                              distractors=args.distractors, workers=args.workers)
     log(phase="featurised", questions=len(features), windows=sum(len(f) for f in features),
-        with_gold_span=round(float(np.mean([any(w[5] for w in f if w[0] == 0) for f in features])), 4))
+        with_gold_span=round(float(np.mean([any(w[5] for w in f if w[0] == 0) for f in features])), 4),
+        with_near_miss=round(float(np.mean([any(w[0] == NEAR for w in f) for f in features])), 4))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda}
@@ -461,7 +474,8 @@ def train(args) -> None:
     log(phase="device", **info)
     torch.backends.cuda.matmul.allow_tf32 = True
 
-    common = {"distractors": args.distractors, "no_answer_share": args.no_answer_share, "warmup": 0.05, "seed": args.seed,
+    common = {"distractors": args.distractors, "no_answer_share": args.no_answer_share, "near_miss_share": args.near_miss_share,
+              "warmup": 0.05, "seed": args.seed,
               "probe": args.probe, "log_every": args.log_every, "temperature": args.temperature}
     teacher = to_teacher = None
     results = {}
@@ -586,6 +600,7 @@ def main() -> None:
     t.add_argument("--lr", type=float, default=4e-5)
     t.add_argument("--distractors", type=int, default=3)
     t.add_argument("--no-answer-share", type=float, default=0.3)
+    t.add_argument("--near-miss-share", type=float, default=0.5)
     t.add_argument("--distill", type=float, default=0.5)
     t.add_argument("--temperature", type=float, default=1.0)
     t.add_argument("--max-len", type=int, default=384)

@@ -23,6 +23,7 @@ from ralm.train.reader import (
     ReaderTrainConfig,
     best_is_gold,
     drop_gold,
+    without_answer,
     gold_passages,
     read_inputs,
     retrieve_distractors,
@@ -188,6 +189,13 @@ def test_drop_gold_takes_a_fixed_share_of_each_batch_reproducibly():
     assert a.sum() == 3 and (a == b).all()
     assert any((drop_gold(s, 10, 0.3, seed=1) != a).any() for s in range(8, 12))  # another choice at other steps
     assert not drop_gold(0, 10, 0.0, seed=1).any()
+
+
+def test_a_near_miss_is_the_passage_without_the_sentences_that_answer():
+    text = "The tower opened in 1889. It was designed by Gustave Eiffel. Eiffel also built bridges! Paris loved it."
+    assert without_answer(text, ["Gustave Eiffel"]) == "The tower opened in 1889. Eiffel also built bridges! Paris loved it."
+    assert without_answer(text, ["eiffel"]) == "The tower opened in 1889. Paris loved it."  # every sentence holding it
+    assert without_answer("Only 1889.", ["1889"]) is None  # nothing left
 
 
 @pytest.mark.slow

@@ -75,10 +75,15 @@ def tokenizer_fingerprint(hf_tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
 
+def sentence_ends(text: str) -> list[int]:
+    """The character offset just past each sentence of `text` but the last (its terminal
+    punctuation and the whitespace after it): where blocks may be cut."""
+    return [m.end() for m in _SENTENCE_END.finditer(text)]
+
+
 def _sentence_ids(text: str, starts: np.ndarray) -> np.ndarray:
     """Sentence number of each wordpiece, from its character start."""
-    ends = np.array([m.end() for m in _SENTENCE_END.finditer(text)], dtype=np.int64)
-    return np.searchsorted(ends, starts, side="right")
+    return np.searchsorted(np.array(sentence_ends(text), dtype=np.int64), starts, side="right")
 
 
 def split_document(doc: Document, ids: list[int], offsets: list[tuple[int, int]], *, title_ids: list[int],

@@ -15,9 +15,11 @@ windows and distractors without the answer raise the normaliser and the reader l
 scores comparable across blocks, not only within one. p(z|x) is uniform over the texts read:
 the gold passage has no retrieval score, and a softmax of raw retrieval scores would weigh it by
 an accident of its rank. With an index and `no_answer_share` > 0, that share of each batch is
-read without its gold passage (retrieved blocks of other documents only): where none of them
-holds an answer, the gold is the null span ([CLS]), so the reader learns "the answer is not in
-what I read" (SQuAD 2.0 readers; REALM's null document on the reader side). Other questions with
+read without its gold passage (retrieved blocks of other documents only, and for
+`near_miss_share` of them the passage with every sentence holding an answer taken out, SQuAD
+2.0's hard case: the topic is there, the answer is not): where nothing read holds an answer, the
+gold is the null span ([CLS]), so the reader learns "the answer is not in what I read" (SQuAD 2.0
+readers; REALM's null document on the reader side). Other questions with
 no gold span anywhere (an answer longer than W wordpieces) contribute nothing; the share of
 questions that count is logged as `answerable`.
 
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 
 from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
+from ralm.data.blocks import sentence_ends
 from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
@@ -63,6 +66,8 @@ class ReaderTrainConfig(LoopConfig):
     distractors: int = option(3, "retrieved blocks of other documents read per question (with index)")
     no_answer_share: float = option(0.3, "share of questions read without their gold passage, only distractors, to "
                                          "learn the null span (with index)")
+    near_miss_share: float = option(0.5, "of those, the share that read their passage with every sentence holding an "
+                                         "answer taken out (a near miss: the topic is there, the answer is not)")
     teacher: str | None = option(None, "reader checkpoint to distil from (same wordpieces)", shown="none", path="location")
     distill: float = option(0.5, "weight of the teacher's KL term in the loss (with teacher)")
     distill_temperature: float = option(1.0, "softmax temperature of distillation (with teacher)")
@@ -77,7 +82,7 @@ class ReaderTrainConfig(LoopConfig):
     save_every: int = option(500, SAVE_EVERY_HELP)
     positive_fields = ("max_len", "stride", "limit", "distill_temperature")
     non_negative_fields = ("trainable_layers", "distractors")
-    fraction_fields = ("no_answer_share", "distill")
+    fraction_fields = ("no_answer_share", "near_miss_share", "distill")
     presets = {"cpu": {"steps": 300, "batch_size": 8, "warmup": 30, "save_every": 100}}
 
 
@@ -134,6 +139,16 @@ def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[S
     return batch, match, torch.tensor(question)
 
 
+def without_answer(text: str, answers: Sequence[str]) -> str | None:
+    """`text` with every sentence holding an answer taken out: a near miss, the passage a question
+    was written on minus what answers it (SQuAD 2.0's hard unanswerable case). None when nothing
+    is left or an answer still occurs."""
+    cuts = [0, *sentence_ends(text), len(text)]
+    kept = [text[a:b] for a, b in zip(cuts, cuts[1:]) if text[a:b].strip() and not has_answer(text[a:b], answers)]
+    rest = "".join(kept).strip()
+    return rest if rest and not has_answer(rest, answers) else None
+
+
 def drop_gold(step: int, batch_size: int, share: float, *, seed: int) -> np.ndarray:
     """[batch_size] bool: the questions of step `step` read without their gold passage, a fixed
     share of each batch chosen by (seed, step), so a resumed run drops the same ones."""
@@ -187,12 +202,17 @@ class ReaderTrainer(QuestionTrainer):
         self.reader.train()
 
     def texts(self, i: int, idx: Sequence[int], qs: Sequence[Question]) -> tuple[list[list[str]], torch.Tensor]:
-        """What each question of step i reads (its gold passage, unless dropped, then its
-        distractors) and which questions are unanswerable from it [B] bool."""
+        """What each question of step i reads (its gold passage, unless dropped: then nothing or,
+        for `near_miss_share` of them, the passage without its answer; then its distractors) and
+        which questions are unanswerable from it [B] bool."""
         cfg = self.cfg
         distractors = retrieve_distractors(self.searcher, qs, cfg.distractors) if self.searcher else [[] for _ in qs]
         dropped = drop_gold(i, len(qs), self.no_answer_share, seed=cfg.seed)
-        texts = [[*([] if drop else [self.passages[j]]), *d] for j, d, drop in zip(idx, distractors, dropped)]
+        near = np.random.default_rng([cfg.seed, i, 1]).random(len(qs)) < cfg.near_miss_share
+        texts = []
+        for j, q, d, drop, miss in zip(idx, qs, distractors, dropped, near):
+            passage = self.passages[j] if not drop else without_answer(self.passages[j], q.answers) if miss else None
+            texts.append([*([] if passage is None else [passage]), *d])
         no_answer = [drop and not any(has_answer(t, q.answers) for t in qt) for q, qt, drop in zip(qs, texts, dropped)]
         return texts, torch.tensor(no_answer)
 
