@@ -11,7 +11,7 @@ half; the threshold is chosen there on confidences cross-fitted by article (no a
 predict itself); it reports on the held-back half: the share of answerable and of unanswerable
 questions answered, the EM of the answers given, AUROC (answerable vs removed; right vs wrong),
 and the risk-coverage curve (PNG) against `--before` (another run's held-back confidences).
-The fallback map ("*", for any other kind) is fitted on the first kind's answers with the
+The fallback map ("*", for any other kind) is fitted on the default kind's answers with the
 reader's own signals. Writes WORK/reader: the reader with the fitted maps, each recording the
 reader, k and threshold rule it was fitted with.
 
@@ -114,7 +114,7 @@ def main() -> None:
     from ralm.models.confidence import ANY_KIND, FOUND, Calibrations
     from ralm.models.reader import Reader, save_calibrated
     from ralm.pipeline import OpenQA, open_searcher, resolve_reader
-    from ralm.retrieval.index.kinds import side_class, sides_of
+    from ralm.retrieval.index.kinds import DEFAULT_KIND, side_class, sides_of
 
     start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -137,7 +137,7 @@ def main() -> None:
     rule = (f"the lowest threshold at which at most {args.max_unanswerable:.0%} of the calibration half's unanswerable "
             "questions get an answer, on confidences cross-fitted by article")
     titles = [q.extra["title"] for q in qs["calibration"]]
-    for i, kind in enumerate(args.kinds.split(",")):
+    for kind in args.kinds.split(","):
         qa = OpenQA(reader, searcher, retriever=kind, min_confidence=0.0)
         rows = {name: answers(qa, qs[name], args.work / f"{name}-{kind}.predictions.jsonl") for name in qs}
         sig = {n: [r["signals"] for r in rows[n]] for n in rows}
@@ -146,8 +146,8 @@ def main() -> None:
         answerable = {n: np.array([q.extra["title"] not in removed for q in qs[n]]) for n in qs}
         calibrated = [s for s in sides_of(kind) if side_class(s).calibrated_scores]
         maps = {kind: (*FOUND, *side_features(sig["calibration"], calibrated=calibrated))}
-        if i == 0:
-            maps["*"] = ANY_KIND  # the fallback: the reader's own signals only
+        if kind == DEFAULT_KIND:
+            maps["*"] = ANY_KIND  # the fallback for other kinds: the reader's own signals only
         for name, features in maps.items():
             def fit(rows_, features=features, t=None):
                 fitted_with = {"reader": report["reader"], "k": qa.k, "questions": len(rows_), "threshold_rule": rule,
