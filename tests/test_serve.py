@@ -11,6 +11,7 @@ from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.update_log import UpdateLog
 from ralm.serve.app import create_app
 from ralm.serve.service import ServeConfig, Service
 
@@ -201,15 +202,15 @@ def _hits(c, query, retriever, k=20):
 
 
 @pytest.mark.parametrize("torn", ['{"op": "add", "id": "torn", "te'.encode(), '{"op": "add", "id": "café'.encode()[:-1]])
-def test_an_update_acknowledged_after_a_crash_mid_append_survives_a_restart(dirs, caplog, torn):
+def test_an_update_acknowledged_after_a_crash_mid_append_survives_a_restart(dirs, torn):
     log = dirs[0] / "index" / "updates.jsonl"
     log.write_bytes(torn)  # a crash mid-append (the second one even inside a UTF-8 character)
     with client(service(dirs)) as c:
         assert c.post("/documents", json={"documents": [NEW]}).status_code == 200
     with client(service(dirs)) as c:  # a new process reads the same directory
         assert ("zanzibar:0", NEW["text"]) in _hits(c, "archipelago cloves", "dense")
-    assert "cut a torn last record" in caplog.text
-    assert log.read_text(encoding="utf-8") == json.dumps({"op": "add", **NEW}) + "\n"
+    assert b"torn" not in log.read_bytes()  # written anew in the current form, without it
+    assert [{k: r[k] for k in NEW} for r in UpdateLog(log.parent).read().records] == [NEW]
 
 
 def test_a_log_damaged_by_an_older_ralm_gives_back_its_acknowledged_updates(dirs):
@@ -242,7 +243,7 @@ def test_one_update_log_serves_both_sides_and_a_restart_finds_every_write_in_bot
         c.post("/documents", json={"documents": [NEW]})
         c.delete("/documents/paris")
     assert not (root / "index" / "versions" / "v000001" / "updates.jsonl").exists()
-    assert len((root / "index" / "updates.jsonl").read_text().splitlines()) == 2  # one log, both sides replay it
+    assert len(UpdateLog(root / "index").read().records) == 2  # one log, both sides replay it
     with client(service(dirs)) as c:
         for retriever in ("dense", "bm25", "hybrid"):
             ids = [h["id"] for h in c.post("/search", json={"query": "Zanzibar archipelago cloves Tanzania", "k": len(DOCS) + 1,

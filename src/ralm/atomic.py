@@ -11,6 +11,7 @@ The readers here turn a damaged file (truncated, overwritten) into a RalmError n
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -118,6 +119,34 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, *, shared: bool = False, blocking: bool = True) -> Iterator[bool]:
+    """Hold an inter-process lock on `path` (fcntl.flock on a file created if missing):
+    exclusive for a writer, shared for readers. Yields True once held; False when `blocking` is
+    off and another process holds it. The kernel drops the lock when its holder dies, so a
+    killed writer never leaves it held. Locks are per open file, so two threads of one process
+    exclude each other too, and a thread must not take the lock it already holds."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:  # a directory this user cannot write (or a read-only disk): read it unlocked
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield True
+        return
+    try:
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_text(target: str | os.PathLike, text: str) -> None:

@@ -1,23 +1,29 @@
-"""Live knowledge updates: documents added, replaced or deleted while an index is in use.
+"""Live knowledge updates: documents added, replaced or deleted while an index is in use, by
+this process or any other sharing the index directory.
 
 An overlay (search/overlay.py) sits on top of the searcher's current index version:
-  - added documents are split into blocks and kept by every side of the index (dense: embedded
-    with the document tower; BM25: scored with the index's statistics), searched beside it;
+  - added documents are split into blocks, and each side keeps what it needs of them (dense:
+    their document-tower embeddings; BM25: their terms, scored with the version's statistics),
+    searched beside the version;
   - replaced and deleted documents hide their main-index blocks (tombstones).
-Every change goes to the index's one update log (search/update_log.py) before it is applied,
-and the log is replayed when the overlay opens, so an acknowledged update survives a crash or
-restart, and every side replays the same log. Rows >= len(main) name overlay blocks; a
-snapshot (`current`) keeps a search consistent across a concurrent update or index swap.
-`ralm index add/delete` and the server's /documents write through it; every command that
-opens an index searches through it.
+Every change goes to the index's one update log (search/update_log.py), with what each side
+keeps of its blocks, before it is applied; opening replays the log without recomputing any of
+it. A writer appends under the index's writer lock after catching up with the log, and
+`refresh` follows new versions and what other processes append, so every process holding the
+index sees the log's replay (`ralm index add` is live in a running server at its next poll).
+Rows >= len(main) name overlay blocks; a snapshot (`current`) keeps a search consistent across
+a concurrent update or index swap. `ralm index add/delete` and the server's /documents write
+through it; every command that opens an index searches through it; search/compaction.py folds
+the log into a new version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -26,11 +32,20 @@ from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.store import VersionManifest
-from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
+from ralm.retrieval.search.overlay import Delta, LiveDoc, OverlayBlocks, applied, split_docs
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
-from ralm.retrieval.search.update_log import UpdateLog
+from ralm.retrieval.search.update_log import Entry, LogRead, UpdateLog, fold
 
 log = logging.getLogger("ralm.live")
+
+
+@dataclass(frozen=True)
+class LogPosition:
+    """How much of the update log a snapshot holds."""
+    id: str | None  # the log's id (None: none yet, or written by ralm <= 0.4)
+    end: int  # bytes read: the next batch starts here
+    lines: int
+    records: int  # update records replayed over the version: what a compaction would fold
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class Snapshot:
     delta: Delta
     hidden_rows: np.ndarray  # sorted main-index rows of the hidden documents
     scorers: dict  # side -> OverlayScorer of the overlay blocks on this version's scale
+    log: LogPosition
 
     @property
     def blocks(self) -> OverlayBlocks:
@@ -64,11 +80,12 @@ class LiveSearcher(Searcher):
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
         self.updates = UpdateLog(searcher.index.root)
-        self._lock = threading.Lock()  # serialises writers; readers use snapshots
+        self._lock = threading.Lock()  # one thread of this process at a time moves the snapshot
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
-        added, deleted = self.updates.replay()
-        version = searcher.current
-        self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
+        self._refused: tuple[str, Exception] | None = None  # a newer version that would not load, and why
+        self._snap: Snapshot | None = None
+        with self._synced(exclusive=False):
+            pass
 
     @classmethod
     def open(cls, path, model: str | None = None, *, device: torch.device | None = None, check_model: bool = True,
@@ -97,23 +114,70 @@ class LiveSearcher(Searcher):
                 f"live documents={len(snap.delta.docs)}, hidden documents={len(snap.delta.hidden_docs)})")
 
     def refresh(self) -> bool:
-        """Swap in a newer index version (the overlay stays on top of it). The version loads,
-        and its documents' rows are read, before the writer lock is taken."""
-        version = self.searcher.newer_version()
-        if version is None:
-            return False
-        if self._snap.delta.hidden_docs:
-            self._rows_by_doc(version)
-        with self._lock:
-            self.searcher.current = version
-            self._snap = self._snapshot(version, self._snap.delta)
-        return True
+        """Follow the index: swap in a newer version, if any, and apply what other processes
+        appended to the log. True when the version changed; a newer version that cannot be
+        searched here (another document tower, a side this searcher lacks) raises, once
+        applied what it could, and the current one keeps serving."""
+        before = self._snap.name
+        with self._synced(exclusive=False):
+            pass
+        if self._refused is not None and self._refused[0] == self.index.latest():
+            raise self._refused[1]
+        return self._snap.name != before
 
-    def _snapshot(self, version: LoadedVersion, delta: Delta) -> Snapshot:
+    @contextlib.contextmanager
+    def _synced(self, *, exclusive: bool) -> Iterator[Snapshot]:
+        """Hold this process's lock and the index's (exclusive: to append), with the snapshot
+        caught up with LATEST and the log. A newer version loads with no lock held."""
+        loaded = None
+        while True:
+            with self._lock, self.index.lock(shared=not exclusive):
+                latest = self.index.latest()
+                current = self._snap.version if self._snap is not None else self.searcher.current
+                if latest == current.name or (self._refused is not None and self._refused[0] == latest):
+                    target = current
+                elif loaded is not None and loaded.name == latest:
+                    target = loaded
+                else:
+                    target = None
+                if target is not None:
+                    self._snap = self._caught_up(target)
+                    self.searcher.current = target
+                    yield self._snap
+                    return
+            try:
+                loaded = self.searcher._load(latest)
+                if self._snap is not None and (self._snap.delta.hidden_docs or self._snap.log.records):
+                    self._rows_by_doc(loaded)  # a scan of the version, done before any lock is taken
+            except (RalmError, OSError) as e:
+                self._refused = (latest, e)
+
+    def _caught_up(self, version: LoadedVersion) -> Snapshot:
+        """The snapshot on `version` holding all of the log (the index lock held): the batches
+        appended since the last read applied, or, on another version or log, the log replayed."""
+        snap = self._snap
+        log_id, size = self.updates.head()
+        if snap is not None and version is snap.version and log_id == snap.log.id and size >= snap.log.end:
+            if size == snap.log.end:
+                return snap
+            read = self.updates.read(snap.log.end, line=snap.log.lines)
+            position = LogPosition(log_id, read.end, read.lines, snap.log.records + len(read.records))
+            if not read.records:
+                return replace(snap, log=position)
+            adds, deleted = fold(read.records)
+            return self._snapshot(version, applied(snap.delta, self._live_docs(read, adds, version), deleted), position)
+        held = version.manifest.log  # a compaction of this log holds it up to an offset
+        read = self.updates.read(held["offset"] if held and held["id"] == log_id else 0, line=None)
+        adds, deleted = fold(read.records)
+        position = LogPosition(read.id, read.end, read.lines, len(read.records))
+        return self._snapshot(version, applied(Delta(), self._live_docs(read, adds, version), deleted), position)
+
+    def _snapshot(self, version: LoadedVersion, delta: Delta, position: LogPosition) -> Snapshot:
         rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
-        scorers = {name: side.overlay_scorer(delta.state.get(name), delta.records) for name, side in version.sides.items()}
-        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), scorers)
+        scorers = {name: side.overlay_scorer(delta.state.get(name, []), delta.records) for name, side in version.sides.items()}
+        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), scorers, position)
+
     def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
         """Main-index rows of each document, once per version. A document's blocks are
         consecutive rows, so the map reads one record per document; writers build it before
@@ -127,19 +191,42 @@ class LiveSearcher(Searcher):
             self._doc_rows = cached
         return cached[1]
 
+    # -- the log's documents ----------------------------------------------------------------
+    def _live_docs(self, read: LogRead, records: Sequence[dict], version: LoadedVersion) -> list[LiveDoc]:
+        """The documents of add `records`, from what the log stores of their blocks; those
+        it stores nothing (or nothing valid for this version) of are split and computed anew."""
+        out: list[LiveDoc | None] = []
+        for r in records:
+            doc = Document(r["id"], r.get("title", ""), r["text"])
+            out.append(_stored(doc, r.get("blocks"), read.state(r), version.sides))
+        todo = [i for i, d in enumerate(out) if d is None]
+        if todo:
+            fresh = self._split([Document(records[i]["id"], records[i].get("title", ""), records[i]["text"]) for i in todo], version)
+            for i, d in zip(todo, fresh):
+                out[i] = d
+        return out
+
+    def _split(self, docs: Sequence[Document], version: LoadedVersion) -> list[LiveDoc]:
+        tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
+        return split_docs(docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
+
+    def _entries(self, docs: Sequence[LiveDoc], version: LoadedVersion) -> list[Entry]:
+        return [Entry({"op": "add", "id": d.doc.id, "title": d.doc.title, "text": d.doc.text, "blocks": [list(s) for s in d.spans]},
+                      {name: side.encode_state(d.states[name]) for name, side in version.sides.items()}) for d in docs]
+
     # -- updates --------------------------------------------------------------------------
     def add(self, docs: Sequence[Document]) -> list[str]:
         """Add or replace documents; durable (logged + fsync'd) before they are searchable.
-        An id given twice keeps its last version, as a replay of the log would."""
+        An id given twice keeps its last version, as a replay of the log would. The blocks are
+        embedded before the writer lock is taken."""
         for d in docs:
             if not d.id.strip() or not d.text.strip():
                 raise RalmError("a document needs a non-empty 'id' and 'text'")
         latest = list({d.id: d for d in docs}.values())
-        self._rows_by_doc(self._snap.version)  # outside the lock
-        with self._lock:
-            snap = self._snapshot(self._snap.version, self._with_adds(self._snap.delta, latest, self._snap.version))
-            self.updates.append([{"op": "add", "id": d.id, "title": d.title, "text": d.text} for d in latest])
-            self._snap = snap
+        version = self._snap.version
+        live = self._split(latest, version)
+        self._rows_by_doc(version)  # outside the lock
+        self._write(self._entries(live, version), adds=live, version=version)
         return [d.id for d in latest]
 
     def delete(self, doc_ids: Sequence[str]) -> None:
@@ -149,23 +236,33 @@ class LiveSearcher(Searcher):
             raise RalmError("delete() takes a list of document ids; wrap a single id in a list")
         ids = list(dict.fromkeys(doc_ids))
         self._rows_by_doc(self._snap.version)  # outside the lock
-        with self._lock:
-            missing = next((i for i in ids if not self.exists(i)), None)
+        self._write([Entry({"op": "delete", "id": i}) for i in ids], deleted=ids)
+
+    def _write(self, entries: list[Entry], *, adds: Sequence[LiveDoc] = (), deleted: Sequence[str] = (),
+               version: LoadedVersion | None = None) -> None:
+        """Append `entries` to the log and apply them, under the writer lock, after catching up
+        with what others appended (a delete of an id they deleted meanwhile is a KeyError)."""
+        with self._synced(exclusive=True) as snap:
+            if version is not None and not snap.version.sides.keys() <= version.sides.keys():
+                raise RalmError(f"{self.index.root}: a version with more sides was published meanwhile; add the documents again")
+            missing = next((i for i in deleted if not _exists(snap, i, self._rows_by_doc(snap.version))), None)
             if missing is not None:
                 raise KeyError(missing)
-            snap = self._snapshot(self._snap.version, without(self._snap.delta, ids, self._snap.version.sides))
-            self.updates.append([{"op": "delete", "id": i} for i in ids])
-            self._snap = snap
+            position = snap.log
+            if position.id is None:  # no log yet, or one of ralm <= 0.4: written anew in the current form first
+                held = self._entries(list(snap.delta.docs.values()), snap.version)
+                gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
+                self.updates.rewrite(gone + held)
+                log_id, size = self.updates.head()
+                position = LogPosition(log_id, size, 1 + len(gone + held), len(gone + held))
+            end = self.updates.append(entries, log_id=position.id, at=position.end)
+            delta = applied(snap.delta, adds, deleted)
+            self._snap = self._snapshot(snap.version, delta, LogPosition(position.id, end, position.lines + len(entries),
+                                                                          position.records + len(entries)))
 
     def exists(self, doc_id: str) -> bool:
         snap = self._snap
-        if doc_id in snap.delta.docs:
-            return True
-        return doc_id not in snap.delta.hidden_docs and doc_id in self._rows_by_doc(snap.version)
-
-    def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
-        tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
-        return with_adds(old, docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
+        return _exists(snap, doc_id, self._rows_by_doc(snap.version))
 
     # -- search: the overlay on each side -------------------------------------------------
     def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -198,3 +295,21 @@ class LiveSearcher(Searcher):
         out = np.zeros(len(rows), np.float32)
         out[main], out[~main] = a, b
         return out
+
+
+def _exists(snap: Snapshot, doc_id: str, rows_of: dict) -> bool:
+    return doc_id in snap.delta.docs or (doc_id not in snap.delta.hidden_docs and doc_id in rows_of)
+
+
+def _stored(doc: Document, spans: list | None, state: dict | None, sides: dict) -> LiveDoc | None:
+    """A logged document's blocks from what the log stores of them, or None where it stores
+    nothing for a side, or what it stores no longer holds (see `Side.decode_state`)."""
+    if spans is None or state is None:
+        return None
+    states = {}
+    for name, side in sides.items():
+        data = state.get(name)
+        states[name] = side.decode_state(data, len(spans)) if data is not None else None
+        if states[name] is None:
+            return None
+    return LiveDoc(doc, tuple((a, b) for a, b in spans), states)
