@@ -29,7 +29,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError
-from ralm.defaults import READ_K
+from ralm.defaults import COMPACT_AFTER, READ_K
 from ralm.errors import RalmError, RalmWarning
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
@@ -208,6 +208,8 @@ def serve(
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
     min_confidence: float = MinConfidenceOpt,
+    compact_after: int = typer.Option(COMPACT_AFTER, "--compact-after", help="compact the index's update log into a new version "
+                                      "once it holds this many updates (0: never; `ralm index compact` does it by hand)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
@@ -221,7 +223,8 @@ def serve(
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
-                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence),
+                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
+                              compact_after=compact_after),
                   runtime(device, dtype))
     serve_forever(svc, host, port, announce=lambda: err.print(
         f"serving {index_dir} ({svc.stats()['corpus_blocks']} blocks, retrievers: {', '.join(svc.retrievers())}"

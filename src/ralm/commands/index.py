@@ -1,5 +1,5 @@
-"""`ralm index build|upgrade|add|delete`, `ralm search` and `ralm eval retrieval`: indexes over a
-corpus, their documents, and what they retrieve."""
+"""`ralm index build|check|upgrade|add|delete|compact`, `ralm search` and `ralm eval retrieval`:
+indexes over a corpus, their documents, and what they retrieve."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, RetrieverOpt, ma
 from ralm.console import out, print_hits, print_json, print_summary
 from ralm.errors import RalmError
 
-index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents.")
+index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents, compact their logs.")
 
 
 @index_app.command("build")
@@ -219,3 +219,27 @@ def index_delete(
     live.delete(ids)
     summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]deleted[/green] {summary['deleted']} documents from {index_dir}: {len(live)} blocks searchable")
+
+
+@index_app.command("compact")
+def index_compact(
+    index_dir: Path = typer.Argument(..., help="index directory"),
+    *,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = JsonOpt,
+):
+    """Fold the update log into a new index version (nothing is embedded again), so that opening
+    the index reads a short log; safe while a server or other commands use the index."""
+    from ralm.retrieval.search.compaction import compact
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
+    rt = runtime(device, dtype)
+    done = compact(LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype), show_progress=main_rank())
+    summary = done.to_json()
+    if done.version is None:
+        print_summary(summary, as_json, f"{index_dir}: nothing to compact (the update log holds no update), {done.blocks} blocks")
+    else:
+        print_summary(summary, as_json, f"[green]compacted[/green] {done.folded} logged updates of {index_dir} into {done.version}: "
+                      f"{done.blocks} blocks in {done.seconds} s")

@@ -246,10 +246,14 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         return {"deleted": doc_id, **await index_after()}
 
     def delete_if_present(doc_id: str) -> bool:
-        """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets 404."""
+        """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets
+        404, as does one of an id another process deleted (the delete checks the log again)."""
         if not service.exists(doc_id):
             return False
-        service.delete(doc_id)
+        try:
+            service.delete(doc_id)
+        except KeyError:
+            return False
         return True
 
     @app.get("/health", responses=_errors())

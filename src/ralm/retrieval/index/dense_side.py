@@ -211,7 +211,8 @@ class DenseSide:
         emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(keep) + len(live), self.manifest.dim))
         step = 1 << 16
         for i in range(0, len(keep), step):
-            emb[i:i + step] = self.embeddings[keep[i:i + step]]
+            rows = keep[i:i + step]
+            emb[i:i + len(rows)] = self.embeddings[rows]
         if len(live):
             emb[len(keep):] = np.stack(live)
         emb.flush()

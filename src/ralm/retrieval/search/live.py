@@ -116,14 +116,19 @@ class LiveSearcher(Searcher):
     def refresh(self) -> bool:
         """Follow the index: swap in a newer version, if any, and apply what other processes
         appended to the log. True when the version changed; a newer version that cannot be
-        searched here (another document tower, a side this searcher lacks) raises, once
-        applied what it could, and the current one keeps serving."""
+        searched here (another document tower, a side this searcher lacks) raises, after the
+        log was followed on the current one, which keeps serving."""
         before = self._snap.name
-        with self._synced(exclusive=False):
-            pass
+        self.sync()
         if self._refused is not None and self._refused[0] == self.index.latest():
             raise self._refused[1]
         return self._snap.name != before
+
+    def sync(self, *, writer: bool = False) -> Snapshot:
+        """The snapshot caught up with LATEST and the log, as `refresh` makes it. `writer`: under
+        the writer lock, and with a log of ralm <= 0.4 (or none) written anew in the current form."""
+        with self._synced(exclusive=writer) as snap:
+            return snap
 
     @contextlib.contextmanager
     def _synced(self, *, exclusive: bool) -> Iterator[Snapshot]:
@@ -142,6 +147,8 @@ class LiveSearcher(Searcher):
                     target = None
                 if target is not None:
                     self._snap = self._caught_up(target)
+                    if exclusive and self._snap.log.id is None:
+                        self._snap = replace(self._snap, log=self._rewritten(self._snap))
                     self.searcher.current = target
                     yield self._snap
                     return
@@ -151,6 +158,15 @@ class LiveSearcher(Searcher):
                     self._rows_by_doc(loaded)  # a scan of the version, done before any lock is taken
             except (RalmError, OSError) as e:
                 self._refused = (latest, e)
+
+    def _rewritten(self, snap: Snapshot) -> LogPosition:
+        """Write the log anew (the writer lock held) as `snap`'s overlay: a delete of each
+        hidden document, then an add of each live one, with its states."""
+        docs = self._entries(list(snap.delta.docs.values()), snap.version)
+        gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
+        self.updates.rewrite(gone + docs)
+        log_id, size = self.updates.head()
+        return LogPosition(log_id, size, 1 + len(gone + docs), len(gone + docs))
 
     def _caught_up(self, version: LoadedVersion) -> Snapshot:
         """The snapshot on `version` holding all of the log (the index lock held): the batches
@@ -249,12 +265,6 @@ class LiveSearcher(Searcher):
             if missing is not None:
                 raise KeyError(missing)
             position = snap.log
-            if position.id is None:  # no log yet, or one of ralm <= 0.4: written anew in the current form first
-                held = self._entries(list(snap.delta.docs.values()), snap.version)
-                gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
-                self.updates.rewrite(gone + held)
-                log_id, size = self.updates.head()
-                position = LogPosition(log_id, size, 1 + len(gone + held), len(gone + held))
             end = self.updates.append(entries, log_id=position.id, at=position.end)
             delta = applied(snap.delta, adds, deleted)
             self._snap = self._snapshot(snap.version, delta, LogPosition(position.id, end, position.lines + len(entries),

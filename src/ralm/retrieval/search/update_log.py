@@ -188,6 +188,15 @@ class UpdateLog:
                 old.unlink(missing_ok=True)
         return log_id
 
+    def restart(self, log_id: str, *, after: int) -> str:
+        """Start the log anew (a new id) with the batches appended after byte `after` of log
+        `log_id`, which a compaction holds up to there, their states carried over (the writer
+        lock held); returns the new id."""
+        read = self.read(after, line=None)
+        if read.id != log_id:  # only a compaction starts a log anew, and one runs at a time
+            raise RalmError(f"{self.path} changed while it was compacted; run `ralm index compact` again")
+        return self.rewrite([Entry({k: v for k, v in r.items() if k != "state"}, read.state(r) or {}) for r in read.records])
+
     def _state_size(self, log_id: str) -> int:
         try:
             return self.state_path(log_id).stat().st_size
