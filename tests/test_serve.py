@@ -3,6 +3,7 @@
 import json
 import shutil
 import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -30,7 +31,7 @@ def dirs(served, tmp_path):
 
 def service(dirs, **kw):
     root, reader = dirs
-    cfg = ServeConfig(index=str(root / "index"), model=str(reader), poll_seconds=0.05, **kw)
+    cfg = ServeConfig(index=str(root / "index"), model=str(reader), **{"poll_seconds": 0.05, **kw})
     return Service(cfg)
 
 
@@ -431,3 +432,43 @@ def test_a_bad_min_confidence_fails_at_start_up_not_on_the_first_ask(tmp_path):
     for command in (["serve", "--index", str(tmp_path)], ["ask", "who?", "--index", str(tmp_path)]):
         result = CliRunner().invoke(app, [*command, "--min-confidence", "1.5"])
         assert result.exit_code == 2 and "--min-confidence" in result.output
+
+
+def _visible_within(c, path: str, status: int, seconds: float) -> float:
+    """How long until GET `path` answers `status` (asserted to be within `seconds`)."""
+    start = time.perf_counter()
+    while c.get(path).status_code != status:
+        assert time.perf_counter() - start < seconds, f"{path} did not answer {status} within {seconds} s"
+        time.sleep(0.02)
+    return time.perf_counter() - start
+
+
+def test_the_server_sees_command_line_adds_and_deletes_and_they_see_its_writes(dirs, ralm):
+    root, _ = dirs
+    docs = root / "new.jsonl"
+    docs.write_text(json.dumps(NEW) + "\n")
+    with client(service(dirs, poll_seconds=0.25), watcher=True) as c:
+        assert ralm("index", "add", root / "index", docs)[0] == 0
+        _visible_within(c, "/documents/zanzibar", 200, 2.0)  # within a second when not contended; 2 s on a busy CI box
+        assert c.post("/search", json={"query": "archipelago cloves", "k": 1, "retriever": "bm25"}).json()[0]["id"] == "zanzibar:0"
+        assert ralm("index", "delete", root / "index", "zanzibar", "paris")[0] == 0
+        _visible_within(c, "/documents/paris", 404, 2.0)
+        assert c.delete("/documents/zanzibar").status_code == 404
+        assert c.post("/documents", json={"documents": [NEW | {"id": "pemba"}]}).status_code == 200
+        code, out, err = ralm("search", root / "index", "archipelago cloves", "-k", 1, "--retriever", "bm25", "--json")
+        assert code == 0 and json.loads(out)[0]["id"] == "pemba:0", err
+        assert ralm("index", "delete", root / "index", "pemba")[0] == 0  # the server's own write, deleted by the command line
+        _visible_within(c, "/documents/pemba", 404, 2.0)
+
+
+def test_the_server_compacts_its_log_once_it_passes_the_bound(dirs):
+    with client(service(dirs, compact_after=3), watcher=True) as c:
+        for i in range(4):
+            assert c.post("/documents", json={"documents": [NEW | {"id": f"z{i}", "text": f"Island {i} grows cloves zq{i}."}]}).status_code == 200
+        start = time.perf_counter()
+        while c.get("/health").json()["index_version"] == "v000001":
+            assert time.perf_counter() - start < 30, "no compaction"
+            time.sleep(0.1)
+        assert c.get("/stats").json()["corpus_blocks"] == len(DOCS) + 4
+        assert c.post("/search", json={"query": "zq2", "k": 1, "retriever": "bm25"}).json()[0]["id"] == "z2:0"
+    assert len(UpdateLog(dirs[0] / "index").read().records) == 0

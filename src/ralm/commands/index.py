@@ -59,26 +59,39 @@ def index_check(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
     as_json: bool = JsonOpt,
 ):
-    """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
-    no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
+    """Verify that the index serves: every version's files against its manifest (sizes, shapes,
+    dtypes, checksums, no NaN/inf in the embeddings), its sides known and present, and the
+    update log readable. A fault is one line naming it and exit code 2."""
+    from ralm.retrieval.index.kinds import side_class
     from ralm.retrieval.index.store import IndexDir
     from ralm.retrieval.index.verify import check_full
+    from ralm.retrieval.search.update_log import UpdateLog
 
     index = IndexDir(index_dir)
     latest = index.latest()
     versions = []
     for name in index.versions():
         manifest = index.version(name)
-        checked = check_full(index.version_path(name), manifest.files)
+        path = index.version_path(name)
+        checked = check_full(path, manifest.files)
         if len(index.blocks(manifest.blocks)) != manifest.count:
-            raise RalmError(f"{index.version_path(name)}: its entry count differs from its block store's; "
-                            "the index is damaged: rebuild it")
-        versions.append({"version": name, "files": checked, "verified": manifest.files is not None})
+            raise RalmError(f"{path}: its entry count differs from its block store's; the index is damaged: rebuild it")
+        try:  # sides this ralm knows, making a kind, each with its files
+            kind = manifest.kind
+            missing = next((side for side in manifest.sides if not side_class(side).files(path)), None)
+        except RalmError as e:
+            raise RalmError(f"{path}: {e}; the index is damaged: rebuild it") from None
+        if missing is not None:
+            raise RalmError(f"{path}: its manifest names a {missing} side, whose files are missing; the index is damaged: rebuild it")
+        versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "retriever": kind})
+    log = UpdateLog(index.root).check()
     unverified = [v["version"] for v in versions if not v["verified"]]
-    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
+    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions,
+               "logged_updates": len(log.records), "sound": True}
+    cut = f"; the log ends in {log.size - log.end} bytes of an append cut off by a crash (never acknowledged)" if log.size > log.end else ""
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "
-                  f"{sum(v['files'] for v in versions)} files verified"
-                  + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else ""))
+                  f"{sum(v['files'] for v in versions)} files verified, {len(log.records)} logged updates"
+                  + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else "") + cut)
 
 
 def search(

@@ -149,6 +149,16 @@ class UpdateLog:
         except FileNotFoundError:
             return None
 
+    def check(self) -> LogRead:
+        """The whole log read as an open reads it (every record parses), and every state it
+        names inside its state file (`ralm index check`)."""
+        read = self.read()
+        for r in read.records:
+            if "state" in r and read.state(r) is None:
+                raise RalmError(f"{self.state_path(read.id or '')} is damaged (it ends before the state of {r['id']!r}); "
+                                "`ralm index compact` folds the log into a version (recomputing what is missing)")
+        return read
+
     # -- writing: the caller holds the index's writer lock ---------------------------------
     def append(self, entries: Sequence[Entry], *, log_id: str, at: int) -> int:
         """Append `entries` as one batch at byte `at`, the end of the log's last whole batch as
