@@ -150,7 +150,7 @@ def test_a_searcher_follows_what_another_process_writes_and_deletes_its_document
 
 
 def test_compact_folds_the_log_into_a_version_that_searches_the_same(ralm, tiny_hybrid_index, tmp_path):
-    from ralm.retrieval.search.compaction import compact
+    from ralm.retrieval.search.compaction import compact_index
 
     index = tmp_path / "idx"
     shutil.copytree(tiny_hybrid_index, index)
@@ -179,7 +179,7 @@ def test_compact_folds_the_log_into_a_version_that_searches_the_same(ralm, tiny_
     assert code == 0 and json.loads(out)["logged_updates"] == 0, err
     for i in range(2):  # versions 4 and 5: the 2nd is pruned, and the block store it compacted into goes with it
         live.add([Document(f"extra{i}", "Extra", "One more document.")])
-        compact(live)
+        compact_index(live)
     kept = {IndexDir(index).version(v).blocks for v in IndexDir(index).versions()}
     assert IndexDir(index).versions() == ["v000003", "v000004", "v000005"]
     assert {p.name for p in (index / "blocks").iterdir() if p.name.startswith("compacted-")} == kept
@@ -188,7 +188,7 @@ def test_compact_folds_the_log_into_a_version_that_searches_the_same(ralm, tiny_
 
 def test_a_compaction_killed_between_publishing_and_restarting_the_log_loses_and_doubles_nothing(tiny_hybrid_index, tmp_path,
                                                                                                   monkeypatch):
-    from ralm.retrieval.search.compaction import compact
+    from ralm.retrieval.search.compaction import compact_index
 
     index = tmp_path / "idx"
     shutil.copytree(tiny_hybrid_index, index)
@@ -203,13 +203,13 @@ def test_a_compaction_killed_between_publishing_and_restarting_the_log_loses_and
     with monkeypatch.context() as m:
         m.setattr(UpdateLog, "restart", killed)
         with pytest.raises(KeyboardInterrupt):
-            compact(LiveSearcher.open(index))
+            compact_index(LiveSearcher.open(index))
     assert (index / "LATEST").read_text().strip() == "v000002" and len(UpdateLog(index).read().records) == 3
     reopened = LiveSearcher.open(index)  # the new version, and the old log from the offset it holds
     assert len(reopened) == blocks and reopened.current.log.records == 0 and not reopened.exists("paris")
     live.add([Document("paris", "Paris", "Paris is back.")])  # the old searcher catches up first: it swaps, then appends
     assert live.current.name == "v000002" and LiveSearcher.open(index).exists("paris")
-    assert compact(LiveSearcher.open(index)).folded == 1 and len(LiveSearcher.open(index)) == blocks + 1
+    assert compact_index(LiveSearcher.open(index)).folded == 1 and len(LiveSearcher.open(index)) == blocks + 1
 
 
 def test_a_killed_upgrade_leaves_an_index_of_the_kind_its_latest_version_holds(ralm, tiny_dense_index, corpus_file, tmp_path):

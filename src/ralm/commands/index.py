@@ -90,7 +90,7 @@ def index_check(
                "logged_updates": len(log.records), "sound": True}
     cut = f"; the log ends in {log.size - log.end} bytes of an append cut off by a crash (never acknowledged)" if log.size > log.end else ""
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {len(versions)} version(s), latest {latest}, "
-                  f"{sum(v['files'] for v in versions)} files verified, {len(log.records)} logged updates"
+                  f"{sum(v['files'] for v in versions)} files verified" + (f", {len(log.records)} logged updates" if log.records else "")
                   + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else "") + cut)
 
 
@@ -244,12 +244,12 @@ def index_compact(
 ):
     """Fold the update log into a new index version (nothing is embedded again), so that opening
     the index reads a short log; safe while a server or other commands use the index."""
-    from ralm.retrieval.search.compaction import compact
+    from ralm.retrieval.search.compaction import compact_index
     from ralm.retrieval.search.live import LiveSearcher
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    done = compact(LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype), show_progress=main_rank())
+    done = compact_index(LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype), show_progress=main_rank())
     summary = done.to_json()
     if done.version is None:
         print_summary(summary, as_json, f"{index_dir}: nothing to compact (the update log holds no update), {done.blocks} blocks")

@@ -20,7 +20,7 @@ from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.index.kinds import KINDS, kind_of
-from ralm.retrieval.search.compaction import compact
+from ralm.retrieval.search.compaction import compact_index
 from ralm.retrieval.search.searcher import Hit
 from ralm.runtime import Runtime
 
@@ -84,7 +84,7 @@ class Service:
         """Fold the update log into a new index version (search/compaction.py), unless another
         process is compacting; searches and writes go on meanwhile."""
         try:
-            done = compact(self.live, wait=False)
+            done = compact_index(self.live, wait=False)
             self._compact_error = None
             if done is not None and done.version is not None:
                 self.compactions += 1

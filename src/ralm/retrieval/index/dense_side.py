@@ -92,7 +92,7 @@ class _DenseBuilder:
 class DenseSide:
     name = "dense"
 
-    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, dtype: torch.dtype, manifest: VersionManifest):
+    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, dtype: torch.dtype, manifest: VersionManifest):
         self.retriever = retriever
         self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
@@ -157,11 +157,11 @@ class DenseSide:
         if manifest.faiss:
             ann = FaissIndex.load(path / "faiss.index", manifest.faiss)
             ann.set_search_params(**manifest.faiss_params)
-            return cls(model, ann, emb, dtype, manifest)
+            return cls(model, ann, emb, dtype=dtype, manifest=manifest)
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows
-            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype, manifest)
-        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype, manifest)
+            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype=dtype, manifest=manifest)
+        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype=dtype, manifest=manifest)
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""

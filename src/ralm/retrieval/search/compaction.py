@@ -20,6 +20,7 @@ than `ralm.defaults.COMPACT_AFTER` update records (`--compact-after`).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -50,10 +51,12 @@ class Compaction:
         return asdict(self)
 
 
-def compact(live: LiveSearcher, *, wait: bool = True, show_progress: bool = False) -> Compaction | None:
-    """Fold `live`'s update log into a new version of its index and start the log anew; `live`
-    then serves that version. Returns None when `wait` is off and another process is compacting."""
+def compact_index(index: LiveSearcher | str | os.PathLike, *, wait: bool = True, show_progress: bool = False) -> Compaction | None:
+    """Fold the update log of `index` (a path, or an open LiveSearcher, which then serves the
+    new version) into a new version and start the log anew. Returns None when `wait` is off and
+    another process is compacting."""
     start = time.perf_counter()
+    live = index if isinstance(index, LiveSearcher) else LiveSearcher.open(index)
     index = live.index
     with file_lock(index.root / ".compact.lock", blocking=wait) as held:
         if not held:
