@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -40,6 +41,24 @@ def test_filesystem_errors_are_one_line_naming_the_path(ralm, corpus_file, tmp_p
     # a folder where a file is expected
     _one_line_error(*ralm("eval", "retrieval", "--index", tmp_path / "bm25", "--questions", q, "--predictions", tmp_path)[::2],
                     str(tmp_path))
+
+
+@pytest.mark.parametrize("node", ["device", "fifo"])
+def test_an_output_never_replaces_a_device_or_fifo(ralm, corpus_file, tmp_path, node):
+    target = tmp_path / "predictions"
+    if node == "device":  # /dev/null's numbers, made here: a test must not touch the real one
+        try:
+            os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root (CAP_MKNOD)")
+    else:
+        os.mkfifo(target)
+    assert ralm("index", "build", corpus_file, "--out", tmp_path / "bm25", "--retriever", "bm25")[0] == 0
+    q = _jsonl(tmp_path / "q.jsonl", [{"question": "capital of France?", "answers": ["Paris"]}])
+    rc, _, err = ralm("eval", "retrieval", "--index", tmp_path / "bm25", "--questions", q, "--predictions", target)
+    _one_line_error(rc, err, "not a regular file")
+    mode = os.lstat(target).st_mode
+    assert stat.S_ISCHR(mode) if node == "device" else stat.S_ISFIFO(mode)  # still what it was
 
 
 def test_a_fifo_corpus_is_refused_not_waited_on(tmp_path):

@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -86,6 +87,20 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     return stale
 
 
+def _check_replaceable(target: Path) -> None:
+    """A device, FIFO or socket at `target` is refused: renaming a file over it would replace
+    the node itself (as root, `--predictions /dev/null` would turn the device into a file)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError:  # a path through a file, a loop of links: the write names it
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise RalmError(f"{target} is not a regular file (a device, FIFO or socket); ralm writes its outputs to files: "
+                        "name a file path")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it replaces `target` atomically.
@@ -94,6 +109,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     replaced by a rename-aside so a reader never sees it missing for longer than a rename).
     """
     target = Path(target)
+    _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target.parent)
     tmp = temp_dir(target.parent, target.name)
