@@ -13,12 +13,13 @@ that the processes spend their time on the index, not on a model) it runs at onc
   reader    a process opening the index in a loop, checking at each open that every update
             acknowledged before it began, and not updated again until it ended, is there (an
             acknowledged delete: gone).
-Every 2-8 s one of server, writers and reader is killed (SIGKILL) and started again. Each
+Every 2-8 s one of server, writers and reader is killed (SIGKILL) and started again; then, for
+--calm-seconds, the server and one writer run alone, unkilled. Each
 update is recorded before it is sent and when it is acknowledged; an update cut off by a kill
 may or may not have applied. At the end a fresh server and a fresh open check every
 acknowledged update. Visibility: from each `ralm index add`'s exit, and from one in four writer
-acknowledgements, until GET /documents/ID answers 200 (timed only while the server was up
-throughout). Prints a JSON summary.
+acknowledgements (every one in the calm phase), until GET /documents/ID answers 200 (timed only
+while the server was up throughout). Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -205,8 +206,9 @@ def cli_writer(port: int, work: Path, stop: threading.Event, index: Path, server
         previous = doc_id
 
 
-def sample_writers(port: int, work: Path, stop: threading.Event, server: Role, seen: list, rng: random.Random) -> None:
-    """One in four of the writers' acknowledgements, taken as they come (within 0.2 s), timed until the server holds it."""
+def sample_writers(port: int, work: Path, stop: threading.Event, server: Role, seen: list, rng: random.Random,
+                   rate: float = 0.25) -> None:
+    """A share `rate` of the writers' acknowledgements, taken as they come (within 0.2 s), timed until the server holds it."""
     tailed: dict[str, int] = {}
     while not stop.wait(0.02):
         for name in ("a", "b"):
@@ -218,7 +220,7 @@ def sample_writers(port: int, work: Path, stop: threading.Event, server: Role, s
             for line in whole.decode().splitlines():
                 a = json.loads(line)
                 fresh = time.time() - a["t"] < 0.2 and server.started < a["t"]
-                if a["op"] == "add" and a["phase"] == "done" and fresh and rng.random() < 0.25:
+                if a["op"] == "add" and a["phase"] == "done" and fresh and rng.random() < rate:
                     took = visible_after(port, a["id"], a["t"], server)
                     if took is not None:
                         seen.append(took)
@@ -232,6 +234,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=240)
     ap.add_argument("--compact-after", type=int, default=500)
+    ap.add_argument("--calm-seconds", type=float, default=90, help="then the server and one writer alone, unkilled")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--role", choices=["writer", "reader"], help=argparse.SUPPRESS)
@@ -285,6 +288,23 @@ def main() -> None:
     for r in roles:
         r.kill()
 
+    # a calm phase: the server and one writer, no kills, every acknowledgement timed
+    calm_cli, calm_writer, stop = [], [], threading.Event()
+    for r in roles[:2]:
+        r.start()
+    while not serving(port):
+        time.sleep(0.2)
+    threads = [threading.Thread(target=cli_writer, args=(port, work, stop, index, server, calm_cli, random.Random(rng.random()))),
+               threading.Thread(target=sample_writers, args=(port, work, stop, server, calm_writer, random.Random(rng.random()), 1.0))]
+    for t in threads:
+        t.start()
+    time.sleep(args.calm_seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    for r in roles:
+        r.kill()
+
     # the end: a fresh server and a fresh open hold every acknowledged update
     want = expected(work)
     server.start()
@@ -320,9 +340,9 @@ def main() -> None:
         "compactions": int(version[1:]) - 1,
         "reader_opens": len(reads), "reader_opens_missing_an_acknowledged_update": sum(r["wrong_count"] > 0 for r in reads),
         "lost_acknowledged_updates": len(lost), "examples": lost[:5],
-        "visible_in_server_s": {"cli": {"n": len(cli_seen), "p50": percentile(cli_seen, 0.5), "max": percentile(cli_seen, 1.0)},
-                                "writers": {"n": len(writer_seen), "p50": percentile(writer_seen, 0.5),
-                                            "p95": percentile(writer_seen, 0.95), "max": percentile(writer_seen, 1.0)}},
+        "visible_in_server_s": {phase: {name: {"n": len(v), "p50": percentile(v, 0.5), "p95": percentile(v, 0.95),
+                                               "max": percentile(v, 1.0)} for name, v in (("cli", cli), ("writers", writers))}
+                                for phase, cli, writers in (("under kills", cli_seen, writer_seen), ("calm", calm_cli, calm_writer))},
         "index_check": "sound" if check.returncode == 0 else check.stderr.strip()[-300:],
         "wall_seconds": round(time.time() - started, 1),
     }))

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import DOCS
-from ralm.data.corpus import read_corpus
+from ralm.data.corpus import id_problem, read_corpus
 from ralm.data.qa import read_questions
 from ralm.errors import RalmError
 from ralm.retrieval.search.update_log import Entry, UpdateLog, fold
@@ -69,6 +69,75 @@ def test_the_question_reader_gives_questions_or_a_clear_error(tmp_path_factory, 
     for q in qs:  # every question can be printed and written to a predictions file
         assert q.question.strip() and all(isinstance(a, str) for a in q.answers)
         json.dumps([q.question, *q.answers], ensure_ascii=False).encode("utf-8")
+
+
+# TSV fields as hostile files hold them: quotes, bare CRs, tabs, over csv's 131,072-character limit.
+FIELD = TEXT | st.sampled_from(['"quoted"', 'a"b', '""', "a\rb", "x" * 131_073, '"' + "y" * 131_073 + '"', "\r"])
+
+
+@FUZZ
+@given(rows=st.lists(st.lists(FIELD, min_size=2, max_size=4), max_size=4))
+@example(rows=[["a", "x" * 131_073, "t"], ["b", "one\rtwo", "t"]])
+def test_the_tsv_reader_gives_clean_documents_or_a_clear_error(tmp_path_factory, rows):
+    lines = ["id\ttext\ttitle"] + ["\t".join(r) for r in rows]
+    path = _write(tmp_path_factory.mktemp("t"), "c.tsv", lines)
+    try:
+        docs = list(read_corpus(path))
+    except RalmError as e:
+        assert str(e)
+        return
+    for d in docs:
+        d.text.encode("utf-8")
+        assert d.text.strip() and not any(unicodedata.category(c) == "Cc" for c in d.id)
+
+
+@FUZZ
+@given(name=TEXT.filter(lambda n: "/" not in n and "\x00" not in n and n not in ("", ".", "..")))
+@example(name="a\nb")
+def test_txt_file_names_become_valid_ids_or_a_clear_error(tmp_path_factory, name):
+    folder = tmp_path_factory.mktemp("txt")
+    try:
+        (folder / f"{name}.txt").write_text("some text")
+    except (OSError, UnicodeEncodeError):  # a name this filesystem cannot hold
+        return
+    try:
+        docs = list(read_corpus(folder))
+    except RalmError as e:
+        assert "rename the file" in str(e)
+        return
+    assert [d.id for d in docs] == [f"{name}.txt"] and id_problem(docs[0].id) is None
+
+
+@pytest.fixture(scope="module")
+def retriever_dir(tmp_path_factory, tiny_bert):
+    from ralm.retrieval.towers.encoders import Retriever
+
+    path = tmp_path_factory.mktemp("retriever") / "r"
+    Retriever.from_pretrained(str(tiny_bert), dim=16).save_pretrained(path)
+    return path
+
+
+@FUZZ
+@given(changes=st.dictionaries(st.sampled_from(["dim", "pooling", "normalize", "encoder", "query_max_len", "score_scale",
+                                                 "projection_ready", "pair_sep_id", "bogus"]), JSON, max_size=3),
+       encoder=st.dictionaries(st.sampled_from(["hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                                                "model_type", "intermediate_size"]), JSON, max_size=2))
+@example(changes={"encoder": 5}, encoder={})
+@example(changes={}, encoder={"num_attention_heads": 0})
+def test_a_garbage_retriever_config_loads_or_is_a_clear_error(tmp_path_factory, retriever_dir, changes, encoder):
+    from ralm.retrieval.towers.encoders import Retriever
+
+    folder = tmp_path_factory.mktemp("r")
+    for f in retriever_dir.iterdir():
+        (folder / f.name).symlink_to(f)
+    config = json.loads((retriever_dir / "config.json").read_text())
+    (folder / "config.json").unlink()
+    (folder / "config.json").write_text(json.dumps({**config, **changes, "encoder": {**config["encoder"], **encoder}}
+                                                   if isinstance(changes.get("encoder", {}), dict) else {**config, **changes}))
+    try:
+        Retriever.from_pretrained(folder)
+    except RalmError as e:
+        assert str(e)
 
 
 IDS = st.sampled_from(["a", "b", "c", "é", "a b", "x/y"])

@@ -150,3 +150,7 @@ def test_non_finite_scores_never_print_a_bare_nan(ralm, indexes, tmp_path):
     rc, out, err = ralm("search", root, "capital", "-k", 2, "--json")
     assert "NaN" not in out
     _one_line_error(rc, err, "index check")
+    for args in ((), ("--retriever", "hybrid"), ("--retriever", "dense")):  # a table, not only JSON, and fused with BM25
+        rc, out, err = ralm("search", root, "capital", "-k", 2, *args)
+        assert "nan" not in out.lower()
+        _one_line_error(rc, err, f"ralm index check {root}")

@@ -87,6 +87,19 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     return stale
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust writers (safetensors) report one
+
+
+def _named_os_error(e: Exception, target: Path) -> OSError | None:
+    """A write's failure as an OSError naming `target`, or None to let `e` through: an OSError
+    without a file name (a full disk), a library's wrapped one (safetensors: "... (os error
+    28)"), numpy's short write ("N requested and M written")."""
+    if isinstance(e, OSError) and e.filename is None:
+        return OSError(e.errno, e.strerror, str(target)) if e.errno is not None else OSError(errno.EIO, str(e), str(target))
+    found = _OS_ERROR.search(str(e)) if not isinstance(e, OSError) else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(target)) if found else None
+
+
 def _check_replaceable(target: Path) -> None:
     """A device, FIFO or socket at `target` is refused: renaming a file over it would replace
     the node itself (as root, `--predictions /dev/null` would turn the device into a file)."""
@@ -118,9 +131,10 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     try:
         try:
             yield inner
-        except OSError as e:  # a full disk names no file: name the target, for the one-line error
-            if e.filename is None and e.errno is not None:
-                raise OSError(e.errno, e.strerror, str(target)) from e
+        except Exception as e:  # a full disk names no file: name the target, for the one-line error
+            named = _named_os_error(e, target)
+            if named is not None:
+                raise named from e
             raise
         if not inner.exists():
             raise FileNotFoundError(f"nothing was written to {inner}")

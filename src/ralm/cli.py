@@ -8,6 +8,7 @@ its flag; warnings about accepted input (`RalmWarning`) print one `warning:` lin
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -182,18 +183,22 @@ def ask(
 
 
 def _stdin_questions():
-    """Non-empty lines of stdin; on a terminal, a prompt before each."""
+    """Non-empty lines of stdin; on a terminal, a prompt before each. A line that is not UTF-8
+    stops with one line naming it (stdin:N)."""
+    from ralm.data.corpus import decode_line
+
     prompt = sys.stdin.isatty()
     if prompt:
         err.print("ready: one question a line, Ctrl-D to end")
-    while True:
+    for lineno in itertools.count(1):
         if prompt:
             err.print("[bold]?[/bold] ", end="")
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        if not raw:
             return
-        if line.strip():
-            yield line.strip()
+        line = decode_line(raw, "stdin", lineno).strip()
+        if line:
+            yield line
 
 
 @app.command()

@@ -27,7 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
-from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
+from ralm.data.corpus import Document, corpus_fingerprint, read_corpus, txt_files
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -135,7 +135,7 @@ def iter_blocks(docs: Iterable[Document], hf_tokenizer, cfg: BlockConfig = Block
 
 def _count_lines(path: Path) -> int | None:
     if path.is_dir():
-        return sum(1 for _ in path.rglob("*.txt"))
+        return len(txt_files(path)[0])
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 

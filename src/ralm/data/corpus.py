@@ -29,7 +29,7 @@ class Document:
     text: str
 
 
-def _decode(raw: bytes, path: Path, lineno: int) -> str:
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -91,7 +91,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line; errors name file:line."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            line = _decode(raw, path, lineno).strip()
+            line = decode_line(raw, path, lineno).strip()
             if not line:
                 continue
             try:
@@ -113,29 +113,62 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Document]]:
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
-    """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works)."""
+    """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works).
+    A field may be as long as its line, and hold a bare carriage return."""
     with open(path, "rb") as f:
-        header = _decode(f.readline(), path, 1).rstrip("\r\n").split("\t")
+        header = decode_line(f.readline(), path, 1).rstrip("\r\n").split("\t")
         missing = {"id", "text"} - set(header)
         if missing:
             raise RalmError(f"{path}:1: TSV header must name columns id, text (and optionally title); missing {sorted(missing)}")
         cols = {name: i for i, name in enumerate(header)}
         for lineno, raw in enumerate(f, 2):
-            line = _decode(raw, path, lineno).rstrip("\r\n")
+            line = decode_line(raw, path, lineno).rstrip("\r\n")
             if not line:
                 continue
-            fields = next(csv.reader([line], delimiter="\t"))
-            if len(fields) != len(header):
-                raise RalmError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(fields)}")
             where = f"{path}:{lineno}"
+            fields = _tsv_fields(line, where)
+            if len(fields) != len(header):
+                raise RalmError(f"{where}: expected {len(header)} tab-separated fields, got {len(fields)}")
             yield where, _document({name: fields[i] for name, i in cols.items()}, where)
 
 
+def _tsv_fields(line: str, where: str) -> list[str]:
+    """One TSV line's fields: split on tabs, or read by the csv module where a field is quoted."""
+    if '"' not in line:
+        return line.split("\t")
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(line)))  # the module's 131,072-character default would refuse a long passage
+    try:
+        return next(csv.reader([line], delimiter="\t", lineterminator="\n"))
+    except csv.Error as e:
+        raise RalmError(f"{where}: not a TSV line ({e})") from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def txt_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(the regular .txt files under `folder`, sorted; the other entries named *.txt: a FIFO,
+    a device, a folder, which reading would hang on or fail at)."""
+    found = sorted(folder.rglob("*.txt"))
+    return [f for f in found if f.is_file()], [f for f in found if not f.is_file()]
+
+
 def _read_txt_dir(path: Path) -> Iterator[tuple[str, Document]]:
-    """One document per .txt file: id = path relative to the folder, title = file stem."""
-    for file in sorted(path.rglob("*.txt")):
+    """One document per .txt file: id = path relative to the folder (under the ids' rules),
+    title = file stem. Entries that are not regular files are skipped with a warning."""
+    files, skipped = txt_files(path)
+    if skipped:
+        warnings.warn(RalmWarning(f"{path}: skipped {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} named *.txt that "
+                                  f"{'is' if len(skipped) == 1 else 'are'} not a regular file (the first: {skipped[0]})"), stacklevel=3)
+    for file in files:
         rel = file.relative_to(path).as_posix()
-        text = _decode(file.read_bytes(), file, 1)
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RalmError(f"{file!r}: its name, a document id, is not valid UTF-8; rename the file") from None
+        if (problem := id_problem(rel)) is not None:
+            raise RalmError(f"{file!r}: its name, a document id, {problem}; rename the file")
+        text = decode_line(file.read_bytes(), file, 1)
         yield str(file), Document(rel, file.stem.replace("_", " "), visible(text))
 
 
@@ -210,7 +243,7 @@ def corpus_fingerprint(path: str | os.PathLike) -> str:
     """sha256 of the corpus bytes (file names too for a folder): an index records it."""
     path = _corpus_path(path)
     h = hashlib.sha256()
-    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+    files = txt_files(path)[0] if path.is_dir() else [path]
     for file in files:
         if path.is_dir():
             h.update(file.relative_to(path).as_posix().encode() + b"\0")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -54,8 +54,16 @@ class Snapshot:
     version: LoadedVersion
     delta: Delta
     hidden_rows: np.ndarray  # sorted main-index rows of the hidden documents
-    scorers: dict  # side -> OverlayScorer of the overlay blocks on this version's scale
     log: LogPosition
+    scorers: dict = field(default_factory=dict, repr=False, compare=False)  # side -> OverlayScorer, built by `scorer`
+
+    def scorer(self, side: str):
+        """The overlay blocks' scorer on `side`, on this version's scale; built at the first
+        search, so the snapshots a writer passes through on its way to an append cost none."""
+        found = self.scorers.get(side)
+        if found is None:  # two threads may both build it: the same scorer either way
+            found = self.scorers[side] = self.version.sides[side].overlay_scorer(self.delta.state.get(side, []), self.delta.records)
+        return found
 
     @property
     def blocks(self) -> OverlayBlocks:
@@ -191,8 +199,7 @@ class LiveSearcher(Searcher):
     def _snapshot(self, version: LoadedVersion, delta: Delta, position: LogPosition) -> Snapshot:
         rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
-        scorers = {name: side.overlay_scorer(delta.state.get(name, []), delta.records) for name, side in version.sides.items()}
-        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), scorers, position)
+        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), position)
 
     def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
         """Main-index rows of each document, once per version. A document's blocks are
@@ -282,7 +289,7 @@ class LiveSearcher(Searcher):
         main_k = min(k + len(snap.hidden_rows), n_main)
         m_scores, m_rows = self.searcher.side_search(encoded, main_k, snap.version, side)  # [Q, main_k]
         if snap.delta.records:
-            o_scores = snap.scorers[side].scores(encoded)  # [Q, M]
+            o_scores = snap.scorer(side).scores(encoded)  # [Q, M]
             o_rows = np.broadcast_to(np.arange(len(snap.delta.records)), o_scores.shape)
             scores = np.concatenate([m_scores, o_scores], 1)
             rows = np.concatenate([m_rows, o_rows + n_main], 1)
@@ -291,7 +298,7 @@ class LiveSearcher(Searcher):
         scores = np.where(np.isin(rows, snap.hidden_rows), -np.inf, scores)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         s, r = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
-        live = np.isfinite(s).all(0)  # drop columns that only hold hidden rows (tiny corpora)
+        live = ~np.isneginf(s).any(0)  # drop columns that only hold hidden rows (tiny corpora); a NaN is reported (fusion.py)
         return s[:, live].astype(np.float32), r[:, live]
 
     def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
@@ -299,7 +306,7 @@ class LiveSearcher(Searcher):
         n_main = len(snap.version.blocks)
         main = rows < n_main
         a = self.searcher.side_scores(encoded, i, rows[main], snap=snap.version, side=side)
-        b = snap.scorers[side].score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
+        b = snap.scorer(side).score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
         if a is None or b is None:
             return None
         out = np.zeros(len(rows), np.float32)
