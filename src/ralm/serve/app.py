@@ -99,7 +99,8 @@ class EvidenceOut(BaseModel):
     retrieval_prob: float | None = None
     span_prob: float | None = None
     answer: str | None = None
-    span: list[int] | None = None
+    span: list[int] | None = Field(None, description="[start, end) of `answer` in `text`, in Unicode code points (as Python "
+                                   "slices a str; a UTF-16 string such as JavaScript's holds an emoji as two units)")
     found_by: list[str] = Field(default_factory=list, description="the index's sides (dense, bm25) whose own top list held it")
 
 
