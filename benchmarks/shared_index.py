@@ -53,11 +53,10 @@ class Acks:
 
     def __init__(self, path: Path):
         self.path = path
-        self.f = open(path, "a", encoding="utf-8")
 
     def __call__(self, op: str, doc_id: str, phase: str) -> None:
-        self.f.write(json.dumps({"op": op, "id": doc_id, "phase": phase, "t": time.time()}) + "\n")
-        self.f.flush()
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"op": op, "id": doc_id, "phase": phase, "t": time.time()}) + "\n")
 
 
 def expected(work: Path, until: float | None = None) -> dict[str, bool | None]:
@@ -106,16 +105,15 @@ def run_writer(index: Path, work: Path, name: str, seed: int) -> None:
 def run_reader(index: Path, work: Path) -> None:
     from ralm.retrieval.search.live import LiveSearcher
 
-    out = open(work / "reader.jsonl", "a", encoding="utf-8")
     while True:
         began = time.time()
         want = expected(work, until=began)
         live = LiveSearcher.open(index)
         after = expected(work)  # an update begun while it opened may or may not be seen
         wrong = [d for d, present in want.items() if present is not None and after.get(d) == present and live.exists(d) != present]
-        out.write(json.dumps({"t": began, "checked": sum(v is not None for v in want.values()), "wrong": wrong[:5],
-                              "wrong_count": len(wrong)}) + "\n")
-        out.flush()
+        with open(work / "reader.jsonl", "a", encoding="utf-8") as out:
+            out.write(json.dumps({"t": began, "checked": sum(v is not None for v in want.values()), "wrong": wrong[:5],
+                                  "wrong_count": len(wrong)}) + "\n")
 
 
 # -- the conductor ------------------------------------------------------------------------------------
@@ -327,7 +325,8 @@ def main() -> None:
     final = LiveSearcher.open(index)
     lost += [f"{d}: acknowledged {'add' if p else 'delete'}, not so on open" for d, p in want.items()
              if p is not None and final.exists(d) != p]
-    check = subprocess.run([sys.executable, "-m", "ralm", "index", "check", str(index), "--json"], env=ENV, capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-m", "ralm", "index", "check", str(index), "--json"], env=ENV, capture_output=True, text=True,
+                           check=False)
     reads = [json.loads(line) for line in (work / "reader.jsonl").read_text().splitlines() if line.endswith("}")]
     acks = [json.loads(line) for p in work.glob("acks-*.jsonl") for line in p.read_text().splitlines() if line.endswith("}")]
     done = [a for a in acks if a["phase"] == "done"]

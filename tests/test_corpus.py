@@ -84,7 +84,7 @@ def test_a_corpus_of_only_empty_texts_is_an_error(tmp_path):
 def test_a_tsv_field_may_be_longer_than_the_csv_modules_limit_and_hold_a_bare_cr(tmp_path):
     long = "word " * 30_000  # 150,000 characters: over csv's 131,072
     path = tmp_path / "c.tsv"
-    path.write_bytes("id\ttitle\ttext\n".encode() + f"a\tA\t{long}\n".encode() + f'b\t"B"\t"{long}"\n'.encode()
+    path.write_bytes(b"id\ttitle\ttext\n" + f"a\tA\t{long}\n".encode() + f'b\t"B"\t"{long}"\n'.encode()
                      + b"c\tC\tone\rtwo\n" + b'd\t"D"\t"three\rfour"\n')
     docs = list(read_corpus(path))
     assert [(d.id, len(d.text)) for d in docs[:2]] == [("a", len(long.strip())), ("b", len(long.strip()))]

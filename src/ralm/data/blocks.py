@@ -155,14 +155,8 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             task = bar.add_task("blocking", total=total)
             for doc, blocks in iter_blocks(read_corpus(corpus), hf_tokenizer, cfg):
                 id_hashes.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True))
-                for b in blocks:
-                    tokens.append(b.token_ids)
-                    body_start.append(b.body_start)
-                    doc_index.append(n_docs)
-                    row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
-                    line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-                    meta.write(line)
-                    line_offsets.append(line_offsets[-1] + len(line))
+                for size in _append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index, meta=meta):
+                    line_offsets.append(line_offsets[-1] + size)
                 n_docs += 1
                 bar.advance(task)
         tokens.close()
@@ -197,8 +191,24 @@ def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_
     return key, BlockStore(path)
 
 
-def compact_block_store(source: "BlockStore", keep: np.ndarray, docs: Iterable[tuple[Document, list[Block]]],
-                        out: str | os.PathLike, *, origin: dict) -> "BlockStore":
+def _append_blocks(doc: Document, blocks: list[Block], ordinal: int, *, tokens: RaggedWriter, body_start: array,
+                   doc_index: array, meta) -> list[int]:
+    """Write the blocks of `doc`, the `ordinal`-th document, into a store being built; returns
+    the byte length of each one's blocks.jsonl line."""
+    sizes = []
+    for b in blocks:
+        tokens.append(b.token_ids)
+        body_start.append(b.body_start)
+        doc_index.append(ordinal)
+        row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
+        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        meta.write(line)
+        sizes.append(len(line))
+    return sizes
+
+
+def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tuple[Document, list[Block]]],
+                        out: str | os.PathLike, *, origin: dict) -> BlockStore:
     """A block store (published atomically at `out`) of `source`'s rows `keep`, ascending,
     copied a run of consecutive rows at a time, then the blocks of `docs` (an index's
     compaction: its version minus hidden documents, plus its live ones). `origin` goes into its
@@ -218,14 +228,8 @@ def compact_block_store(source: "BlockStore", keep: np.ndarray, docs: Iterable[t
                 meta.write(os.pread(source._meta.fileno(), int(line_offsets[b] - line_offsets[a]), int(line_offsets[a])))
             lengths = [np.diff(line_offsets)[keep]]
             for doc, blocks in docs:
-                for b in blocks:
-                    tokens.append(b.token_ids)
-                    body_start.append(b.body_start)
-                    doc_index.append(n_docs)
-                    row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
-                    line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-                    meta.write(line)
-                    lengths.append(np.array([len(line)]))
+                lengths.append(np.array(_append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index,
+                                                       meta=meta), dtype=np.int64))
                 n_docs += 1
         tokens.close()
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))

@@ -32,7 +32,13 @@ from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.store import VersionManifest
-from ralm.retrieval.search.overlay import Delta, LiveDoc, OverlayBlocks, applied, split_docs
+from ralm.retrieval.search.overlay import (
+    Delta,
+    LiveDoc,
+    OverlayBlocks,
+    applied,
+    split_docs,
+)
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import Entry, LogRead, UpdateLog, fold
 

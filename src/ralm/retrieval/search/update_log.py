@@ -101,17 +101,16 @@ class UpdateLog:
         `line`: the lines before `start` (None: counted)."""
         self._check_file()
         try:
-            f = open(self.path, "rb")
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                log_id = _header_id(f.readline(4096))
+                if line is None:
+                    f.seek(0)
+                    line = f.read(start).count(b"\n")
+                f.seek(start)
+                data = f.read(max(0, size - start))
         except FileNotFoundError:
             return LogRead(None, 0, 0, 0, [], 0)
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            log_id = _header_id(f.readline(4096))
-            if line is None:
-                f.seek(0)
-                line = f.read(start).count(b"\n")
-            f.seek(start)
-            data = f.read(max(0, size - start))
         records, pending = [], []
         end, end_line, lineno, pos = start, line, line, 0
         while (nl := data.find(b"\n", pos)) >= 0:  # bytes: a text may hold U+2028, a line break to str.splitlines
