@@ -84,7 +84,7 @@ def run_writer(index: Path, work: Path, name: str, seed: int) -> None:
     from ralm.data.corpus import Document
     from ralm.retrieval.search.live import LiveSearcher
 
-    rng = random.Random(seed)
+    rng = random.Random(f"{seed}-{os.getpid()}")  # a restarted writer draws new ids
     ack = Acks(work / f"acks-{name}.jsonl")
     mine = [d for d, live in expected(work).items() if live and d.startswith(name)]
     live = LiveSearcher.open(index)
@@ -119,12 +119,12 @@ def run_reader(index: Path, work: Path) -> None:
 # -- the conductor ------------------------------------------------------------------------------------
 
 class Role:
-    def __init__(self, name: str, cmd: list[str]):
-        self.name, self.cmd, self.proc, self.kills, self.started = name, cmd, None, 0, 0.0
+    def __init__(self, name: str, cmd: list[str], log: Path):
+        self.name, self.cmd, self.log, self.proc, self.kills, self.started = name, cmd, log, None, 0, 0.0
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        with open(self.log, "ab") as log:  # the server logs its swaps, compactions and refusals here
+            self.proc = subprocess.Popen(self.cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         self.started = time.time()
 
     def kill(self) -> None:
@@ -259,9 +259,9 @@ def main() -> None:
     port = 20000 + rng.randrange(20000)
     me = [sys.executable, str(Path(__file__).resolve()), "--work", str(work)]
     server = Role("server", [sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port),
-                             "--compact-after", str(args.compact_after)])
-    roles = [server, *(Role(f"writer {n}", [*me, "--role", "writer", "--name", n, "--seed", str(rng.randrange(1 << 30))])
-                       for n in ("a", "b")), Role("reader", [*me, "--role", "reader"])]
+                             "--compact-after", str(args.compact_after)], work / "server.log")
+    roles = [server, *(Role(f"writer {n}", [*me, "--role", "writer", "--name", n, "--seed", str(rng.randrange(1 << 30))],
+                            work / f"writer-{n}.log") for n in ("a", "b")), Role("reader", [*me, "--role", "reader"], work / "reader.log")]
     for r in roles:
         r.start()
     while not serving(port):

@@ -226,3 +226,28 @@ def test_a_killed_upgrade_leaves_an_index_of_the_kind_its_latest_version_holds(r
     code, out, err = ralm("index", "build", corpus_file, "--out", index, "--model", IndexDir(index).root / "retriever" /
                           next(p.name for p in (index / "retriever").iterdir()), "--json")
     assert code == 0 and json.loads(out)["retriever"] == "hybrid", err  # a hybrid build into it is one more version
+
+
+def test_a_searcher_that_cannot_load_a_compacted_version_keeps_what_it_served(tiny_hybrid_index, tmp_path, monkeypatch):
+    from ralm.retrieval.search.compaction import compact_index
+    from ralm.retrieval.search.searcher import Searcher
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    server = LiveSearcher.open(index)
+    server.add([Document(**NEW[0])])
+    server.delete(["paris"])
+    compact_index(index)  # v2 holds the log so far; the log starts anew, empty
+    load = Searcher._load
+
+    def refusing(self, name):
+        if name == "v000002":
+            raise RalmError("built with another document tower")
+        return load(self, name)
+
+    monkeypatch.setattr(Searcher, "_load", refusing)
+    with pytest.raises(RalmError, match="another document tower"):
+        server.refresh()
+    assert server.current.name == "v000001" and server.exists("zanzibar") and not server.exists("paris")  # not the new log over v1
+    with pytest.raises(RalmError, match="cannot be searched here"):
+        server.add([Document(**NEW[1])])

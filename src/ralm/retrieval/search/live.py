@@ -96,7 +96,8 @@ class LiveSearcher(Searcher):
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # one thread of this process at a time moves the snapshot
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
-        self._refused: tuple[str, Exception] | None = None  # a newer version that would not load, and why
+        self._refused: tuple[str, Exception] | None = None  # a newer version that will not load here, and why
+        self._behind: Exception | None = None  # why the snapshot is on an older version than LATEST
         self._snap: Snapshot | None = None
         with self._synced(exclusive=False):
             pass
@@ -130,12 +131,12 @@ class LiveSearcher(Searcher):
     def refresh(self) -> bool:
         """Follow the index: swap in a newer version, if any, and apply what other processes
         appended to the log. True when the version changed; a newer version that cannot be
-        searched here (another document tower, a side this searcher lacks) raises, after the
-        log was followed on the current one, which keeps serving."""
+        searched here (another document tower, a side this searcher lacks, damaged) raises,
+        after the log was followed on the current one, which keeps serving."""
         before = self._snap.name
         self.sync()
-        if self._refused is not None and self._refused[0] == self.index.latest():
-            raise self._refused[1]
+        if self._behind is not None:
+            raise self._behind
         return self._snap.name != before
 
     def sync(self, *, writer: bool = False) -> Snapshot:
@@ -147,20 +148,24 @@ class LiveSearcher(Searcher):
     @contextlib.contextmanager
     def _synced(self, *, exclusive: bool) -> Iterator[Snapshot]:
         """Hold this process's lock and the index's (exclusive: to append), with the snapshot
-        caught up with LATEST and the log. A newer version loads with no lock held."""
-        loaded = None
+        caught up with LATEST and the log. A newer version loads with no lock held; one that
+        will not load here leaves the current version serving (`_behind` says why)."""
+        loaded, failed, tries = None, None, 0  # failed: (version, why) this call gave up loading
         while True:
             with self._lock, self.index.lock(shared=not exclusive):
                 latest = self.index.latest()
                 current = self._snap.version if self._snap is not None else self.searcher.current
-                if latest == current.name or (self._refused is not None and self._refused[0] == latest):
+                if self._refused is not None and self._refused[0] == latest:
+                    failed = self._refused
+                if latest == current.name:
                     target = current
                 elif loaded is not None and loaded.name == latest:
                     target = loaded
                 else:
-                    target = None
+                    target = current if failed is not None and failed[0] == latest else None
                 if target is not None:
-                    self._snap = self._caught_up(target)
+                    self._behind = failed[1] if target.name != latest else None
+                    self._snap = self._caught_up(target, exclusive=exclusive)
                     if exclusive and self._snap.log.id is None:
                         self._snap = replace(self._snap, log=self._rewritten(self._snap))
                     self.searcher.current = target
@@ -170,21 +175,17 @@ class LiveSearcher(Searcher):
                 loaded = self.searcher._load(latest)
                 if self._snap is not None and (self._snap.delta.hidden_docs or self._snap.log.records):
                     self._rows_by_doc(loaded)  # a scan of the version, done before any lock is taken
-            except (RalmError, OSError) as e:
+            except RalmError as e:  # another document tower, a side this searcher lacks, damaged: for good
                 self._refused = (latest, e)
+            except OSError as e:  # gone while it loaded (a publish pruned it): LATEST is read again, thrice
+                tries += 1
+                failed = (latest, e) if tries >= 3 else None
 
-    def _rewritten(self, snap: Snapshot) -> LogPosition:
-        """Write the log anew (the writer lock held) as `snap`'s overlay: a delete of each
-        hidden document, then an add of each live one, with its states."""
-        docs = self._entries(list(snap.delta.docs.values()), snap.version)
-        gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
-        self.updates.rewrite(gone + docs)
-        log_id, size = self.updates.head()
-        return LogPosition(log_id, size, 1 + len(gone + docs), len(gone + docs))
-
-    def _caught_up(self, version: LoadedVersion) -> Snapshot:
+    def _caught_up(self, version: LoadedVersion, *, exclusive: bool) -> Snapshot:
         """The snapshot on `version` holding all of the log (the index lock held): the batches
-        appended since the last read applied, or, on another version or log, the log replayed."""
+        appended since the last read applied, or, on another version or log, the log replayed.
+        Behind a LATEST that folded a log into itself (a compaction), a log started anew is that
+        version's, not this one's: the snapshot stays as it was, and a writer or an open stop."""
         snap = self._snap
         log_id, size = self.updates.head()
         if snap is not None and version is snap.version and log_id == snap.log.id and size >= snap.log.end:
@@ -196,11 +197,31 @@ class LiveSearcher(Searcher):
                 return replace(snap, log=position)
             adds, deleted = fold(read.records)
             return self._snapshot(version, applied(snap.delta, self._live_docs(read, adds, version), deleted), position)
+        if self._behind is not None and self._latest_is_compacted():
+            if snap is not None and version is snap.version and not exclusive:
+                return snap
+            raise RalmError(f"{self.index.root}: its newest version cannot be searched here ({self._behind}) and holds the "
+                            "update log so far; restart with a model that can search it")
         held = version.manifest.log  # a compaction of this log holds it up to an offset
         read = self.updates.read(held["offset"] if held and held["id"] == log_id else 0, line=None)
         adds, deleted = fold(read.records)
         position = LogPosition(read.id, read.end, read.lines, len(read.records))
         return self._snapshot(version, applied(Delta(), self._live_docs(read, adds, version), deleted), position)
+
+    def _latest_is_compacted(self) -> bool:
+        try:
+            return self.index.version(self.index.latest()).log is not None
+        except RalmError:  # a damaged manifest: as if it were
+            return True
+
+    def _rewritten(self, snap: Snapshot) -> LogPosition:
+        """Write the log anew (the writer lock held) as `snap`'s overlay: a delete of each
+        hidden document, then an add of each live one, with its states."""
+        docs = self._entries(list(snap.delta.docs.values()), snap.version)
+        gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
+        self.updates.rewrite(gone + docs)
+        log_id, size = self.updates.head()
+        return LogPosition(log_id, size, 1 + len(gone + docs), len(gone + docs))
 
     def _snapshot(self, version: LoadedVersion, delta: Delta, position: LogPosition) -> Snapshot:
         rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
