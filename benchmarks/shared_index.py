@@ -14,7 +14,8 @@ that the processes spend their time on the index, not on a model) it runs at onc
             acknowledged before it began, and not updated again until it ended, is there (an
             acknowledged delete: gone).
 Every 2-8 s one of server, writers and reader is killed (SIGKILL) and started again; then, for
---calm-seconds, the server and one writer run alone, unkilled. Each
+--calm-seconds, the server and one writer (an update every 0.5 s, a `ralm index add` every 5 s)
+run alone, unkilled. Each
 update is recorded before it is sent and when it is acknowledged; an update cut off by a kill
 may or may not have applied. At the end a fresh server and a fresh open check every
 acknowledged update. Visibility: from each `ralm index add`'s exit, and from one in four writer
@@ -80,7 +81,7 @@ def expected(work: Path, until: float | None = None) -> dict[str, bool | None]:
 
 # -- the roles that run as processes ----------------------------------------------------------------
 
-def run_writer(index: Path, work: Path, name: str, seed: int) -> None:
+def run_writer(index: Path, work: Path, name: str, seed: int, pause: float) -> None:
     from ralm.data.corpus import Document
     from ralm.retrieval.search.live import LiveSearcher
 
@@ -100,6 +101,7 @@ def run_writer(index: Path, work: Path, name: str, seed: int) -> None:
             live.add([Document(**note(doc_id))])
             ack("add", doc_id, "done")
             mine.append(doc_id)
+        time.sleep(pause)
 
 
 def run_reader(index: Path, work: Path) -> None:
@@ -182,11 +184,12 @@ def http_writer(port: int, work: Path, stop: threading.Event, rng: random.Random
             time.sleep(0.05)
 
 
-def cli_writer(port: int, work: Path, stop: threading.Event, index: Path, server: Role, seen: list, rng: random.Random) -> None:
-    """A real `ralm index add` (and a delete of the one before), back to back, timed until the server holds it."""
+def cli_writer(port: int, work: Path, stop: threading.Event, index: Path, server: Role, seen: list, rng: random.Random,
+               pause: float = 1) -> None:
+    """A real `ralm index add` (and a delete of the one before) every `pause` s, timed until the server holds it."""
     ack = Acks(work / "acks-cli.jsonl")
     previous = None
-    while not stop.wait(1):
+    while not stop.wait(pause):
         doc_id = f"c{rng.randrange(1 << 40):x}"
         (work / "cli.jsonl").write_text(json.dumps(note(doc_id)) + "\n")
         ack("add", doc_id, "start")
@@ -237,11 +240,12 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--role", choices=["writer", "reader"], help=argparse.SUPPRESS)
     ap.add_argument("--name", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--pause", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="ralm-shared-"))
     index = work / "index"
     if args.role == "writer":
-        return run_writer(index, work, args.name, args.seed)
+        return run_writer(index, work, args.name, args.seed, args.pause)
     if args.role == "reader":
         return run_reader(index, work)
 
@@ -286,13 +290,14 @@ def main() -> None:
     for r in roles:
         r.kill()
 
-    # a calm phase: the server and one writer, no kills, every acknowledgement timed
+    # a calm phase: the server and one writer (an update every 0.5 s), no kills, every acknowledgement timed
     calm_cli, calm_writer, stop = [], [], threading.Event()
+    roles[1].cmd += ["--pause", "0.5"]
     for r in roles[:2]:
         r.start()
     while not serving(port):
         time.sleep(0.2)
-    threads = [threading.Thread(target=cli_writer, args=(port, work, stop, index, server, calm_cli, random.Random(rng.random()))),
+    threads = [threading.Thread(target=cli_writer, args=(port, work, stop, index, server, calm_cli, random.Random(rng.random()), 5)),
                threading.Thread(target=sample_writers, args=(port, work, stop, server, calm_writer, random.Random(rng.random()), 1.0))]
     for t in threads:
         t.start()
