@@ -20,7 +20,7 @@ def hf_bert(tiny_bert):
 
 def test_bert_matches_transformers_with_padding_and_segments(tiny_bert, hf_bert):
     ours = bert_from_config(hf_bert.config.to_dict(), device="meta")
-    missing, unexpected = assign_weights(ours, read_weights(tiny_bert))
+    missing, unexpected = assign_weights(ours, read_weights(tiny_bert), tiny_bert)
     assert not [k for k in missing if not k.endswith("position_ids")] and not unexpected
     ours.eval()
     gen = torch.Generator().manual_seed(0)
@@ -47,7 +47,7 @@ def test_bert_trains_like_transformers(tiny_bert, hf_bert):
 
     hf = AutoModel.from_pretrained(str(tiny_bert), hidden_dropout_prob=0.0)
     ours = bert_from_config({**hf.config.to_dict(), "hidden_dropout_prob": 0.0}, device="meta")
-    assign_weights(ours, read_weights(tiny_bert))
+    assign_weights(ours, read_weights(tiny_bert), tiny_bert)
     ids = torch.randint(1000, 5000, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     hf(input_ids=ids, attention_mask=mask).last_hidden_state.pow(2).mean().backward()

@@ -180,6 +180,26 @@ def test_evidence_names_the_side_that_found_each_block_and_expands_to_the_whole_
         page.close()
 
 
+def test_an_answer_after_an_emoji_is_marked_where_the_server_says(serve, browser):
+    """Spans count code points (as Python slices); an emoji is two UTF-16 units in the page."""
+    def one_block(route):
+        route.continue_(post_data=json.dumps({**json.loads(route.request.post_data), "k": 1}))
+
+    with serve() as url:
+        post(url, "/documents", {"documents": [{**ZANZIBAR, "text": "\U0001F30D\U0001F334\U0001F30A " + ZANZIBAR["text"]}]})
+        page = open_page(browser, url)
+        page.route("**/ask", one_block)
+        r = ask(page, CLOVES_Q)
+        best = r["evidence"][r["best"]]
+        a, b = best["span"]
+        assert best["id"] == "zanzibar:0" and best["text"][a:b] == r["answer"] and b > 3
+        li = page.query_selector("#evidence li.best")
+        assert li.query_selector("mark.span-answer").inner_text() == r["answer"]  # the excerpt
+        li.query_selector("button.expand").click()
+        assert li.query_selector("mark.span-answer").inner_text() == r["answer"]  # the whole text
+        page.close()
+
+
 def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each(serve, browser):
     with serve(api_key="s3cret") as url:
         page = open_page(browser, url)

@@ -79,3 +79,38 @@ def test_a_corpus_of_only_empty_texts_is_an_error(tmp_path):
     path.write_text('{"id": "a", "title": "A", "text": ""}\n')
     with pytest.raises(RalmError, match="the corpus is empty .*1 had empty text"):
         list(read_corpus(path))
+
+
+def test_a_tsv_field_may_be_longer_than_the_csv_modules_limit_and_hold_a_bare_cr(tmp_path):
+    long = "word " * 30_000  # 150,000 characters: over csv's 131,072
+    path = tmp_path / "c.tsv"
+    path.write_bytes(b"id\ttitle\ttext\n" + f"a\tA\t{long}\n".encode() + f'b\t"B"\t"{long}"\n'.encode()
+                     + b"c\tC\tone\rtwo\n" + b'd\t"D"\t"three\rfour"\n')
+    docs = list(read_corpus(path))
+    assert [(d.id, len(d.text)) for d in docs[:2]] == [("a", len(long.strip())), ("b", len(long.strip()))]
+    assert [d.text for d in docs[2:]] == ["one\rtwo", "three\rfour"]
+    path.write_bytes(b'id\ttext\n"e\t"x"y"z\n')  # a quote the csv module cannot read: one error naming the line
+    with pytest.raises(RalmError, match=r"c.tsv:2:"):
+        list(read_corpus(path))
+
+
+@pytest.mark.parametrize("name, message", [("a\nb.txt", "control character"), ("a\tb.txt", "control character"), (".txt", None)])
+def test_txt_file_names_are_ids_under_the_same_rules(tmp_path, name, message):
+    (tmp_path / "ok.txt").write_text("fine")
+    (tmp_path / name).write_text("text")
+    if message is None:  # a hidden file's name is a fine id
+        assert sorted(d.id for d in read_corpus(tmp_path)) == [".txt", "ok.txt"]
+        return
+    with pytest.raises(RalmError, match=f"its name, a document id, .*{message}"):
+        list(read_corpus(tmp_path))
+
+
+def test_a_fifo_named_txt_in_a_folder_is_skipped_with_a_warning_not_waited_on(tmp_path):
+    import os
+
+    (tmp_path / "ok.txt").write_text("fine")
+    os.mkfifo(tmp_path / "x.txt")
+    (tmp_path / "dir.txt").mkdir()
+    with pytest.warns(RalmWarning, match=r"skipped 2 entries named \*.txt that are not a regular file"):
+        assert [d.id for d in read_corpus(tmp_path)] == ["ok.txt"]
+    assert corpus_fingerprint(tmp_path)  # reads the regular files only

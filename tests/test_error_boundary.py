@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -40,6 +41,60 @@ def test_filesystem_errors_are_one_line_naming_the_path(ralm, corpus_file, tmp_p
     # a folder where a file is expected
     _one_line_error(*ralm("eval", "retrieval", "--index", tmp_path / "bm25", "--questions", q, "--predictions", tmp_path)[::2],
                     str(tmp_path))
+
+
+@pytest.mark.parametrize("node", ["device", "fifo"])
+def test_an_output_never_replaces_a_device_or_fifo(ralm, corpus_file, tmp_path, node):
+    target = tmp_path / "predictions"
+    if node == "device":  # /dev/null's numbers, made here: a test must not touch the real one
+        try:
+            os.mknod(target, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("making a device node needs root (CAP_MKNOD)")
+    else:
+        os.mkfifo(target)
+    assert ralm("index", "build", corpus_file, "--out", tmp_path / "bm25", "--retriever", "bm25")[0] == 0
+    q = _jsonl(tmp_path / "q.jsonl", [{"question": "capital of France?", "answers": ["Paris"]}])
+    rc, _, err = ralm("eval", "retrieval", "--index", tmp_path / "bm25", "--questions", q, "--predictions", target)
+    _one_line_error(rc, err, "not a regular file")
+    mode = os.lstat(target).st_mode
+    assert stat.S_ISCHR(mode) if node == "device" else stat.S_ISFIFO(mode)  # still what it was
+
+
+def test_weights_gone_non_finite_stop_a_run_and_an_export(ralm, tiny_bert, corpus_file, tmp_path):
+    for lr in ("1e30", "1e38"):  # diverges in a step or two; overflows the first step's weights
+        run = tmp_path / f"ict-{lr}"
+        rc, _, err = ralm("ict", "--corpus", corpus_file, "--model", tiny_bert, "--dim", 16, "--steps", 3, "--batch-size", 4, "--preset", "cpu",
+                          "--lr", lr, "--out", run)
+        assert rc == 2 and "Traceback" not in err and "weights are NaN or inf (the training diverged" in " ".join(err.split()), err
+        assert not (run / "final").exists() and not (run / "checkpoints").exists()
+    _one_line_error(*ralm("ict", "--corpus", corpus_file, "--lr", "1e308", "--out", tmp_path / "ict")[::2], "lr must be at most 3.4e+38")
+    from ralm.retrieval.towers.encoders import Retriever
+
+    broken = Retriever.from_pretrained(str(tiny_bert), dim=16)
+    with torch.no_grad():
+        broken.doc.proj.weight[0, 0] = float("nan")
+    broken.save_pretrained(tmp_path / "broken")
+    rc, _, err = ralm("export", tmp_path / "broken", "--format", "hf", "--out", tmp_path / "exported")
+    _one_line_error(rc, err, "1 of")
+    assert not (tmp_path / "exported").exists()
+
+
+def test_a_disk_filling_up_during_training_is_one_line_naming_the_file(tiny_bert, corpus_file, tmp_path):
+    import resource
+    import signal
+
+    def small_disk():  # every file stops at 1 MB, as on a full disk (EFBIG, not the signal that would kill)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    proc = subprocess.run([sys.executable, "-m", "ralm", "ict", "--corpus", str(corpus_file), "--model", str(tiny_bert), "--dim", "16",
+                           "--steps", "2", "--batch-size", "4", "--preset", "cpu", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, preexec_fn=small_disk, check=False,
+                          env={**os.environ, "RALM_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    last = " ".join(proc.stderr.split("error:")[-1].split())
+    assert "File too large" in last and str(tmp_path / "run") in last and "Traceback" not in proc.stderr
 
 
 def test_a_fifo_corpus_is_refused_not_waited_on(tmp_path):

@@ -180,10 +180,19 @@ class TitleSide:
     def is_result(self, scores):
         return scores > 0
 
-    def overlay_state(self, state, keep, tokens):
-        return None
+    def live_state(self, tokens, records):
+        return [None] * len(records)  # scored from the records' titles: nothing to keep
 
-    def overlay_scorer(self, state, records):
+    def encode_state(self, states):
+        return b""
+
+    def decode_state(self, data, n):
+        return [None] * n
+
+    def write_compacted(self, tmp, ctx, *, keep, live):
+        return self.builder(ctx).write(tmp)
+
+    def overlay_scorer(self, states, records):
         titles = [r["title"] for r in records]
 
         class Scorer:

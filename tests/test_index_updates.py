@@ -4,6 +4,7 @@ log without a server, seen by every command and every side of the index."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -11,6 +12,8 @@ from conftest import DOCS
 
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
+from ralm.retrieval.index import bm25_side, dense_side
+from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.update_log import UpdateLog
 
@@ -58,8 +61,9 @@ def test_a_crash_between_two_adds_keeps_the_first_and_drops_the_torn_second(ralm
     second.write_text(json.dumps(NEW[1]) + "\n")
     assert ralm("index", "add", index, second)[0] == 0  # the retry lands on a line of its own
     assert _ids(ralm, index, "dormant volcano Tanzania", "bm25", k=1) == ["kili:0"]
-    lines = (index / "updates.jsonl").read_text().splitlines()
-    assert [json.loads(line)["id"] for line in lines] == ["zanzibar", "kili"]
+    lines = (index / "updates.jsonl").read_text().splitlines()  # the torn bytes are gone: a header, then one line each
+    assert [json.loads(line).get("op") for line in lines] == ["log", "add", "add"]
+    assert [r["id"] for r in UpdateLog(index).read().records] == ["zanzibar", "kili"]
 
 
 def test_upgrade_a_dense_index_from_the_command_line(ralm, tiny_dense_index, tmp_path):
@@ -97,7 +101,7 @@ def test_deleting_many_documents_takes_one_pass_and_one_log_append(tiny_hybrid_i
     live.add([Document(d["id"], d["title"], d["text"]) for d in NEW])
     appends, snapshots = [], []
     append, snapshot = UpdateLog.append, LiveSearcher._snapshot
-    monkeypatch.setattr(UpdateLog, "append", lambda self, entries: appends.append(entries) or append(self, entries))
+    monkeypatch.setattr(UpdateLog, "append", lambda self, entries, **kw: appends.append(entries) or append(self, entries, **kw))
     monkeypatch.setattr(LiveSearcher, "_snapshot", lambda self, *a: snapshots.append(a) or snapshot(self, *a))
     with pytest.raises(KeyError, match="nowhere"):
         live.delete(["paris", "nowhere"])
@@ -105,9 +109,162 @@ def test_deleting_many_documents_takes_one_pass_and_one_log_append(tiny_hybrid_i
     with pytest.raises(RalmError, match="list of document ids"):
         live.delete("paris")
     live.delete(["zanzibar", "paris", "tokyo", "paris"])
-    assert [[e["id"] for e in batch] for batch in appends] == [["zanzibar", "paris", "tokyo"]] and len(snapshots) == 1
+    assert [[e.record["id"] for e in batch] for batch in appends] == [["zanzibar", "paris", "tokyo"]] and len(snapshots) == 1
     assert len(live) == len(DOCS) - 1  # 6 + kili - paris - tokyo, one block each
     for searcher in (live, LiveSearcher.open(index)):  # the log replays to the same documents
         assert [i for i in ("zanzibar", "paris", "tokyo", "kili", "nile") if searcher.exists(i)] == ["kili", "nile"]
         found = {h.doc_id for h in searcher.search(["capital archipelago cloves volcano"], 10)[0]}
         assert found == {d["id"] for d in DOCS} - {"paris", "tokyo"} | {"kili"}
+
+
+# -- several processes sharing one index -----------------------------------------------------
+
+def test_a_reader_opening_while_another_process_appends_never_cuts_its_record(tiny_hybrid_index, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    record = (json.dumps({"op": "add", **NEW[0]}) + "\n").encode()
+    with open(index / "updates.jsonl", "ab") as writer:  # another process, half way through its append
+        writer.write(record[:25])
+        writer.flush()
+        reader = LiveSearcher.open(index)  # a command opening the index meanwhile
+        assert (index / "updates.jsonl").stat().st_size == 25 and not reader.exists("zanzibar")  # it modified nothing
+        writer.write(record[25:])
+        writer.flush()
+        os.fsync(writer.fileno())  # the writer acknowledges its record
+    assert LiveSearcher.open(index).exists("zanzibar")
+
+
+def test_opening_an_index_reads_logged_documents_back_without_embedding_them(ralm, tiny_hybrid_index, tmp_path, monkeypatch):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    docs = tmp_path / "new.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in NEW))
+    assert ralm("index", "add", index, docs)[0] == 0
+    writer = LiveSearcher.open(index)
+    writer.delete(["paris"])
+    before = {r: writer.search(["archipelago volcano capital"], 8, retriever=r)[0] for r in ("dense", "bm25", "hybrid")}
+
+    def embedding(*args, **kwargs):
+        raise AssertionError("an open embedded a logged document again")
+
+    monkeypatch.setattr(dense_side, "encode_rows", embedding)
+    monkeypatch.setattr(bm25_side, "tokens_of", embedding)
+    reader = LiveSearcher.open(index)
+    assert {r: reader.search(["archipelago volcano capital"], 8, retriever=r)[0] for r in before} == before
+
+
+def test_a_searcher_follows_what_another_process_writes_and_deletes_its_documents(tiny_hybrid_index, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    server, cli = LiveSearcher.open(index), LiveSearcher.open(index)
+    cli.add([Document(**NEW[0])])
+    assert not server.exists("zanzibar") and server.refresh() is False and server.exists("zanzibar")
+    assert server.search(["archipelago cloves"], 1, retriever="bm25")[0][0].id == "zanzibar:0"
+    server.delete(["zanzibar"])  # a writer catches up with the log before it checks and appends
+    with pytest.raises(KeyError, match="zanzibar"):
+        cli.delete(["zanzibar"])  # deleted by the other process meanwhile
+    assert not cli.exists("zanzibar")
+
+
+def test_compact_folds_the_log_into_a_version_that_searches_the_same(ralm, tiny_hybrid_index, tmp_path):
+    from ralm.retrieval.search.compaction import compact_index
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    live = LiveSearcher.open(index)
+    live.add([Document(**d) for d in NEW])
+    live.add([Document("paris", "Paris", "Paris now mentions cloves and a dormant volcano.")])
+    live.delete(["tokyo", "kili"])
+    queries = ["archipelago cloves", "dormant volcano", "capital of Japan"]
+    before = {r: [[(h.id, h.text) for h in hs] for hs in live.search(queries, 10, retriever=r)] for r in ("dense", "bm25")}
+    dense = [[round(h.score, 5) for h in hs] for hs in live.search(queries, 10, retriever="dense")]
+    code, out, err = ralm("index", "compact", index, "--json")
+    assert code == 0, err
+    done = json.loads(out)
+    assert done["version"] == "v000002" and done["folded"] == 5 and done["blocks"] == len(DOCS)  # +zanzibar -tokyo
+    compacted = LiveSearcher.open(index)
+    assert compacted.current.log.records == 0 and len(compacted.current.delta.docs) == 0
+    after = {r: [[(h.id, h.text) for h in hs] for hs in compacted.search(queries, 10, retriever=r)] for r in before}
+    assert after["dense"] == before["dense"]  # the same embeddings, carried over
+    assert [[round(h.score, 5) for h in hs] for hs in compacted.search(queries, 10, retriever="dense")] == dense
+    assert [set(hs) for hs in after["bm25"]] == [set(hs) for hs in before["bm25"]]  # statistics of the new corpus: same blocks
+    assert live.refresh() is True and live.current.name == "v000002"  # an open searcher swaps to it
+    assert json.loads(ralm("index", "compact", index, "--json")[1])["version"] is None  # nothing left to fold
+    live.add([Document("kili", "Kilimanjaro", "Kilimanjaro is back.")])
+    assert ralm("index", "compact", index)[0] == 0
+    code, out, err = ralm("index", "check", index, "--json")
+    assert code == 0 and json.loads(out)["logged_updates"] == 0, err
+    for i in range(2):  # versions 4 and 5: the 2nd is pruned, and the block store it compacted into goes with it
+        live.add([Document(f"extra{i}", "Extra", "One more document.")])
+        compact_index(live)
+    kept = {IndexDir(index).version(v).blocks for v in IndexDir(index).versions()}
+    assert IndexDir(index).versions() == ["v000003", "v000004", "v000005"]
+    assert {p.name for p in (index / "blocks").iterdir() if p.name.startswith("compacted-")} == kept
+    assert LiveSearcher.open(index).exists("kili") and not LiveSearcher.open(index).exists("tokyo")
+
+
+def test_a_compaction_killed_between_publishing_and_restarting_the_log_loses_and_doubles_nothing(tiny_hybrid_index, tmp_path,
+                                                                                                  monkeypatch):
+    from ralm.retrieval.search.compaction import compact_index
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    live = LiveSearcher.open(index)
+    live.add([Document(**d) for d in NEW])
+    live.delete(["paris"])
+    blocks = len(live)
+
+    def killed(self, log_id, *, after):
+        raise KeyboardInterrupt  # as a kill -9 right after LATEST moved
+
+    with monkeypatch.context() as m:
+        m.setattr(UpdateLog, "restart", killed)
+        with pytest.raises(KeyboardInterrupt):
+            compact_index(LiveSearcher.open(index))
+    assert (index / "LATEST").read_text().strip() == "v000002" and len(UpdateLog(index).read().records) == 3
+    reopened = LiveSearcher.open(index)  # the new version, and the old log from the offset it holds
+    assert len(reopened) == blocks and reopened.current.log.records == 0 and not reopened.exists("paris")
+    live.add([Document("paris", "Paris", "Paris is back.")])  # the old searcher catches up first: it swaps, then appends
+    assert live.current.name == "v000002" and LiveSearcher.open(index).exists("paris")
+    assert compact_index(LiveSearcher.open(index)).folded == 1 and len(LiveSearcher.open(index)) == blocks + 1
+
+
+def test_a_killed_upgrade_leaves_an_index_of_the_kind_its_latest_version_holds(ralm, tiny_dense_index, corpus_file, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_dense_index, index)
+    assert ralm("index", "upgrade", index)[0] == 0
+    root = json.loads((index / "manifest.json").read_text())
+    (index / "manifest.json").write_text(json.dumps({**root, "retriever": "dense"}))  # what ralm <= 0.4 left when killed there
+    assert IndexDir(index).kind == "hybrid"
+    code, out, err = ralm("index", "check", index, "--json")
+    assert code == 0 and json.loads(out)["retriever"] == "hybrid", err
+    assert ralm("index", "upgrade", index, "--json")[0] == 0
+    assert _ids(ralm, index, "Guido van Rossum", "bm25", k=1) == ["python:0"]
+    code, out, err = ralm("index", "build", corpus_file, "--out", index, "--model", IndexDir(index).root / "retriever" /
+                          next(p.name for p in (index / "retriever").iterdir()), "--json")
+    assert code == 0 and json.loads(out)["retriever"] == "hybrid", err  # a hybrid build into it is one more version
+
+
+def test_a_searcher_that_cannot_load_a_compacted_version_keeps_what_it_served(tiny_hybrid_index, tmp_path, monkeypatch):
+    from ralm.retrieval.search.compaction import compact_index
+    from ralm.retrieval.search.searcher import Searcher
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    server = LiveSearcher.open(index)
+    server.add([Document(**NEW[0])])
+    server.delete(["paris"])
+    compact_index(index)  # v2 holds the log so far; the log starts anew, empty
+    load = Searcher._load
+
+    def refusing(self, name):
+        if name == "v000002":
+            raise RalmError("built with another document tower")
+        return load(self, name)
+
+    monkeypatch.setattr(Searcher, "_load", refusing)
+    with pytest.raises(RalmError, match="another document tower"):
+        server.refresh()
+    assert server.current.name == "v000001" and server.exists("zanzibar") and not server.exists("paris")  # not the new log over v1
+    with pytest.raises(RalmError, match="cannot be searched here"):
+        server.add([Document(**NEW[1])])

@@ -131,7 +131,7 @@ def test_bf16_matrix_search_matches_fp32_except_near_ties(data):
 
 def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     """Parity: scored with the index's statistics, a text gets the score bm25s gives it as a block of the index."""
-    from ralm.retrieval.backends.bm25 import LiveBM25
+    from ralm.retrieval.backends.bm25 import LiveBM25, tokens_of
 
     texts = ["the cat sat on the mat", "dogs chase cars in the street", "a zebra named Quagga lives here with a zebra",
              "stocks fell sharply", "the cat and the dog"]
@@ -141,6 +141,6 @@ def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     queries = ["where does the zebra quagga live", "cat dog", "cat cat"]
     full, ids = index.search(queries, len(texts))
     by_row = np.take_along_axis(full, np.argsort(ids, 1), 1)  # [Q, N] in row order
-    np.testing.assert_allclose(LiveBM25(index, texts[2:]).scores(queries), by_row[:, 2:], rtol=1e-5)
+    np.testing.assert_allclose(LiveBM25(index, tokens_of(texts[2:])).scores(queries), by_row[:, 2:], rtol=1e-5)
     unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
-    assert unseen > rare > common > 0 and LiveBM25(index, ["an okapi"]).scores(["okapi"])[0, 0] > 0
+    assert unseen > rare > common > 0 and LiveBM25(index, tokens_of(["an okapi"])).scores(["okapi"])[0, 0] > 0

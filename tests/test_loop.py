@@ -111,6 +111,9 @@ def test_every_trainer_refuses_a_non_positive_or_nan_learning_rate_and_a_bad_dty
             make(**args, lr=bad)
     with pytest.raises(RalmError, match="dtype must be one of auto, fp32, bf16"):
         make(**args, dtype="fp16")
+    for bad in (-1, 2**32):  # numpy's range: -1 was an internal error when the run seeded
+        with pytest.raises(RalmError, match="seed must be a whole number in 0 .. 4294967295"):
+            make(**args, seed=bad)
     make(**args)  # the defaults pass
 
 

@@ -333,7 +333,7 @@ def test_ask_reads_questions_from_stdin_with_the_models_loaded_once(ralm, tiny_d
     real_open = OpenQA.open.__func__
     monkeypatch.setattr(OpenQA, "open", classmethod(lambda cls, *a, **kw: opened.append(1) or real_open(cls, *a, **kw)))
     questions = ["Who created Python?", "", "What is the capital of France?"]
-    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(("\n".join(questions) + "\n").encode())))
     code, out, err = ralm("ask", "--index", tiny_dense_index, "-k", 2, "--min-confidence", 0, "--json")
     assert code == 0, err
     answers = [json.loads(line) for line in out.splitlines()]
@@ -343,3 +343,6 @@ def test_ask_reads_questions_from_stdin_with_the_models_loaded_once(ralm, tiny_d
         assert code == 0 and json.loads(one) == answer
     code, _, err = ralm("ask", "  ", "--index", tiny_dense_index)
     assert code == 2 and "the question is empty" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Who created Python?\nWho \xff\xfe?\n")))  # Latin-1 bytes
+    code, out, err = ralm("ask", "--index", tiny_dense_index, "-k", 2, "--min-confidence", 0, "--json")
+    assert code == 2 and len(out.splitlines()) == 1 and "stdin:2: not valid UTF-8" in err and "Traceback" not in err

@@ -65,8 +65,30 @@ def _drop_retriever_key(v, b, r):
     (r / "manifest.json").write_text(json.dumps(m))
 
 
+def _sides(r, sides):
+    path = r / "versions" / "v000001" / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "sides": sides}))
+
+
+def _side_gone(v):
+    """The BM25 side's files removed, and the inventory with them: the manifest still names the side."""
+    shutil.rmtree(v / "bm25")
+    m = json.loads((v / "manifest.json").read_text())
+    (v / "manifest.json").write_text(json.dumps({**m, "files": {k: e for k, e in m["files"].items() if not k.startswith("bm25/")}}))
+
+
+def _log_linked_elsewhere(r):
+    (r.parent / "elsewhere.jsonl").write_text("")
+    (r / "updates.jsonl").symlink_to(r.parent / "elsewhere.jsonl")
+
+
 # (kind, damage, what the error names, caught when the version opens or only by `index check`)
 DAMAGES = {
+    "a NUL line in the update log": ("bm25", lambda v, b, r: (r / "updates.jsonl").write_bytes(b"\0" * 40 + b"\n"),
+                                     "updates.jsonl:1", True),
+    "an update log linked elsewhere": ("bm25", lambda v, b, r: _log_linked_elsewhere(r), "updates.jsonl is not a regular file", True),
+    "a side whose files are gone": ("dense", lambda v, b, r: _side_gone(v), "bm25", True),
+    "an unknown side": ("dense", lambda v, b, r: _sides(r, ["dense", "colbert"]), "colbert", True),
     "bm25 array truncated": ("bm25", lambda v, b, r: _truncate(next((v / "bm25").glob("*.npy")), 100), "bm25/", True),
     "bm25 array flipped byte": ("bm25", lambda v, b, r: _flip_byte(next((v / "bm25").glob("*.npy"))), "bm25/", False),
     "model.safetensors truncated": ("dense", lambda v, b, r: _truncate(next((r / "retriever").glob("*/model.safetensors")), 300),
@@ -128,3 +150,7 @@ def test_non_finite_scores_never_print_a_bare_nan(ralm, indexes, tmp_path):
     rc, out, err = ralm("search", root, "capital", "-k", 2, "--json")
     assert "NaN" not in out
     _one_line_error(rc, err, "index check")
+    for args in ((), ("--retriever", "hybrid"), ("--retriever", "dense")):  # a table, not only JSON, and fused with BM25
+        rc, out, err = ralm("search", root, "capital", "-k", 2, *args)
+        assert "nan" not in out.lower()
+        _one_line_error(rc, err, f"ralm index check {root}")

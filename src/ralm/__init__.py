@@ -21,6 +21,7 @@ _EXPORTS = {
     "Retriever": "ralm.retrieval.towers.encoders",
     "build_index": "ralm.retrieval.index.build",
     "upgrade_index": "ralm.retrieval.index.build",
+    "compact_index": "ralm.retrieval.search.compaction",
     "Searcher": "ralm.retrieval.search.searcher",
     "LiveSearcher": "ralm.retrieval.search.live",
     "Hit": "ralm.retrieval.search.searcher",

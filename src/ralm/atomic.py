@@ -11,12 +11,14 @@ The readers here turn a damaged file (truncated, overwritten) into a RalmError n
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -85,6 +87,33 @@ def remove_stale_temps(parent: str | os.PathLike) -> list[Path]:
     return stale
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust writers (safetensors) report one
+
+
+def _named_os_error(e: Exception, target: Path) -> OSError | None:
+    """A write's failure as an OSError naming `target`, or None to let `e` through: an OSError
+    without a file name (a full disk), a library's wrapped one (safetensors: "... (os error
+    28)"), numpy's short write ("N requested and M written")."""
+    if isinstance(e, OSError) and e.filename is None:
+        return OSError(e.errno, e.strerror, str(target)) if e.errno is not None else OSError(errno.EIO, str(e), str(target))
+    found = _OS_ERROR.search(str(e)) if not isinstance(e, OSError) else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1))), str(target)) if found else None
+
+
+def _check_replaceable(target: Path) -> None:
+    """A device, FIFO or socket at `target` is refused: renaming a file over it would replace
+    the node itself (as root, `--predictions /dev/null` would turn the device into a file)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError:  # a path through a file, a loop of links: the write names it
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise RalmError(f"{target} is not a regular file (a device, FIFO or socket); ralm writes its outputs to files: "
+                        "name a file path")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `target`; on success it replaces `target` atomically.
@@ -93,6 +122,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     replaced by a rename-aside so a reader never sees it missing for longer than a rename).
     """
     target = Path(target)
+    _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target.parent)
     tmp = temp_dir(target.parent, target.name)
@@ -101,9 +131,10 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     try:
         try:
             yield inner
-        except OSError as e:  # a full disk names no file: name the target, for the one-line error
-            if e.filename is None and e.errno is not None:
-                raise OSError(e.errno, e.strerror, str(target)) from e
+        except Exception as e:  # a full disk names no file: name the target, for the one-line error
+            named = _named_os_error(e, target)
+            if named is not None:
+                raise named from e
             raise
         if not inner.exists():
             raise FileNotFoundError(f"nothing was written to {inner}")
@@ -118,6 +149,34 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, *, shared: bool = False, blocking: bool = True) -> Iterator[bool]:
+    """Hold an inter-process lock on `path` (fcntl.flock on a file created if missing):
+    exclusive for a writer, shared for readers. Yields True once held; False when `blocking` is
+    off and another process holds it. The kernel drops the lock when its holder dies, so a
+    killed writer never leaves it held. Locks are per open file, so two threads of one process
+    exclude each other too, and a thread must not take the lock it already holds."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:  # a directory this user cannot write (or a read-only disk): read it unlocked
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        yield True
+        return
+    try:
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_text(target: str | os.PathLike, text: str) -> None:

@@ -8,6 +8,7 @@ its flag; warnings about accepted input (`RalmWarning`) print one `warning:` lin
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError
-from ralm.defaults import READ_K
+from ralm.defaults import COMPACT_AFTER, READ_K
 from ralm.errors import RalmError, RalmWarning, plural
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
@@ -209,18 +210,22 @@ def ask(
 
 
 def _stdin_questions():
-    """Non-empty lines of stdin; on a terminal, a prompt before each."""
+    """Non-empty lines of stdin; on a terminal, a prompt before each. A line that is not UTF-8
+    stops with one line naming it (stdin:N)."""
+    from ralm.data.corpus import decode_line
+
     prompt = sys.stdin.isatty()
     if prompt:
         err.print("ready: one question a line, Ctrl-D to end")
-    while True:
+    for lineno in itertools.count(1):
         if prompt:
             err.print("[bold]?[/bold] ", end="")
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        if not raw:
             return
-        if line.strip():
-            yield line.strip()
+        line = decode_line(raw, "stdin", lineno).strip()
+        if line:
+            yield line
 
 
 @app.command()
@@ -236,6 +241,8 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
     max_body_mb: int = typer.Option(1, "--max-body-mb", help="the largest request body in MiB (a PDF sent to POST /documents/file)"),
     min_confidence: float = MinConfidenceOpt,
+    compact_after: int = typer.Option(COMPACT_AFTER, "--compact-after", help="compact the index's update log into a new version "
+                                      "once it holds this many updates (0: never; `ralm index compact` does it by hand)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
@@ -253,7 +260,7 @@ def serve(
     quiet_libraries()
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
-                              max_body_bytes=max_body_mb << 20),
+                              max_body_bytes=max_body_mb << 20, compact_after=compact_after),
                   runtime(device, dtype))
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, announce=lambda: err.print(

@@ -11,7 +11,10 @@ reports them under the option's flag.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import types
+import typing
 from typing import Any, Mapping
 
 from ralm.errors import RalmError
@@ -98,3 +101,25 @@ def preset_values(config_cls, preset: str) -> Mapping[str, Any]:
     if preset not in ("gpu", *presets):
         raise ConfigError("preset", f"must be one of gpu, {', '.join(presets)}; got {preset!r}")
     return presets.get(preset, {})
+
+
+def config_from_file(cls, raw: dict, where: str | os.PathLike):
+    """`cls(**raw)` for a model's config read from a file (`where`: a checkpoint's config.json):
+    an unknown field, or a value not of its field's type, is one RalmError naming the file and
+    the field, never a failure deep inside the model that reads it."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name, value in raw.items():
+        if name not in known:
+            raise RalmError(f"{where}: unknown field {name!r}; the checkpoint is damaged or was written by a newer ralm")
+        allowed = typing.get_args(hints[name]) if isinstance(hints[name], types.UnionType) else (hints[name],)
+        allowed = tuple(type(None) if t is None else typing.get_origin(t) or t for t in allowed)
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+        if not ok and not (float in allowed and isinstance(value, int) and not isinstance(value, bool)):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+            raise RalmError(f"{where}: field {name!r} must be {names}, got {repr(value)[:60]}; the checkpoint is damaged")
+    try:
+        return cls(**raw)
+    except RalmError as e:
+        raise RalmError(f"{where}: {e}") from None
+

@@ -7,3 +7,4 @@ HYBRID_ALPHA = 0.7  # the dense score's weight in hybrid search (BM25's: 1 - alp
 FUSION = "weighted"  # how an index's sides are fused (retrieval/search/fusion.py FUSIONS)
 FUSION_DEPTH = 100  # each side's list that fusion draws candidates from
 RRF_C = 60  # reciprocal rank fusion's constant (Cormack et al., 2009)
+COMPACT_AFTER = 10_000  # update records an index's log holds before a server compacts it into a version (search/compaction.py)

@@ -87,11 +87,27 @@ def full_precision(device: torch.device):
 
 
 
+def check_finite(model: torch.nn.Module, what: str) -> None:
+    """Every weight of `model` finite, else one RalmError counting those that are not: a
+    learning rate too high for the model turns its weights to NaN or inf in one step, and a
+    model saved in that state answers nothing."""
+    bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters() if p.is_floating_point())
+    if bad:
+        total = sum(p.numel() for p in model.parameters())
+        raise RalmError(f"{what}: {bad:,} of {total:,} weights are NaN or inf (the training diverged: lower --lr); "
+                        "nothing was saved from it")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return _NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
+SEEDS = range(2**32)  # what numpy accepts; torch and random take these too
+
+
 def seed_everything(seed: int) -> torch.Generator:
+    if seed not in SEEDS:
+        raise RalmError(f"a seed must be a whole number in 0 .. {SEEDS.stop - 1}, got {seed}")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""`ralm index build|upgrade|add|delete`, `ralm search` and `ralm eval retrieval`: indexes over a
-corpus, their documents, and what they retrieve."""
+"""`ralm index build|check|upgrade|add|delete|compact`, `ralm search` and `ralm eval retrieval`:
+indexes over a corpus, their documents, and what they retrieve."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ralm.configs import CORPUS_HELP
 from ralm.console import out, print_hits, print_json, print_summary
 from ralm.errors import RalmError, plural
 
-index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents.")
+index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents, compact their logs.")
 
 
 @index_app.command("build")
@@ -65,27 +65,41 @@ def index_check(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
     as_json: bool = JsonOpt,
 ):
-    """Verify every version's files against its manifest: sizes, shapes, dtypes, checksums, and
-    no NaN/inf in the embeddings. A damaged file is one line naming it and exit code 2."""
+    """Verify that the index serves: every version's files against its manifest (sizes, shapes,
+    dtypes, checksums, no NaN/inf in the embeddings), its sides known and present, and the
+    update log readable. A fault is one line naming it and exit code 2."""
     index_path(index_dir)
+    from ralm.retrieval.index.kinds import side_class
     from ralm.retrieval.index.store import IndexDir
     from ralm.retrieval.index.verify import check_full
+    from ralm.retrieval.search.update_log import UpdateLog
 
     index = IndexDir(index_dir)
     latest = index.latest()
     versions = []
     for name in index.versions():
         manifest = index.version(name)
-        checked = check_full(index.version_path(name), manifest.files)
+        path = index.version_path(name)
+        checked = check_full(path, manifest.files)
         if len(index.blocks(manifest.blocks)) != manifest.count:
-            raise RalmError(f"{index.version_path(name)}: its entry count differs from its block store's; "
-                            "the index is damaged: rebuild it")
-        versions.append({"version": name, "files": checked, "verified": manifest.files is not None})
+            raise RalmError(f"{path}: its entry count differs from its block store's; the index is damaged: rebuild it")
+        try:  # sides this ralm knows, making a kind, each with its files
+            kind = manifest.kind
+            missing = next((side for side in manifest.sides if not side_class(side).files(path)), None)
+        except RalmError as e:
+            raise RalmError(f"{path}: {e}; the index is damaged: rebuild it") from None
+        if missing is not None:
+            raise RalmError(f"{path}: its manifest names a {missing} side, whose files are missing; the index is damaged: rebuild it")
+        versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "retriever": kind})
+    log = UpdateLog(index.root).check()
     unverified = [v["version"] for v in versions if not v["verified"]]
-    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions, "sound": True}
+    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions,
+               "logged_updates": len(log.records), "sound": True}
+    cut = f"; the log ends in {log.size - log.end} bytes of an append cut off by a crash (never acknowledged)" if log.size > log.end else ""
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {plural(len(versions), 'version')}, latest {latest}, "
                   f"{plural(sum(v['files'] for v in versions), 'file')} verified"
-                  + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else ""))
+                  + (f", {plural(len(log.records), 'logged update')}" if log.records else "")
+                  + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else "") + cut)
 
 
 def search(
@@ -247,3 +261,28 @@ def index_delete(
     live.delete(ids)
     summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]deleted[/green] {plural(summary['deleted'], 'document')} from {index_dir}: {plural(len(live), 'block')} searchable")
+
+
+@index_app.command("compact")
+def index_compact(
+    index_dir: Path = typer.Argument(..., help="index directory"),
+    *,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = JsonOpt,
+):
+    """Fold the update log into a new index version (nothing is embedded again), so that opening
+    the index reads a short log; safe while a server or other commands use the index."""
+    index_path(index_dir)
+    from ralm.retrieval.search.compaction import compact_index
+    from ralm.retrieval.search.live import LiveSearcher
+
+    quiet_libraries()
+    rt = runtime(device, dtype)
+    done = compact_index(LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype), show_progress=main_rank())
+    summary = done.to_json()
+    if done.version is None:
+        print_summary(summary, as_json, f"{index_dir}: nothing to compact (the update log holds no update), {plural(done.blocks, 'block')}")
+    else:
+        print_summary(summary, as_json, f"[green]compacted[/green] {plural(done.folded, 'logged update')} of {index_dir} into {done.version}: "
+                      f"{plural(done.blocks, 'block')} in {done.seconds} s")

@@ -25,6 +25,7 @@ from pathlib import Path
 from ralm.atomic import atomic_path
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever, Tower, is_retriever_dir
+from ralm.runtime import check_finite
 
 FORMATS = ("sentence-transformers", "hf")
 
@@ -61,6 +62,7 @@ def export_model(source: str | os.PathLike, out: str | os.PathLike, fmt: str, *,
 
 def _export_retriever(found: Path, out: Path, fmt: str) -> dict:
     retriever = Retriever.from_pretrained(found)
+    check_finite(retriever, str(found))
     if fmt == "sentence-transformers":
         check_sentence_transformers(retriever)
     with atomic_path(out) as tmp:
@@ -80,6 +82,7 @@ def _export_reader(found: Path, out: Path, fmt: str) -> dict:
     if fmt != "hf":
         raise RalmError("a span reader has no sentence-transformers form; export it with --format hf")
     reader = Reader.from_pretrained(found)
+    check_finite(reader, str(found))
     if reader.cfg.trainable_layers is not None:
         reader.cfg.trainable_layers = None  # the exported encoder is whole
     with atomic_path(out) as tmp:

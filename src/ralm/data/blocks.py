@@ -164,14 +164,8 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             task = bar.add_task("blocking", total=total)
             for doc, blocks in iter_blocks(read_corpus(corpus, files=files), hf_tokenizer, cfg):
                 id_hashes.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True))
-                for b in blocks:
-                    tokens.append(b.token_ids)
-                    body_start.append(b.body_start)
-                    doc_index.append(n_docs)
-                    row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
-                    line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-                    meta.write(line)
-                    line_offsets.append(line_offsets[-1] + len(line))
+                for size in _append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index, meta=meta):
+                    line_offsets.append(line_offsets[-1] + size)
                 n_docs += 1
                 bar.advance(task)
         tokens.close()
@@ -204,6 +198,55 @@ def ensure_block_store(folder: str | os.PathLike, corpus: str | os.PathLike, hf_
     if not manifest_file(path).is_file():
         build_block_store(corpus, path, hf_tokenizer, cfg=cfg, files=files, show_progress=show_progress)
     return key, BlockStore(path)
+
+
+def _append_blocks(doc: Document, blocks: list[Block], ordinal: int, *, tokens: RaggedWriter, body_start: array,
+                   doc_index: array, meta) -> list[int]:
+    """Write the blocks of `doc`, the `ordinal`-th document, into a store being built; returns
+    the byte length of each one's blocks.jsonl line."""
+    sizes = []
+    for b in blocks:
+        tokens.append(b.token_ids)
+        body_start.append(b.body_start)
+        doc_index.append(ordinal)
+        row = {"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]}
+        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+        meta.write(line)
+        sizes.append(len(line))
+    return sizes
+
+
+def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tuple[Document, list[Block]]],
+                        out: str | os.PathLike, *, origin: dict) -> BlockStore:
+    """A block store (published atomically at `out`) of `source`'s rows `keep`, ascending,
+    copied a run of consecutive rows at a time, then the blocks of `docs` (an index's
+    compaction: its version minus hidden documents, plus its live ones). `origin` goes into its
+    manifest, saying what it was made from."""
+    runs = np.split(keep, np.flatnonzero(np.diff(keep) != 1) + 1) if len(keep) else []
+    _, doc_index = np.unique(source.doc_index[keep], return_inverse=True)  # the kept documents, renumbered in order
+    doc_index, body_start = array("q", doc_index.astype(np.int64).tobytes()), array("i", source.body_start[keep].astype(np.int32).tobytes())
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        tokens = RaggedWriter(tmp / "tokens", np.int32)
+        offsets, line_offsets = source.tokens.offsets, source._line_offsets
+        n_docs = int(doc_index[-1]) + 1 if len(doc_index) else 0
+        with open(tmp / "blocks.jsonl", "wb") as meta:
+            for run in runs:
+                a, b = int(run[0]), int(run[-1]) + 1
+                tokens.extend(source.tokens.values[offsets[a]:offsets[b]], np.diff(offsets[a:b + 1]))
+                meta.write(os.pread(source._meta.fileno(), int(line_offsets[b] - line_offsets[a]), int(line_offsets[a])))
+            lengths = [np.diff(line_offsets)[keep]]
+            for doc, blocks in docs:
+                lengths.append(np.array(_append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index,
+                                                       meta=meta), dtype=np.int64))
+                n_docs += 1
+        tokens.close()
+        np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
+        np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
+        np.save(tmp / "blocks.idx.npy", np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64))
+        manifest = {**source.manifest, "count": len(tokens), "documents": n_docs, "origin": origin}
+        manifest_file(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
+    return BlockStore(out)
 
 
 def _check_unique_ids(hashes: np.ndarray, corpus: Path, files: FileFilter) -> None:

@@ -39,7 +39,7 @@ class Document:
     text: str
 
 
-def _decode(raw: bytes, path: Path, lineno: int) -> str:
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -101,7 +101,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line; errors name file:line."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            line = _decode(raw, path, lineno).strip()
+            line = decode_line(raw, path, lineno).strip()
             if not line:
                 continue
             try:
@@ -123,21 +123,22 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Document]]:
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
-    """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works)."""
+    """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works).
+    A field may be as long as its line, and hold a bare carriage return."""
     with open(path, "rb") as f:
-        header = _decode(f.readline(), path, 1).rstrip("\r\n").split("\t")
+        header = decode_line(f.readline(), path, 1).rstrip("\r\n").split("\t")
         missing = {"id", "text"} - set(header)
         if missing:
             raise RalmError(f"{path}:1: TSV header must name columns id, text (and optionally title); missing {sorted(missing)}")
         cols = {name: i for i, name in enumerate(header)}
         for lineno, raw in enumerate(f, 2):
-            line = _decode(raw, path, lineno).rstrip("\r\n")
+            line = decode_line(raw, path, lineno).rstrip("\r\n")
             if not line:
                 continue
-            fields = next(csv.reader([line], delimiter="\t"))
-            if len(fields) != len(header):
-                raise RalmError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(fields)}")
             where = f"{path}:{lineno}"
+            fields = _tsv_fields(line, where)
+            if len(fields) != len(header):
+                raise RalmError(f"{where}: expected {len(header)} tab-separated fields, got {len(fields)}")
             yield where, _document({name: fields[i] for name, i in cols.items()}, where)
 
 
@@ -145,7 +146,7 @@ def _documents(data: bytes, path: str, rel: str) -> Iterator[Document]:
     """A .txt file is one document (id `rel`, titled by its name); a Markdown, HTML or PDF file
     one per section (id `rel` + the section's anchor). `path` names the file in errors."""
     if Path(path).suffix.lower() == ".txt":
-        yield Document(rel, stem_title(rel), visible(_decode(data, Path(path), 1)))
+        yield Document(rel, stem_title(rel), visible(decode_line(data, path, 1)))
         return
     for section in reader_for(path)(data, path):
         yield Document(rel + section.anchor, section.title, visible(section.text))
@@ -180,7 +181,27 @@ def sectioned_files(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) 
 def _read_folder(listing: Listing) -> Iterator[tuple[str, Document]]:
     """The documents of a folder's files, ids relative to the folder."""
     for file, rel in listing.files:
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RalmError(f"{file!r}: its name, a document id, is not valid UTF-8; rename the file") from None
+        if (problem := id_problem(rel)) is not None:
+            raise RalmError(f"{file!r}: its name, a document id, {problem}; rename the file")
         yield from _read_file(file, rel)
+
+
+def _tsv_fields(line: str, where: str) -> list[str]:
+    """One TSV line's fields: split on tabs, or read by the csv module where a field is quoted."""
+    if '"' not in line:
+        return line.split("\t")
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(line)))  # the module's 131,072-character default would refuse a long passage
+    try:
+        return next(csv.reader([line], delimiter="\t", lineterminator="\n"))
+    except csv.Error as e:
+        raise RalmError(f"{where}: not a TSV line ({e})") from None
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _corpus_path(path: str | os.PathLike) -> Path:

@@ -29,6 +29,11 @@ class RaggedWriter:
         self._values.write(row.tobytes())
         self._offsets.append(self._offsets[-1] + len(row))
 
+    def extend(self, values: np.ndarray, lengths: np.ndarray) -> None:
+        """Append rows of `lengths` at once, their `values` flat (a run of another array's rows)."""
+        self._values.write(np.asarray(values, dtype=self.dtype).tobytes())
+        self._offsets.extend((self._offsets[-1] + np.cumsum(lengths, dtype=np.int64)).tolist())
+
     def __len__(self) -> int:
         return len(self._offsets) - 1
 

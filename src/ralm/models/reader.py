@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Sequence
@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ralm.atomic import atomic_path, link_or_copy, read_weights, write_model_dir, write_text
+from ralm.atomic import atomic_path, link_or_copy, read_json, read_weights, write_model_dir, write_text
+from ralm.configs import config_from_file
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.data.qa import normalize_answer
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
-from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer,
+from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer,
                                            load_hf_encoder)
 
 FORMAT = "ralm.reader/1"
@@ -447,16 +448,16 @@ class Reader(nn.Module):
         path = default_reader_path() if path is None else Path(path)
         if not is_reader_dir(path):
             raise RalmError(f"{path}: not a reader checkpoint (expected config.json with format {FORMAT!r})")
-        raw = json.loads((path / "config.json").read_text())
+        raw = read_json(path / "config.json")
         raw.pop("format")
-        cfg = ReaderConfig(**{**raw, **overrides})
+        cfg = replace(config_from_file(ReaderConfig, raw, path / "config.json"), **overrides)
         if cfg.trainable_layers is not None:  # the frozen part comes from the base encoder
             base = cfg.base_model
             bert, _ = load_hf_encoder(default_model_path() if base == "default" else base)
         else:
-            bert = bert_from_config(cfg.encoder, device="meta")  # every weight comes from the checkpoint
+            bert = encoder_from_config(cfg.encoder, path / "config.json")  # every weight comes from the checkpoint
         model = cls(bert, load_checkpoint_tokenizer(path), cfg)
-        missing, unexpected = assign_weights(model, read_weights(path))
+        missing, unexpected = assign_weights(model, read_weights(path), path)
         missing = [k for k in missing if not k.endswith("position_ids") and model._is_trained(k)]
         if missing or unexpected:
             raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
@@ -487,7 +488,7 @@ def wordpiece_map(source, target) -> torch.Tensor:
 
 def is_reader_dir(path: str | os.PathLike) -> bool:
     p = Path(path) / "config.json"
-    return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
+    return p.is_file() and read_json(p).get("format") == FORMAT
 
 
 def default_reader_path() -> Path:

@@ -99,7 +99,8 @@ class EvidenceOut(BaseModel):
     retrieval_prob: float | None = None
     span_prob: float | None = None
     answer: str | None = None
-    span: list[int] | None = None
+    span: list[int] | None = Field(None, description="[start, end) of `answer` in `text`, in Unicode code points (as Python "
+                                   "slices a str; a UTF-16 string such as JavaScript's holds an emoji as two units)")
     found_by: list[str] = Field(default_factory=list, description="the index's sides (dense, bm25) whose own top list held it")
 
 
@@ -246,7 +247,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it)",
              responses=_errors(404, 422))
     async def get_document(doc_id: str):
-        if not await run(service.exists, doc_id):
+        if not await asyncio.to_thread(service.exists, doc_id):  # a snapshot's answer: no wait behind writes
             raise HTTPException(404, f"no document with id {doc_id!r}")
         return {"id": doc_id}
 
@@ -259,10 +260,14 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         return {"deleted": doc_id, **await index_after()}
 
     def delete_if_present(doc_id: str) -> bool:
-        """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets 404."""
+        """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets
+        404, as does one of an id another process deleted (the delete checks the log again)."""
         if not service.exists(doc_id):
             return False
-        service.delete(doc_id)
+        try:
+            service.delete(doc_id)
+        except KeyError:
+            return False
         return True
 
     @app.get("/health", responses=_errors())

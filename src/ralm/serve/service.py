@@ -1,6 +1,7 @@
 """What the server holds: the live searcher over every side of its index (hybrid by default),
-the reader, latency statistics, and a watcher thread that swaps in new index versions between
-requests."""
+the reader, latency statistics, and a watcher thread that follows the index between requests:
+new versions are swapped in, updates other processes log (`ralm index add/delete`) applied, and
+the log compacted into a new version, in the background, once it holds `compact_after` records."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from typing import Sequence
 import numpy as np
 
 from ralm.data.corpus import Document
+from ralm.defaults import COMPACT_AFTER
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.index.kinds import KINDS, kind_of
+from ralm.retrieval.search.compaction import compact_index
 from ralm.retrieval.search.searcher import Hit
 from ralm.runtime import Runtime
 
@@ -32,12 +35,15 @@ class ServeConfig:
     api_key: str | None = None
     host: str = "127.0.0.1"  # the address the server binds; Host headers naming it are accepted
     allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
-    poll_seconds: float = 1.0
+    poll_seconds: float = 0.25  # how often the index (LATEST, the update log) is checked
+    compact_after: int = COMPACT_AFTER  # update records the log may hold before it is compacted; 0: never
     max_body_bytes: int = 1 << 20
 
     def __post_init__(self):
         if not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask
             raise RalmError(f"the minimum confidence must be in [0, 1], got {self.min_confidence}")
+        if self.compact_after < 0:
+            raise RalmError(f"compact_after must be 0 (never) or a number of update records, got {self.compact_after}")
 
 
 class Service:
@@ -53,9 +59,12 @@ class Service:
             self.reader = Reader.from_pretrained(resolve_reader(cfg.model)).to(self.device).eval()
         self.latency = {"ask": deque(maxlen=2000), "search": deque(maxlen=2000)}
         self.swaps = 0
+        self.compactions = 0
         self._swap_errors: dict[Path, str] = {}  # index root -> the last failure logged
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="ralm-index-watcher")
+        self._compactor: threading.Thread | None = None
+        self._compact_error: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -67,9 +76,27 @@ class Service:
     def _watch(self) -> None:
         while not self._stop.wait(self.cfg.poll_seconds):
             self.refresh()
+            if 0 < self.cfg.compact_after < self.live.current.log.records and not (self._compactor and self._compactor.is_alive()):
+                self._compactor = threading.Thread(target=self.compact, daemon=True, name="ralm-compactor")
+                self._compactor.start()
+
+    def compact(self) -> None:
+        """Fold the update log into a new index version (search/compaction.py), unless another
+        process is compacting; searches and writes go on meanwhile."""
+        try:
+            done = compact_index(self.live, wait=False)
+            self._compact_error = None
+            if done is not None and done.version is not None:
+                self.compactions += 1
+                log.info("compacted %d logged updates of %s into %s (%.1f s)", done.folded, done.index, done.version, done.seconds)
+        except Exception as e:  # the log keeps every update; the next poll tries again
+            if self._compact_error != str(e):  # logged once, not at every poll
+                log.warning("not compacting %s: %s", self.live.index.root, e)
+            self._compact_error = str(e)
 
     def refresh(self) -> bool:
-        """Swap in a newer index version, if any; errors keep the old one."""
+        """Swap in a newer index version, if any, and apply the updates other processes logged;
+        errors keep the old version."""
         live = self.live
         try:
             swapped = live.refresh()
@@ -88,7 +115,8 @@ class Service:
     def retrievers(self) -> list[str]:
         """What `retriever` may name: every kind whose sides the index holds, its own first."""
         have = set(self.live.sides)
-        return [self.live.index.kind] + [k for k, sides in KINDS.items() if set(sides) <= have and k != self.live.index.kind]
+        own = kind_of(self.live.sides)
+        return [own] + [k for k, sides in KINDS.items() if set(sides) <= have and k != own]
 
     @property
     def default_retriever(self) -> str:

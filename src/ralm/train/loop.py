@@ -39,7 +39,7 @@ from ralm.atomic import atomic_path
 from ralm.configs import DTYPE_HELP, DTYPES, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
 from ralm.progress import progress_bar
 from ralm.rundir import export_final, metrics_file
-from ralm.runtime import autocast
+from ralm.runtime import SEEDS, autocast, check_finite
 from ralm.train.checkpoints import load_checkpoint, save_checkpoint
 from ralm.train.parallel import RunContext, all_mean, any_rank, wrap_ddp
 
@@ -82,6 +82,8 @@ class LoopConfig:
         for name, value in vars(self).items():  # inf passes `> 0` and trains NaN weights
             if isinstance(value, float) and not math.isfinite(value):
                 fail(name, "a finite number")
+            if (name == "lr" or name.endswith("_lr")) and isinstance(value, float) and value > FLOAT32_MAX:
+                fail(name, f"at most {FLOAT32_MAX:.3g} (the optimiser computes in float32)")
         for name in ("block_len", "max_len", "max_query_len"):
             if isinstance(getattr(self, name, None), int) and getattr(self, name) > MAX_POSITIONS:
                 fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
@@ -98,6 +100,11 @@ class LoopConfig:
             fail("warmup", "a whole number of steps")
         if self.dtype not in DTYPES:
             fail("dtype", f"one of {', '.join(DTYPES)}")
+        if self.seed not in SEEDS:
+            fail("seed", f"a whole number in 0 .. {SEEDS.stop - 1}")
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # -- learning-rate schedules (LambdaLR factors of the step) ------------------------------------
@@ -313,9 +320,12 @@ class TrainLoop:
         try:
             with progress_bar(ctx.show_progress) as bar, StopRequest(ctx.notify) as stop:
                 task = bar.add_task(f"training ({kind})", total=cfg.steps, completed=self.step)
+                first = self.step
                 while self.step < cfg.steps:
                     window.append(self._one_step(step))
                     self.step += 1
+                    if self.step == first + 1:  # a learning rate the model cannot take shows at once
+                        check_finite(self.model, f"after step {self.step}")
                     bar.advance(task)
                     estimate.after(self.step)
                     if self.step % cfg.log_every == 0 or self.step == cfg.steps:
@@ -357,7 +367,8 @@ class TrainLoop:
         return {**record, **(log_extra(record) if log_extra else {})}
 
     def _save(self, kind: str, exports: Mapping[str, object], checkpoint_extra: Callable[[], dict] | None) -> Path | None:
-        """Rank 0 writes the checkpoint (its path is returned there) and the exports."""
+        """Rank 0 writes the checkpoint (its path is returned there) and the exports, of finite weights only."""
+        check_finite(self.model, f"at step {self.step}")
         path = None
         if self.ctx.env.is_main:
             path = save_checkpoint(self.ctx.path, self.step, self.model, self.optimizer, scheduler=self.scheduler,

@@ -7,7 +7,6 @@ index's own statistics, so that their scores and the index's are on one scale.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -91,32 +90,37 @@ class BM25Index:
 
 
 class LiveBM25:
-    """BM25 over texts that are not in `index` (live documents), with the index's statistics
-    (block count, document frequencies, average length, k1, b): each text scores as it would
+    """BM25 over blocks that are not in `index` (live documents), with the index's statistics
+    (block count, document frequencies, average length, k1, b): each block scores as it would
     as one more block of the index, so live and indexed blocks rank on one scale. A term the
-    index has never seen counts as rare (df 0), so a live document is found by its new words."""
+    index has never seen counts as rare (df 0), so a live document is found by its new words.
 
-    def __init__(self, index: BM25Index, texts: Sequence[str]):
-        self.count = len(texts)
-        tokens = tokens_of(texts)
-        terms = sorted({t for doc in tokens for t in doc})
-        idf = dict(zip(terms, index.idf(terms)))
+    Shapes: M blocks, P (block, term) postings."""
+
+    def __init__(self, index: BM25Index, tokens: Sequence[Sequence[str]]):
+        """`tokens`: each block's terms (`tokens_of` its `title text`)."""
+        self.count = len(tokens)
+        vocab: dict[str, int] = {}
+        term_ids = np.array([vocab.setdefault(t, len(vocab)) for doc in tokens for t in doc], dtype=np.int64)
+        lengths = np.array([len(doc) for doc in tokens], dtype=np.int64)
+        rows = np.repeat(np.arange(self.count, dtype=np.int64), lengths)
+        # one posting per (term, block), sorted by term: its term frequency counts the pairs
+        pairs, tf = np.unique(term_ids * max(self.count, 1) + rows, return_counts=True)  # [P]
+        term, row = pairs // max(self.count, 1), pairs % max(self.count, 1)
         k1, b = index.model.k1, index.model.b
-        postings: dict[str, tuple[list[int], list[float]]] = {}
-        for row, doc in enumerate(tokens):
-            norm = k1 * (1 - b + b * len(doc) / index.avgdl)
-            for term, tf in Counter(doc).items():
-                rows, weights = postings.setdefault(term, ([], []))
-                rows.append(row)
-                weights.append(idf[term] * tf / (tf + norm))
-        self.postings = {t: (np.array(r), np.array(w, dtype=np.float32)) for t, (r, w) in postings.items()}
+        norm = k1 * (1 - b + b * lengths / index.avgdl)  # [M]
+        idf = index.idf(list(vocab))  # [V], in id order
+        self.rows = row
+        self.weights = (idf[term] * tf / (tf + norm[row])).astype(np.float32)
+        bounds = np.searchsorted(term, np.arange(len(vocab) + 1))
+        self.postings = {t: (bounds[i], bounds[i + 1]) for t, i in vocab.items()}  # term -> its postings' span
 
     def scores(self, queries: Sequence[str]) -> np.ndarray:
-        """[Q] query strings -> [Q, M] scores of every text (0 where it shares no term)."""
+        """[Q] query strings -> [Q, M] scores of every block (0 where it shares no term)."""
         out = np.zeros((len(queries), self.count), dtype=np.float32)
         for i, query in enumerate(tokens_of(queries)):
             for term in query:  # a repeated query term counts again, as in bm25s
                 if term in self.postings:
-                    rows, weights = self.postings[term]
-                    out[i, rows] += weights
+                    a, b = self.postings[term]
+                    out[i, self.rows[a:b]] += self.weights[a:b]
         return out

@@ -89,13 +89,25 @@ class BM25Side:
     def is_result(self, scores: np.ndarray) -> np.ndarray:
         return scores > 0  # BM25 fills a short list with blocks that share no term (score 0)
 
-    def overlay_state(self, state: None, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> None:
-        return None  # live blocks are scored from their text, with each version's statistics
+    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[list[str]]:
+        """Each new block's terms (of `title text`, as the index tokenised its blocks)."""
+        return tokens_of([f"{r['title']} {r['text']}" for r in records])
 
-    def overlay_scorer(self, state: None, records: Sequence[dict]) -> "_BM25Overlay":
+    def encode_state(self, states: Sequence[list[str]]) -> bytes:
+        return "\n".join(" ".join(terms) for terms in states).encode()  # a term is word characters: no space, no newline
+
+    def decode_state(self, data: bytes, n: int) -> list[list[str]] | None:
+        lines = bytes(data).decode(errors="replace").split("\n")
+        return [line.split() for line in lines] if len(lines) == n else None
+
+    def overlay_scorer(self, states: Sequence[list[str]], records: Sequence[dict]) -> "_BM25Overlay":
         if self.index.avgdl is None:
             self.index.avgdl = _measured_avgdl(self.blocks)
-        return _BM25Overlay(LiveBM25(self.index, [f"{r['title']} {r['text']}" for r in records]) if records else None)
+        return _BM25Overlay(LiveBM25(self.index, states) if len(states) else None)
+
+    def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[list[str]]) -> dict:
+        """BM25's statistics are the whole corpus's: the compacted blocks are indexed anew."""
+        return self.builder(ctx).write(tmp)
 
 
 class _BM25Overlay:

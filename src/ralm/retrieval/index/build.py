@@ -108,7 +108,9 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
                   dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Publish a version of the index at `path` holding `kind`'s sides: those its latest version
     has are linked from it (no re-encoding), the missing ones are built over the same block
-    store (BM25: seconds; dense: the corpus is embedded with `model`). Live updates stay."""
+    store (BM25: seconds; dense: the corpus is embedded with `model`). Live updates stay. The
+    new version alone says what the index holds now, so a crash at any point leaves the index
+    what it was or what it became."""
     index = IndexDir(path)
     latest = index.latest()
     manifest = index.version(latest)
@@ -123,6 +125,4 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
                        faiss_spec=None, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
     fields = {k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus")}
-    name = _publish(ctx, want, {s: (index.version_path(latest), fields) for s in have})
-    index.set_kind(kind)
-    return index, name
+    return index, _publish(ctx, want, {s: (index.version_path(latest), fields) for s in have})

@@ -93,11 +93,12 @@ class DenseSide:
     name = "dense"
     calibrated_scores = True  # inner products of unit or trained vectors: one scale on any corpus
 
-    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, dtype: torch.dtype):
+    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, dtype: torch.dtype, manifest: VersionManifest):
         self.retriever = retriever
         self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
         self.dtype = dtype
+        self.manifest = manifest
 
     # -- building ------------------------------------------------------------------------
     @classmethod
@@ -157,11 +158,11 @@ class DenseSide:
         if manifest.faiss:
             ann = FaissIndex.load(path / "faiss.index", manifest.faiss)
             ann.set_search_params(**manifest.faiss_params)
-            return cls(model, ann, emb, dtype)
+            return cls(model, ann, emb, dtype=dtype, manifest=manifest)
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows
-            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype)
-        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype)
+            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype=dtype, manifest=manifest)
+        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype=dtype, manifest=manifest)
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""
@@ -183,18 +184,44 @@ class DenseSide:
         return np.isfinite(scores)
 
     # -- live blocks ---------------------------------------------------------------------
-    def overlay_state(self, state: np.ndarray | None, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> np.ndarray:
-        """The live blocks' embeddings [M, D]: the kept ones, then the new blocks', embedded now."""
+    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[np.ndarray]:
+        """Each new block's document-tower embedding [D], embedded in batches."""
         r = self.retriever
         fresh = np.zeros((len(tokens), r.dim), np.float32)  # [M_new, D]
         if len(tokens):
             encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), out=fresh, device=r.device,
                         pad_id=r.tokenizer.pad_token_id or 0, show_progress=False, dtype=self.dtype)
-        base = state[list(keep)] if state is not None else np.zeros((0, r.dim), np.float32)
-        return np.concatenate([base, fresh])
+        return list(fresh)
 
-    def overlay_scorer(self, state: np.ndarray, records: Sequence[dict]) -> "_DenseOverlay":
-        return _DenseOverlay(state)
+    def encode_state(self, states: Sequence[np.ndarray]) -> bytes:
+        """The document tower's fingerprint, a NUL, then the embeddings as float32 [n, D]."""
+        return self.manifest.doc_fingerprint.encode() + b"\0" + np.asarray(states, np.float32).tobytes()
+
+    def decode_state(self, data: bytes, n: int) -> list[np.ndarray] | None:
+        tower, _, vectors = bytes(data).partition(b"\0")
+        if tower.decode(errors="replace") != self.manifest.doc_fingerprint or len(vectors) != 4 * n * self.manifest.dim:
+            return None  # embedded by another document tower (or damaged): embedded again
+        return list(np.frombuffer(vectors, np.float32).reshape(n, self.manifest.dim))
+
+    def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_DenseOverlay":
+        return _DenseOverlay(np.stack(states) if len(states) else np.zeros((0, self.manifest.dim), np.float32))
+
+    def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[np.ndarray]) -> dict:
+        """The kept rows' embeddings and the live blocks', as stored: nothing is embedded again."""
+        out = embeddings_file(tmp)
+        emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(keep) + len(live), self.manifest.dim))
+        step = 1 << 16
+        for i in range(0, len(keep), step):
+            rows = keep[i:i + step]
+            emb[i:i + len(rows)] = self.embeddings[rows]
+        if len(live):
+            emb[len(keep):] = np.stack(live)
+        emb.flush()
+        if not self.manifest.faiss:
+            return {}
+        ann = FaissIndex.build(read_npy(out), self.manifest.faiss)
+        ann.save(tmp / "faiss.index")
+        return {"faiss": ann.spec, "faiss_params": ann.default_search_params()}
 
 
 class _DenseOverlay:

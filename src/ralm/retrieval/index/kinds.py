@@ -7,7 +7,7 @@ log serve both and no crash can leave them apart. A new retrieval method (say, l
 interaction) is a module with a class that keeps the `Side` contract below and an entry in
 SIDES; searching, fusion, live updates and serving then use it with no other change.
 
-Shapes: Q queries, k results, C candidate rows, M live (overlay) blocks.
+Shapes: Q queries, k results, C candidate rows, M live (overlay) blocks, N version rows.
 """
 
 from __future__ import annotations
@@ -124,12 +124,26 @@ class Side(Protocol):
     def is_result(self, scores: np.ndarray) -> np.ndarray:
         """Which scores are real results, not fillers of a short list."""
 
-    def overlay_state(self, state: Any, keep: Sequence[int], tokens: Sequence[np.ndarray]) -> Any:
-        """This side's version-independent state of the live blocks: `state` (of the old live
-        blocks) kept at `keep`, then the new blocks' `tokens` appended."""
+    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list:
+        """What this side keeps of each new live block (its wordpieces `tokens`, its record
+        {"id", "doc_id", "title", "text"}), one item per block: computed once, when the block
+        is added (dense: its document-tower embedding), and stored with the update log."""
 
-    def overlay_scorer(self, state: Any, records: Sequence[dict]) -> "OverlayScorer":
-        """Scores of the live blocks (`records`, with `state`) on this version's scale."""
+    def encode_state(self, states: Sequence) -> bytes:
+        """`live_state` items of one document's blocks as the bytes the update log keeps."""
+
+    def decode_state(self, data: bytes, n: int) -> list | None:
+        """The `n` items `encode_state` wrote, or None where they no longer hold for this
+        version (dense: embedded by another document tower); the blocks are then recomputed."""
+
+    def overlay_scorer(self, states: Sequence, records: Sequence[dict]) -> "OverlayScorer":
+        """Scores of the live blocks (`records`, with their `states`) on this version's scale."""
+
+    def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence) -> dict:
+        """Write this side's files for a compacted version (search/compaction.py) into `tmp`:
+        its blocks (ctx.blocks) are this version's rows `keep`, in order, then live blocks with
+        states `live`. Returns the manifest fields it changes; a side can always rebuild
+        (`builder(ctx).write(tmp)`), one that keeps rows may carry them over."""
 
 
 class OverlayScorer(Protocol):

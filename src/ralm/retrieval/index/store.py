@@ -1,7 +1,8 @@
 """Index directories: versioned, published by atomic rename, safe to read while a new
 version is being written (by `ralm index build` or the pre-training refresher).
 
-  DIR/manifest.json         {"format", "retriever": "hybrid" | "dense" | "bm25"} (the index kind)
+  DIR/manifest.json         {"format", "retriever": "hybrid" | "dense" | "bm25"}: the kind it was
+                            created as; what it holds now is its latest version's "sides"
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
   DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
@@ -10,10 +11,13 @@ version is being written (by `ralm index build` or the pre-training refresher).
                             published) + each side's files: embeddings.npy [+ faiss.index]
                             (dense), bm25/ (BM25); retrieval/index/kinds.py lists the sides
   DIR/LATEST                name of the newest complete version (replaced atomically)
-  DIR/updates.jsonl         live document updates, replayed over every side (search/update_log.py)
+  DIR/updates.jsonl         live document updates, replayed over every side (search/update_log.py),
+  DIR/updates-<id>.bin      with what each side keeps of their blocks
+  DIR/.lock                 the writer lock: held by whoever appends to the log or publishes
 
 A version directory is complete before it gets its name, and LATEST moves only after that,
-so a reader never sees a partial version. A version is written in `versions/.building-<pid>@...`
+so a reader never sees a partial version. The name and LATEST move under the writer lock,
+so a process that reads LATEST and the update log under it (shared) sees them agree. A version is written in `versions/.building-<pid>@...`
 (see ralm.atomic); one left by a killed build is removed by the next publish.
 """
 
@@ -30,7 +34,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from ralm.atomic import fsync_tree, manifest_file, read_json, read_npy, remove_stale_temps, temp_dir, write_json, write_text
+from ralm.atomic import file_lock, fsync_tree, manifest_file, read_json, read_npy, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import KINDS, kind_of, sides_of
@@ -63,12 +67,13 @@ class VersionManifest:
     step: int | None = None  # a pre-training refresh: the step of the towers
     seconds: float | None = None  # and how long it took
     files: dict | None = None  # verify.py's inventory; None: published before inventories existed
+    log: dict | None = None  # a compaction: {"id", "offset"}, the update log it holds up to that byte
     extra: dict = field(default_factory=dict)
 
     TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
         "version": (str,), "count": (int,), "blocks": (str,), "created": (int, float), "corpus": (str,), "dim": (int,),
         "retriever": (str,), "doc_fingerprint": (str,), "dtype": (str,), "faiss": (str,), "faiss_params": (dict,),
-        "step": (int,), "seconds": (int, float), "files": (dict,)}
+        "step": (int,), "seconds": (int, float), "files": (dict,), "log": (dict,)}
     DENSE: ClassVar[tuple[str, ...]] = ("dim", "retriever", "doc_fingerprint")  # what a dense side must record
 
     @classmethod
@@ -89,6 +94,9 @@ class VersionManifest:
                 fail(name, " or ".join(t.__name__ for t in types))
         if not _VERSION.match(raw["version"]):
             fail("version", "a version name like v000001")
+        log = raw.get("log")
+        if log is not None and not (isinstance(log.get("id"), str) and isinstance(log.get("offset"), int) and log["offset"] >= 0):
+            fail("log", 'an object {"id": str, "offset": int}')
         if raw["count"] < 0 or (raw.get("dim") is not None and raw["dim"] <= 0):
             fail("count" if raw["count"] < 0 else "dim", "positive")
         known = {f.name for f in fields(cls)} - {"sides", "extra"}
@@ -143,18 +151,22 @@ class IndexDir:
 
     @property
     def kind(self) -> str:
-        """hybrid, dense or bm25: which sides its versions hold (retrieval/index/kinds.py)."""
-        return self.manifest["retriever"]
+        """hybrid, dense or bm25: what its latest version holds (retrieval/index/kinds.py), so
+        that a crash after publishing a version of another kind (an upgrade) leaves nothing to
+        disagree; the kind it was created as until a version is published."""
+        try:
+            return self.version(self.latest()).kind
+        except RalmError:  # no version yet, or LATEST damaged (a build into the directory repairs it)
+            return self.manifest["retriever"]
 
     @property
     def sides(self) -> tuple[str, ...]:
         return sides_of(self.kind)
 
-    def set_kind(self, kind: str) -> None:
-        """Record that new versions hold `kind`'s sides (an upgrade, after publishing one)."""
-        sides_of(kind)
-        write_json(manifest_file(self.root), {**self.manifest, "format": FORMAT, "retriever": kind})
-        self.manifest = read_json(manifest_file(self.root))
+    def lock(self, *, shared: bool = False, blocking: bool = True):
+        """The writer lock (see the module's docstring): exclusive to publish or append to the
+        update log, shared to read LATEST and the log together."""
+        return file_lock(self.root / ".lock", shared=shared, blocking=blocking)
 
     def __repr__(self) -> str:
         versions = self.versions()
@@ -186,7 +198,7 @@ class IndexDir:
         """Version `name`'s manifest, validated (one from before "sides": its kind's sides)."""
         path = self.version_path(name)
         raw = read_json(manifest_file(path))
-        return VersionManifest.from_json(raw, manifest_file(path), sides_of(raw.get("kind", self.kind)))
+        return VersionManifest.from_json(raw, manifest_file(path), sides_of(raw.get("kind", self.manifest["retriever"])))
 
     def version_manifest(self, name: str) -> dict:
         """Version `name`'s manifest as its JSON object, validated; "sides" lists what it holds."""
@@ -206,9 +218,12 @@ class IndexDir:
                             f"manifest says {(manifest.count, manifest.dim)}")
         return emb
 
-    def publish(self, write: Callable[[Path], dict], keep: int = KEEP_VERSIONS) -> str:
+    def publish(self, write: Callable[[Path], dict], keep: int = KEEP_VERSIONS, *, expect: str | None = None,
+                then: Callable[[str], None] | None = None) -> str | None:
         """Call `write(tmp_dir) -> manifest`, then give the folder the next version name and
-        point LATEST at it. Older versions beyond `keep` are removed."""
+        point LATEST at it, under the writer lock. `expect`: publish only if LATEST still names
+        that version (None returned otherwise); `then(name)` runs under the same lock (a
+        compaction starts the update log anew there). Older versions beyond `keep` are removed."""
         vdir = self.root / "versions"
         vdir.mkdir(exist_ok=True)
         remove_stale_temps(vdir)
@@ -217,21 +232,26 @@ class IndexDir:
             manifest = write(tmp)
             manifest = {**manifest, FILES: inventory(tmp, used_folders(self.root, manifest))}  # see verify.py
             fsync_tree(tmp)
-            while True:
-                existing = self.versions()
-                name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
-                checked = VersionManifest.from_json({**manifest, "version": name, "created": time.time()}, tmp,
-                                                    sides_of(manifest.get("kind", self.kind)))
-                manifest_file(tmp).write_text(json.dumps(checked.to_json(), indent=2) + "\n")
-                try:
-                    os.rename(tmp, vdir / name)  # fails if a concurrent publisher took the name
-                    break
-                except OSError:
-                    if not (vdir / name).exists():
-                        raise
+            with self.lock():
+                if expect is not None and self.latest() != expect:
+                    return None
+                while True:
+                    existing = self.versions()
+                    name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
+                    checked = VersionManifest.from_json({**manifest, "version": name, "created": time.time()}, tmp,
+                                                        sides_of(manifest.get("kind", self.manifest["retriever"])))
+                    manifest_file(tmp).write_text(json.dumps(checked.to_json(), indent=2) + "\n")
+                    try:
+                        os.rename(tmp, vdir / name)  # fails if a publisher of ralm <= 0.4 (no lock) took the name
+                        break
+                    except OSError:
+                        if not (vdir / name).exists():
+                            raise
+                write_text(self.root / "LATEST", name + "\n")
+                if then is not None:
+                    then(name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        write_text(self.root / "LATEST", name + "\n")
         self._prune(keep)
         return name
 

@@ -92,12 +92,12 @@ def rank(searcher, queries: list[str], *, k: int, snap, sides: tuple[str, ...], 
     encoded = {s: searcher.encode(queries, s) for s in sides}
     if len(sides) == 1:
         (side,) = sides
-        scores, rows = searcher.side_search(encoded[side], k, snap, side)
+        scores, rows = _finite(searcher, side, searcher.side_search(encoded[side], k, snap, side))
         real = searcher.is_result(scores, snap, side)
         found = [[(side,) if r else () for r in row] for row in real]
         return Ranked(scores, rows, found, {side: scores[:, 0] if scores.shape[1] else np.zeros(len(queries))},
                       np.ones(len(queries)))
-    lists = {s: searcher.side_search(encoded[s], max(k, fusion.depth), snap, s) for s in sides}  # side -> ([Q, d], [Q, d])
+    lists = {s: _finite(searcher, s, searcher.side_search(encoded[s], max(k, fusion.depth), snap, s)) for s in sides}  # side -> ([Q, d], [Q, d])
     out_scores, out_rows, out_found, agreement = [], [], [], []
     for i in range(len(queries)):
         c = candidates(searcher, encoded, lists, i=i, snap=snap)
@@ -113,6 +113,17 @@ def rank(searcher, queries: list[str], *, k: int, snap, sides: tuple[str, ...], 
     return Ranked(np.array([s[:n] for s in out_scores], dtype=np.float32).reshape(len(queries), n),
                   np.array([r[:n] for r in out_rows], dtype=np.int64).reshape(len(queries), n),
                   [f[:n] for f in out_found], top_of, np.array(agreement))
+
+
+def _finite(searcher, side: str, found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A side's (scores, rows), refused when a score is NaN or +inf: damaged embeddings or
+    weights, never a ranking (-inf marks a hidden row)."""
+    scores = found[0]
+    if np.isnan(scores).any() or np.isposinf(scores).any():
+        root = searcher.index.root
+        raise RalmError(f"{root}: the {side} side scored a block NaN or inf: the index or the model is damaged; "
+                        f"`ralm index check {root}` names a damaged index file")
+    return found
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,30 @@
-"""Live knowledge updates: documents added, replaced or deleted while an index is in use.
+"""Live knowledge updates: documents added, replaced or deleted while an index is in use, by
+this process or any other sharing the index directory.
 
 An overlay (search/overlay.py) sits on top of the searcher's current index version:
-  - added documents are split into blocks and kept by every side of the index (dense: embedded
-    with the document tower; BM25: scored with the index's statistics), searched beside it;
+  - added documents are split into blocks, and each side keeps what it needs of them (dense:
+    their document-tower embeddings; BM25: their terms, scored with the version's statistics),
+    searched beside the version;
   - replaced and deleted documents hide their main-index blocks (tombstones).
-Every change goes to the index's one update log (search/update_log.py) before it is applied,
-and the log is replayed when the overlay opens, so an acknowledged update survives a crash or
-restart, and every side replays the same log. Rows >= len(main) name overlay blocks; a
-snapshot (`current`) keeps a search consistent across a concurrent update or index swap.
-`ralm index add/delete` and the server's /documents write through it; every command that
-opens an index searches through it.
+Every change goes to the index's one update log (search/update_log.py), with what each side
+keeps of its blocks, before it is applied; opening replays the log without recomputing any of
+it. A writer appends under the index's writer lock after catching up with the log, and
+`refresh` follows new versions and what other processes append, so every process holding the
+index sees the log's replay (`ralm index add` is live in a running server at its next poll).
+Rows >= len(main) name overlay blocks; a snapshot (`current`) keeps a search consistent across
+a concurrent update or index swap. `ralm index add/delete` and the server's /documents write
+through it; every command that opens an index searches through it; search/compaction.py folds
+the log into a new version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -27,11 +33,26 @@ from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.store import VersionManifest
-from ralm.retrieval.search.overlay import Delta, OverlayBlocks, with_adds, without
+from ralm.retrieval.search.overlay import (
+    Delta,
+    LiveDoc,
+    OverlayBlocks,
+    applied,
+    split_docs,
+)
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
-from ralm.retrieval.search.update_log import UpdateLog
+from ralm.retrieval.search.update_log import Entry, LogRead, UpdateLog, fold
 
 log = logging.getLogger("ralm.live")
+
+
+@dataclass(frozen=True)
+class LogPosition:
+    """How much of the update log a snapshot holds."""
+    id: str | None  # the log's id (None: none yet, or written by ralm <= 0.4)
+    end: int  # bytes read: the next batch starts here
+    lines: int
+    records: int  # update records replayed over the version: what a compaction would fold
 
 
 @dataclass(frozen=True)
@@ -40,7 +61,16 @@ class Snapshot:
     version: LoadedVersion
     delta: Delta
     hidden_rows: np.ndarray  # sorted main-index rows of the hidden documents
-    scorers: dict  # side -> OverlayScorer of the overlay blocks on this version's scale
+    log: LogPosition
+    scorers: dict = field(default_factory=dict, repr=False, compare=False)  # side -> OverlayScorer, built by `scorer`
+
+    def scorer(self, side: str):
+        """The overlay blocks' scorer on `side`, on this version's scale; built at the first
+        search, so the snapshots a writer passes through on its way to an append cost none."""
+        found = self.scorers.get(side)
+        if found is None:  # two threads may both build it: the same scorer either way
+            found = self.scorers[side] = self.version.sides[side].overlay_scorer(self.delta.state.get(side, []), self.delta.records)
+        return found
 
     @property
     def blocks(self) -> OverlayBlocks:
@@ -65,11 +95,13 @@ class LiveSearcher(Searcher):
     def __init__(self, searcher: Searcher):
         self.searcher = searcher
         self.updates = UpdateLog(searcher.index.root)
-        self._lock = threading.Lock()  # serialises writers; readers use snapshots
+        self._lock = threading.Lock()  # one thread of this process at a time moves the snapshot
         self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
-        added, deleted = self.updates.replay()
-        version = searcher.current
-        self._snap = self._snapshot(version, self._with_adds(Delta(hidden_docs=frozenset(deleted)), added, version))
+        self._refused: tuple[str, Exception] | None = None  # a newer version that will not load here, and why
+        self._behind: Exception | None = None  # why the snapshot is on an older version than LATEST
+        self._snap: Snapshot | None = None
+        with self._synced(exclusive=False):
+            pass
 
     @classmethod
     def open(cls, path, model: str | None = None, *, device: torch.device | None = None, check_model: bool = True,
@@ -98,23 +130,105 @@ class LiveSearcher(Searcher):
                 f"live documents={len(snap.delta.docs)}, hidden documents={len(snap.delta.hidden_docs)})")
 
     def refresh(self) -> bool:
-        """Swap in a newer index version (the overlay stays on top of it). The version loads,
-        and its documents' rows are read, before the writer lock is taken."""
-        version = self.searcher.newer_version()
-        if version is None:
-            return False
-        if self._snap.delta.hidden_docs:
-            self._rows_by_doc(version)
-        with self._lock:
-            self.searcher.current = version
-            self._snap = self._snapshot(version, self._snap.delta)
-        return True
+        """Follow the index: swap in a newer version, if any, and apply what other processes
+        appended to the log. True when the version changed; a newer version that cannot be
+        searched here (another document tower, a side this searcher lacks, damaged) raises,
+        after the log was followed on the current one, which keeps serving."""
+        before = self._snap.name
+        self.sync()
+        if self._behind is not None:
+            raise self._behind
+        return self._snap.name != before
 
-    def _snapshot(self, version: LoadedVersion, delta: Delta) -> Snapshot:
+    def sync(self, *, writer: bool = False) -> Snapshot:
+        """The snapshot caught up with LATEST and the log, as `refresh` makes it. `writer`: under
+        the writer lock, and with a log of ralm <= 0.4 (or none) written anew in the current form."""
+        with self._synced(exclusive=writer) as snap:
+            return snap
+
+    @contextlib.contextmanager
+    def _synced(self, *, exclusive: bool) -> Iterator[Snapshot]:
+        """Hold this process's lock and the index's (exclusive: to append), with the snapshot
+        caught up with LATEST and the log. A newer version loads with no lock held; one that
+        will not load here leaves the current version serving (`_behind` says why)."""
+        loaded, failed, tries = None, None, 0  # failed: (version, why) this call gave up loading
+        while True:
+            with self._lock, self.index.lock(shared=not exclusive):
+                latest = self.index.latest()
+                current = self._snap.version if self._snap is not None else self.searcher.current
+                if self._refused is not None and self._refused[0] == latest:
+                    failed = self._refused
+                if latest == current.name:
+                    target = current
+                elif loaded is not None and loaded.name == latest:
+                    target = loaded
+                else:
+                    target = current if failed is not None and failed[0] == latest else None
+                if target is not None:
+                    self._behind = failed[1] if target.name != latest else None
+                    self._snap = self._caught_up(target, exclusive=exclusive)
+                    if exclusive and self._snap.log.id is None:
+                        self._snap = replace(self._snap, log=self._rewritten(self._snap))
+                    self.searcher.current = target
+                    yield self._snap
+                    return
+            try:
+                loaded = self.searcher._load(latest)
+                if self._snap is not None and (self._snap.delta.hidden_docs or self._snap.log.records):
+                    self._rows_by_doc(loaded)  # a scan of the version, done before any lock is taken
+            except RalmError as e:  # another document tower, a side this searcher lacks, damaged: for good
+                self._refused = (latest, e)
+            except OSError as e:  # gone while it loaded (a publish pruned it): LATEST is read again, thrice
+                tries += 1
+                failed = (latest, e) if tries >= 3 else None
+
+    def _caught_up(self, version: LoadedVersion, *, exclusive: bool) -> Snapshot:
+        """The snapshot on `version` holding all of the log (the index lock held): the batches
+        appended since the last read applied, or, on another version or log, the log replayed.
+        Behind a LATEST that folded a log into itself (a compaction), a log started anew is that
+        version's, not this one's: the snapshot stays as it was, and a writer or an open stop."""
+        snap = self._snap
+        log_id, size = self.updates.head()
+        if snap is not None and version is snap.version and log_id == snap.log.id and size >= snap.log.end:
+            if size == snap.log.end:
+                return snap
+            read = self.updates.read(snap.log.end, line=snap.log.lines)
+            position = LogPosition(log_id, read.end, read.lines, snap.log.records + len(read.records))
+            if not read.records:
+                return replace(snap, log=position)
+            adds, deleted = fold(read.records)
+            return self._snapshot(version, applied(snap.delta, self._live_docs(read, adds, version), deleted), position)
+        if self._behind is not None and self._latest_is_compacted():
+            if snap is not None and version is snap.version and not exclusive:
+                return snap
+            raise RalmError(f"{self.index.root}: its newest version cannot be searched here ({self._behind}) and holds the "
+                            "update log so far; restart with a model that can search it")
+        held = version.manifest.log  # a compaction of this log holds it up to an offset
+        read = self.updates.read(held["offset"] if held and held["id"] == log_id else 0, line=None)
+        adds, deleted = fold(read.records)
+        position = LogPosition(read.id, read.end, read.lines, len(read.records))
+        return self._snapshot(version, applied(Delta(), self._live_docs(read, adds, version), deleted), position)
+
+    def _latest_is_compacted(self) -> bool:
+        try:
+            return self.index.version(self.index.latest()).log is not None
+        except RalmError:  # a damaged manifest: as if it were
+            return True
+
+    def _rewritten(self, snap: Snapshot) -> LogPosition:
+        """Write the log anew (the writer lock held) as `snap`'s overlay: a delete of each
+        hidden document, then an add of each live one, with its states."""
+        docs = self._entries(list(snap.delta.docs.values()), snap.version)
+        gone = [Entry({"op": "delete", "id": i}) for i in sorted(snap.delta.hidden_docs - snap.delta.docs.keys())]
+        self.updates.rewrite(gone + docs)
+        log_id, size = self.updates.head()
+        return LogPosition(log_id, size, 1 + len(gone + docs), len(gone + docs))
+
+    def _snapshot(self, version: LoadedVersion, delta: Delta, position: LogPosition) -> Snapshot:
         rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
-        scorers = {name: side.overlay_scorer(delta.state.get(name), delta.records) for name, side in version.sides.items()}
-        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), scorers)
+        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), position)
+
     def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
         """Main-index rows of each document, once per version. A document's blocks are
         consecutive rows, so the map reads one record per document; writers build it before
@@ -128,19 +242,42 @@ class LiveSearcher(Searcher):
             self._doc_rows = cached
         return cached[1]
 
+    # -- the log's documents ----------------------------------------------------------------
+    def _live_docs(self, read: LogRead, records: Sequence[dict], version: LoadedVersion) -> list[LiveDoc]:
+        """The documents of add `records`, from what the log stores of their blocks; those
+        it stores nothing (or nothing valid for this version) of are split and computed anew."""
+        out: list[LiveDoc | None] = []
+        for r in records:
+            doc = Document(r["id"], r.get("title", ""), r["text"])
+            out.append(_stored(doc, r.get("blocks"), read.state(r), version.sides))
+        todo = [i for i, d in enumerate(out) if d is None]
+        if todo:
+            fresh = self._split([Document(records[i]["id"], records[i].get("title", ""), records[i]["text"]) for i in todo], version)
+            for i, d in zip(todo, fresh):
+                out[i] = d
+        return out
+
+    def _split(self, docs: Sequence[Document], version: LoadedVersion) -> list[LiveDoc]:
+        tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
+        return split_docs(docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
+
+    def _entries(self, docs: Sequence[LiveDoc], version: LoadedVersion) -> list[Entry]:
+        return [Entry({"op": "add", "id": d.doc.id, "title": d.doc.title, "text": d.doc.text, "blocks": [list(s) for s in d.spans]},
+                      {name: side.encode_state(d.states[name]) for name, side in version.sides.items()}) for d in docs]
+
     # -- updates --------------------------------------------------------------------------
     def add(self, docs: Sequence[Document]) -> list[str]:
         """Add or replace documents; durable (logged + fsync'd) before they are searchable.
-        An id given twice keeps its last version, as a replay of the log would."""
+        An id given twice keeps its last version, as a replay of the log would. The blocks are
+        embedded before the writer lock is taken."""
         for d in docs:
             if not d.id.strip() or not d.text.strip():
                 raise RalmError("a document needs a non-empty 'id' and 'text'")
         latest = list({d.id: d for d in docs}.values())
-        self._rows_by_doc(self._snap.version)  # outside the lock
-        with self._lock:
-            snap = self._snapshot(self._snap.version, self._with_adds(self._snap.delta, latest, self._snap.version))
-            self.updates.append([{"op": "add", "id": d.id, "title": d.title, "text": d.text} for d in latest])
-            self._snap = snap
+        version = self._snap.version
+        live = self._split(latest, version)
+        self._rows_by_doc(version)  # outside the lock
+        self._write(self._entries(live, version), adds=live, version=version)
         return [d.id for d in latest]
 
     def delete(self, doc_ids: Sequence[str]) -> None:
@@ -150,13 +287,23 @@ class LiveSearcher(Searcher):
             raise RalmError("delete() takes a list of document ids; wrap a single id in a list")
         ids = list(dict.fromkeys(doc_ids))
         self._rows_by_doc(self._snap.version)  # outside the lock
-        with self._lock:
-            missing = next((i for i in ids if not self.exists(i)), None)
+        self._write([Entry({"op": "delete", "id": i}) for i in ids], deleted=ids)
+
+    def _write(self, entries: list[Entry], *, adds: Sequence[LiveDoc] = (), deleted: Sequence[str] = (),
+               version: LoadedVersion | None = None) -> None:
+        """Append `entries` to the log and apply them, under the writer lock, after catching up
+        with what others appended (a delete of an id they deleted meanwhile is a KeyError)."""
+        with self._synced(exclusive=True) as snap:
+            if version is not None and not snap.version.sides.keys() <= version.sides.keys():
+                raise RalmError(f"{self.index.root}: a version with more sides was published meanwhile; add the documents again")
+            missing = next((i for i in deleted if not _exists(snap, i, self._rows_by_doc(snap.version))), None)
             if missing is not None:
                 raise KeyError(missing)
-            snap = self._snapshot(self._snap.version, without(self._snap.delta, ids, self._snap.version.sides))
-            self.updates.append([{"op": "delete", "id": i} for i in ids])
-            self._snap = snap
+            position = snap.log
+            end = self.updates.append(entries, log_id=position.id, at=position.end)
+            delta = applied(snap.delta, adds, deleted)
+            self._snap = self._snapshot(snap.version, delta, LogPosition(position.id, end, position.lines + len(entries),
+                                                                          position.records + len(entries)))
 
     def replace_files(self, docs: Sequence[Document], names: Iterable[str]) -> tuple[list[str], list[str]]:
         """Add `docs`, read from the files `names` (a section's id is its file's name, '#' and its
@@ -173,13 +320,7 @@ class LiveSearcher(Searcher):
 
     def exists(self, doc_id: str) -> bool:
         snap = self._snap
-        if doc_id in snap.delta.docs:
-            return True
-        return doc_id not in snap.delta.hidden_docs and doc_id in self._rows_by_doc(snap.version)
-
-    def _with_adds(self, old: Delta, docs: Sequence[Document], version: LoadedVersion) -> Delta:
-        tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
-        return with_adds(old, docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
+        return _exists(snap, doc_id, self._rows_by_doc(snap.version))
 
     # -- search: the overlay on each side -------------------------------------------------
     def side_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +330,7 @@ class LiveSearcher(Searcher):
         main_k = min(k + len(snap.hidden_rows), n_main)
         m_scores, m_rows = self.searcher.side_search(encoded, main_k, snap.version, side)  # [Q, main_k]
         if snap.delta.records:
-            o_scores = snap.scorers[side].scores(encoded)  # [Q, M]
+            o_scores = snap.scorer(side).scores(encoded)  # [Q, M]
             o_rows = np.broadcast_to(np.arange(len(snap.delta.records)), o_scores.shape)
             scores = np.concatenate([m_scores, o_scores], 1)
             rows = np.concatenate([m_rows, o_rows + n_main], 1)
@@ -198,7 +339,7 @@ class LiveSearcher(Searcher):
         scores = np.where(np.isin(rows, snap.hidden_rows), -np.inf, scores)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         s, r = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
-        live = np.isfinite(s).all(0)  # drop columns that only hold hidden rows (tiny corpora)
+        live = ~np.isneginf(s).any(0)  # drop columns that only hold hidden rows (tiny corpora); a NaN is reported (fusion.py)
         return s[:, live].astype(np.float32), r[:, live]
 
     def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
@@ -206,9 +347,27 @@ class LiveSearcher(Searcher):
         n_main = len(snap.version.blocks)
         main = rows < n_main
         a = self.searcher.side_scores(encoded, i, rows[main], snap=snap.version, side=side)
-        b = snap.scorers[side].score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
+        b = snap.scorer(side).score_rows(encoded, i, rows[~main] - n_main) if not main.all() else np.zeros(0, np.float32)
         if a is None or b is None:
             return None
         out = np.zeros(len(rows), np.float32)
         out[main], out[~main] = a, b
         return out
+
+
+def _exists(snap: Snapshot, doc_id: str, rows_of: dict) -> bool:
+    return doc_id in snap.delta.docs or (doc_id not in snap.delta.hidden_docs and doc_id in rows_of)
+
+
+def _stored(doc: Document, spans: list | None, state: dict | None, sides: dict) -> LiveDoc | None:
+    """A logged document's blocks from what the log stores of them, or None where it stores
+    nothing for a side, or what it stores no longer holds (see `Side.decode_state`)."""
+    if spans is None or state is None:
+        return None
+    states = {}
+    for name, side in sides.items():
+        data = state.get(name)
+        states[name] = side.decode_state(data, len(spans)) if data is not None else None
+        if states[name] is None:
+            return None
+    return LiveDoc(doc, tuple((a, b) for a, b in spans), states)

@@ -1,5 +1,5 @@
-"""The overlay of live documents on an index version: their blocks (with what each side keeps
-of them, e.g. the dense side's document-tower embeddings), and the documents whose main-index
+"""The overlay of live documents on an index version: their blocks, what each side keeps of
+each block (the dense side: its document-tower embedding), and the documents whose main-index
 blocks they hide (tombstones). A Delta is immutable; an update makes a new one.
 
 Shapes: M overlay blocks.
@@ -8,7 +8,8 @@ Shapes: M overlay blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from functools import cached_property
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -17,13 +18,57 @@ from ralm.data.corpus import Document
 
 
 @dataclass(frozen=True)
+class LiveDoc:
+    """A live document split into blocks, with what each side keeps of every block (one item
+    per block), computed once when it is added and kept with the update log."""
+    doc: Document
+    spans: tuple[tuple[int, int], ...]  # each block's body in doc.text
+    states: dict  # side -> [one state per block]
+
+    @cached_property
+    def records(self) -> tuple[dict, ...]:
+        """{"id", "doc_id", "title", "text"} of each block."""
+        d = self.doc
+        return tuple({"id": f"{d.id}:{j}", "doc_id": d.id, "title": d.title, "text": d.text[a:b]} for j, (a, b) in enumerate(self.spans))
+
+
+def split_docs(docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict) -> list[LiveDoc]:
+    """`docs` split into blocks as the index's are, each side's state computed for all their
+    blocks at once (the dense side embeds them in batches)."""
+    split = list(iter_blocks(docs, tokenizer, block_cfg))
+    tokens = [np.asarray(b.token_ids) for _, blocks in split for b in blocks]
+    spans = [tuple(b.char_span for b in blocks) for _, blocks in split]
+    records = [r for d, s in zip(docs, spans) for r in LiveDoc(d, s, {}).records]
+    states = {name: side.live_state(tokens, records) for name, side in sides.items()}
+    out, at = [], 0
+    for (doc, _), s in zip(split, spans):
+        out.append(LiveDoc(doc, s, {name: st[at:at + len(s)] for name, st in states.items()}))
+        at += len(s)
+    return out
+
+
+@dataclass(frozen=True)
 class Delta:
     """The overlay's documents at one moment."""
-    records: tuple[dict, ...] = ()  # {"id", "doc_id", "title", "text"} per overlay block
-    state: dict = field(default_factory=dict)  # side -> what it keeps of the overlay blocks (dense: [M, D] embeddings)
+    docs: dict = field(default_factory=dict)  # doc id -> LiveDoc, in live order
     hidden_docs: frozenset[str] = frozenset()  # doc ids whose main-index blocks are hidden
-    docs: dict = field(default_factory=dict)  # doc id -> Document, the overlay's documents
+    records: tuple[dict, ...] = ()  # {"id", "doc_id", "title", "text"} per overlay block
+    state: dict = field(default_factory=dict)  # side -> [one state per overlay block]
     row_of: dict = field(default_factory=dict)  # block id -> its index in `records`
+
+
+def applied(old: Delta, adds: Sequence[LiveDoc] = (), deleted: Iterable[str] = ()) -> Delta:
+    """`old` with documents `deleted` gone and `adds` (unique ids) added at the end, replacing
+    their earlier versions; an added or deleted document's main-index blocks are hidden."""
+    gone = frozenset(deleted) | {a.doc.id for a in adds}
+    if not gone:
+        return old
+    docs = {k: v for k, v in old.docs.items() if k not in gone}
+    docs.update((a.doc.id, a) for a in adds)
+    records = tuple(r for d in docs.values() for r in d.records)
+    sides = next(iter(docs.values())).states if docs else {}  # every live document holds the version's sides
+    state = {name: [s for d in docs.values() for s in d.states[name]] for name in sides}
+    return Delta(docs, old.hidden_docs | gone, records, state, {r["id"]: i for i, r in enumerate(records)})
 
 
 class OverlayBlocks:
@@ -38,35 +83,3 @@ class OverlayBlocks:
     def record(self, row: int) -> dict:
         n = len(self.main)
         return self.main.record(row) if row < n else dict(self.delta.records[row - n])
-
-
-def with_adds(old: Delta, docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict) -> Delta:
-    """`old` with `docs` (unique ids) added at the end, replacing their earlier versions; each
-    of the version's `sides` (name -> loaded Side) extends its state with the new blocks."""
-    if not docs:
-        return old
-    ids = {d.id for d in docs}
-    keep = [i for i, r in enumerate(old.records) if r["doc_id"] not in ids]
-    new_records, new_tokens = [], []
-    for doc, blocks in iter_blocks(docs, tokenizer, block_cfg):
-        for b in blocks:
-            new_records.append({"id": b.id, "doc_id": doc.id, "title": doc.title, "text": doc.text[b.char_span[0]:b.char_span[1]]})
-            new_tokens.append(np.asarray(b.token_ids))
-    records = tuple([old.records[i] for i in keep] + new_records)
-    state = {name: side.overlay_state(old.state.get(name), keep, new_tokens) for name, side in sides.items()}
-    docs_by_id = {**{k: v for k, v in old.docs.items() if k not in ids}, **{d.id: d for d in docs}}
-    # a replaced document's main-index blocks go
-    return _delta(records, state, old.hidden_docs | ids, docs_by_id)
-
-
-def without(old: Delta, doc_ids: Sequence[str], sides: dict) -> Delta:
-    """`old` with documents `doc_ids` deleted: their overlay blocks go and their main-index blocks hide."""
-    gone = frozenset(doc_ids)
-    keep = [i for i, r in enumerate(old.records) if r["doc_id"] not in gone]
-    state = {name: side.overlay_state(old.state.get(name), keep, []) for name, side in sides.items()}
-    docs = {k: v for k, v in old.docs.items() if k not in gone}
-    return _delta(tuple(old.records[i] for i in keep), state, old.hidden_docs | gone, docs)
-
-
-def _delta(records: tuple[dict, ...], state: dict, hidden: frozenset[str], docs: dict) -> Delta:
-    return Delta(records, state, frozenset(hidden), docs, {r["id"]: i for i, r in enumerate(records)})

@@ -1,16 +1,38 @@
-"""The log of live document updates, `DIR/updates.jsonl` beside an index's versions: every add
-and delete is appended and fsync'd before it is applied, and replayed when a server opens the
-index, so an acknowledged update survives a crash or restart.
+"""The log of live document updates beside an index's versions, shared by every process that
+opens the index (`ralm serve`, `ralm index add/delete/compact`, `ralm search`, ...):
+
+  DIR/updates.jsonl      a header {"op": "log", "id"}, then one record per update:
+                         {"op": "add", "id", "title", "text", "blocks": [[start, end], ...],
+                          "state": {"offset", "sizes": {side: bytes}}} or {"op": "delete", "id"}
+  DIR/updates-<id>.bin   what each side keeps of an added document's blocks (dense: their
+                         embeddings), at the offset its record names: opening reads it back
+                         instead of recomputing it
+
+One writer at a time: a writer holds the index's lock (`IndexDir.lock`) while it catches up
+with the log and appends; a reader holds it shared while it reads, and never modifies the log.
+The records of one append are one batch: each but the last carries "more": true, and readers
+apply whole batches only, so an append cut off by a crash is never half applied. A batch is
+acknowledged once it is fsync'd (its states first, then its records); what a killed writer
+left past the last whole batch is cut by the next writer, which alone can know it is dead.
+
+A compaction (search/compaction.py) folds the log into a new index version that records the
+log's id and the offset it holds, then `rewrite`s the log under a new id with what was appended
+after that offset. A log without a header was written by ralm <= 0.4: it is read as before,
+and the first writer rewrites it in this form.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
+import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from ralm.data.corpus import Document
+from ralm.atomic import atomic_path
 from ralm.errors import RalmError
 
 LOG = "updates.jsonl"
@@ -18,69 +40,248 @@ RECORD_START = b'{"op": '  # how json.dumps begins every record; inside a string
 log = logging.getLogger("ralm.live")
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One update to append: its record ({"op": "add", "id", "title", "text", "blocks"} or
+    {"op": "delete", "id"}) and, for an add, the bytes each side keeps of its blocks."""
+    record: dict
+    state: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class LogRead:
+    """Whole batches of the log from byte `start` to `end`, and the states they name."""
+    id: str | None  # None: no log yet, or one written by ralm <= 0.4 (no header)
+    start: int
+    end: int  # just past the last whole batch; appends go here
+    lines: int  # lines up to `end` (error messages name file:line)
+    records: list[dict]
+    size: int  # the file's size when read: bytes past `end` are a batch in progress or cut off
+    states: mmap.mmap | None = None  # the log's state file, mapped
+
+    def state(self, record: dict) -> dict[str, bytes] | None:
+        """Each side's bytes of an add `record`, or None (none stored, or past the state file's end)."""
+        where = record.get("state")
+        if where is None or self.states is None:
+            return None
+        out, at = {}, where["offset"]
+        for side, size in where["sizes"].items():
+            if at + size > len(self.states):
+                return None
+            out[side] = self.states[at:at + size]
+            at += size
+        return out
+
+
 class UpdateLog:
     def __init__(self, index_root: str | os.PathLike):
-        self.path = Path(index_root) / LOG
+        self.root = Path(index_root)
+        self.path = self.root / LOG
 
-    def append(self, entries: list[dict]) -> None:
-        """Durably append {"op": "add", "id", "title", "text"} / {"op": "delete", "id"} records."""
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in entries))
-            f.flush()
-            os.fsync(f.fileno())
+    def state_path(self, log_id: str) -> Path:
+        return self.root / f"updates-{log_id}.bin"
 
-    def replay(self) -> tuple[list[Document], set[str]]:
-        """(the documents added, in live order: a document sits where its last add put it;
-        the ids deleted since their last add)."""
-        adds: dict[str, Document] = {}
-        deleted: set[str] = set()
-        for e in self._records():
-            adds.pop(e["id"], None)
-            if e["op"] == "add":
-                adds[e["id"]] = Document(e["id"], e.get("title", ""), e["text"])
-                deleted.discard(e["id"])
-            else:
-                deleted.add(e["id"])
-        return list(adds.values()), deleted
-
-    def _records(self) -> list[dict]:
-        """The log's records, after cutting a torn last record (a crash mid-append: it was never
-        acknowledged) so that the next append starts on a line of its own."""
-        if not self.path.exists():
-            return []
-        if not self.path.is_file():  # a folder, a FIFO: refused when the server starts, not at the first write
+    def _check_file(self) -> None:
+        # a folder, a FIFO, a link to elsewhere: refused when an index opens, not at the first write
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
             raise RalmError(f"{self.path} is not a regular file; move it away (it should hold the live updates)")
-        data = self.path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(end)
-                os.fsync(f.fileno())
-            log.warning("%s: cut a torn last record (%d bytes, never acknowledged) left by a crash mid-write",
-                        self.path, len(data) - end)
-        records = []
-        for lineno, line in enumerate(data[:end].split(b"\n")[:-1], 1):  # bytes: a text may hold U+2028
-            if not line.strip():
+
+    def head(self) -> tuple[str | None, int]:
+        """(the log's id, its size in bytes): enough to tell whether it changed since a read."""
+        self._check_file()
+        try:
+            with open(self.path, "rb") as f:
+                return _header_id(f.readline(4096)), os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return None, 0
+
+    def read(self, start: int = 0, *, line: int | None = 0) -> LogRead:
+        """The whole batches from byte `start` (0, the `end` of an earlier read of this log, or
+        where a compaction stopped), without modifying the file; a cut-off batch is left out.
+        `line`: the lines before `start` (None: counted)."""
+        self._check_file()
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                log_id = _header_id(f.readline(4096))
+                if line is None:
+                    f.seek(0)
+                    line = f.read(start).count(b"\n")
+                f.seek(start)
+                data = f.read(max(0, size - start))
+        except FileNotFoundError:
+            return LogRead(None, 0, 0, 0, [], 0)
+        records, pending = [], []
+        end, end_line, lineno, pos = start, line, line, 0
+        while (nl := data.find(b"\n", pos)) >= 0:  # bytes: a text may hold U+2028, a line break to str.splitlines
+            raw, pos = data[pos:nl], nl + 1
+            lineno += 1
+            if start == 0 and lineno == 1 and log_id is not None:  # the header
+                end, end_line = pos, lineno
                 continue
-            record = _record(line)
+            if not raw.strip():
+                if not pending:
+                    end, end_line = start + pos, lineno
+                continue
+            record = _record(raw)
             if record is None:  # ralm <= 0.2.0 appended onto a torn record: the acknowledged one ends the line
-                start = line.rfind(RECORD_START)
-                record = _record(line[start:]) if start > 0 else None
+                at = raw.rfind(RECORD_START)
+                record = _record(raw[at:]) if at > 0 else None
                 if record is None:
                     # written by hand or another program: replaying around it could drop or resurrect documents
                     raise RalmError(f'{self.path}:{lineno}: not an update record ({{"op": "add", "id", "title", "text"}} '
                                     f'or {{"op": "delete", "id"}}); fix or remove the line')
                 log.warning("%s:%d: skipped a torn record before the update of %r", self.path, lineno, record["id"])
-            records.append(record)
-        return records
+            pending.append(record)
+            if not record.pop("more", False):
+                records += pending
+                pending = []
+                end, end_line = start + pos, lineno
+        return LogRead(log_id, start, end, end_line, records, size, self._map(log_id))
+
+    def _map(self, log_id: str | None) -> mmap.mmap | None:
+        if log_id is None:
+            return None
+        try:
+            with open(self.state_path(log_id), "rb") as f:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
+        except FileNotFoundError:
+            return None
+
+    def check(self) -> LogRead:
+        """The whole log read as an open reads it (every record parses), and every state it
+        names inside its state file (`ralm index check`)."""
+        read = self.read()
+        for r in read.records:
+            if "state" in r and read.state(r) is None:
+                raise RalmError(f"{self.state_path(read.id or '')} is damaged (it ends before the state of {r['id']!r}); "
+                                "`ralm index compact` folds the log into a version (recomputing what is missing)")
+        return read
+
+    # -- writing: the caller holds the index's writer lock ---------------------------------
+    def append(self, entries: Sequence[Entry], *, log_id: str, at: int) -> int:
+        """Append `entries` as one batch at byte `at`, the end of the log's last whole batch as
+        the caller read it under the writer lock (what lies past it was left by a killed writer
+        and is cut); durable when this returns. Returns the new end."""
+        if not entries:
+            return at
+        lines, states = self._encode(entries, offset=self._state_size(log_id))
+        if states:
+            with open(self.state_path(log_id), "ab") as f:
+                f.write(states)
+                f.flush()
+                os.fsync(f.fileno())
+        with open(self.path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > at:
+                log.warning("%s: cut %d bytes past the last whole batch (an append a killed writer never finished)",
+                            self.path, size - at)
+                f.truncate(at)
+            f.seek(at)
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        return at + len(lines)
+
+    def rewrite(self, entries: Sequence[Entry]) -> str:
+        """Replace the log by a new one (a new id) holding `entries`; returns its id. Readers see
+        the old log or the new one; the old one's state file goes."""
+        log_id = secrets.token_hex(8)
+        lines, states = self._encode(entries, offset=0)
+        with atomic_path(self.state_path(log_id)) as tmp:
+            tmp.write_bytes(states)
+        with atomic_path(self.path) as tmp:
+            tmp.write_bytes(json.dumps({"op": "log", "id": log_id}).encode() + b"\n" + lines)
+        for old in self.root.glob("updates-*.bin"):
+            if old.name != self.state_path(log_id).name:
+                old.unlink(missing_ok=True)
+        return log_id
+
+    def restart(self, log_id: str, *, after: int) -> str:
+        """Start the log anew (a new id) with the batches appended after byte `after` of log
+        `log_id`, which a compaction holds up to there, their states carried over (the writer
+        lock held); returns the new id."""
+        read = self.read(after, line=None)
+        if read.id != log_id:  # only a compaction starts a log anew, and one runs at a time
+            raise RalmError(f"{self.path} changed while it was compacted; run `ralm index compact` again")
+        return self.rewrite([Entry({k: v for k, v in r.items() if k != "state"}, read.state(r) or {}) for r in read.records])
+
+    def _state_size(self, log_id: str) -> int:
+        try:
+            return self.state_path(log_id).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    @staticmethod
+    def _encode(entries: Sequence[Entry], *, offset: int) -> tuple[bytes, bytes]:
+        """(the batch's lines, its states) with each add's states placed from `offset` on."""
+        lines, states = [], []
+        for i, e in enumerate(entries):
+            record = dict(e.record)
+            if e.state:
+                record["state"] = {"offset": offset, "sizes": {side: len(b) for side, b in e.state.items()}}
+                states += e.state.values()
+                offset += sum(len(b) for b in e.state.values())
+            if i < len(entries) - 1:
+                record["more"] = True
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        return "".join(lines).encode("utf-8"), b"".join(states)
+
+
+def fold(records: Sequence[dict]) -> tuple[list[dict], set[str]]:
+    """(the last add record of each id, in live order: a document sits where its last add put
+    it; the ids deleted since their last add)."""
+    adds: dict[str, dict] = {}
+    deleted: set[str] = set()
+    for e in records:
+        adds.pop(e["id"], None)
+        if e["op"] == "add":
+            adds[e["id"]] = e
+            deleted.discard(e["id"])
+        else:
+            deleted.add(e["id"])
+    return list(adds.values()), deleted
+
+
+def _header_id(line: bytes) -> str | None:
+    try:
+        head = json.loads(line)
+    except ValueError:
+        return None
+    return head["id"] if isinstance(head, dict) and head.get("op") == "log" and isinstance(head.get("id"), str) else None
 
 
 def _record(line: bytes) -> dict | None:
-    """A log line's update record, or None when it is not one."""
+    """A log line's update record, or None when it is not one. What it says of its blocks
+    and their states is dropped when malformed: that document's blocks are then recomputed."""
     try:
         e = json.loads(line)
     except (ValueError, RecursionError):  # also a UnicodeDecodeError; nested too deeply
         return None
-    add = isinstance(e, dict) and e.get("op") == "add" and isinstance(e.get("text"), str) and isinstance(e.get("title", ""), str)
-    ok = isinstance(e, dict) and isinstance(e.get("id"), str) and (add or e.get("op") == "delete")
-    return e if ok else None
+    if not isinstance(e, dict) or not isinstance(e.get("id"), str) or not isinstance(e.get("more", False), bool):
+        return None
+    if e.get("op") == "delete":
+        return e
+    if e.get("op") != "add" or not isinstance(e.get("text"), str) or not isinstance(e.get("title", ""), str):
+        return None
+    if not (_spans_ok(e.get("blocks"), len(e["text"])) and _state_ok(e.get("state"))):
+        e.pop("blocks", None)
+        e.pop("state", None)
+    return e
+
+
+def _spans_ok(spans, n: int) -> bool:
+    return isinstance(spans, list) and all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+        and 0 <= s[0] <= s[1] <= n for s in spans)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _state_ok(state) -> bool:
+    if state is None:
+        return True
+    return (isinstance(state, dict) and _count(state.get("offset")) and isinstance(state.get("sizes"), dict)
+            and all(isinstance(k, str) and _count(v) for k, v in state["sizes"].items()))

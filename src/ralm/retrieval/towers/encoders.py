@@ -28,9 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ralm.atomic import read_json, read_weights, safetensors_metadata, write_model_dir
+from ralm.configs import config_from_file
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
-from ralm.retrieval.towers.loading import (assign_weights, bert_from_config, default_model_path, load_checkpoint_tokenizer, load_hf_encoder,
+from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder,
                                            sentence_transformers_pooling)
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
@@ -230,7 +231,7 @@ class Retriever(nn.Module):
 
 def is_retriever_dir(path: str | os.PathLike) -> bool:
     p = Path(path) / "config.json"
-    return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
+    return p.is_file() and read_json(p).get("format") == FORMAT
 
 
 def _vector_settings(cfg: RetrieverConfig) -> str:
@@ -280,14 +281,14 @@ def _load_hf(path: str, dim: int | None, pooling: str | None, overrides: dict) -
 def _load_ralm(path: Path) -> Retriever:
     raw = read_json(path / "config.json")
     raw.pop("format")
-    cfg = RetrieverConfig(**raw)
-    towers = [Tower(bert_from_config(cfg.encoder, device="meta"), cfg) for _ in range(2)]
+    cfg = config_from_file(RetrieverConfig, raw, path / "config.json")
+    towers = [Tower(encoder_from_config(cfg.encoder, path / "config.json"), cfg) for _ in range(2)]
     model = Retriever(towers[0], towers[1], load_checkpoint_tokenizer(path), cfg)
     state = read_weights(path)
     if not any(k.startswith("doc.") for k in state):  # saved with equal towers (see the module's docstring)
         # mapped a second time: the towers share the file's pages until training writes one
         state.update({"doc." + k[6:]: v for k, v in read_weights(path).items() if k.startswith("query.")})
-    missing, unexpected = assign_weights(model, state)
+    missing, unexpected = assign_weights(model, state, path)
     # Position-id buffers are not always saved; any other gap is a broken checkpoint.
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:

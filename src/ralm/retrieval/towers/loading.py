@@ -90,14 +90,29 @@ def bert_from_config(encoder: dict, device: str | None = None) -> nn.Module:
     return AutoModel.from_config(AutoConfig.for_model(enc.pop("model_type", "bert"), **enc))
 
 
-def assign_weights(model: nn.Module, state: dict) -> tuple[list[str], list[str]]:
+def encoder_from_config(encoder: dict, where: str | os.PathLike) -> nn.Module:
+    """`bert_from_config` on the meta device for a checkpoint's encoder config read from `where`:
+    a config no encoder can be built from is one RalmError naming the file."""
+    try:
+        return bert_from_config(encoder, device="meta")
+    except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError, RuntimeError) as e:
+        raise RalmError(f"{where}: its 'encoder' config builds no encoder ({type(e).__name__}: {str(e)[:120]}); "
+                        "the checkpoint is damaged") from None
+
+
+def assign_weights(model: nn.Module, state: dict, where: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Load `state` into `model` by taking its tensors (no copy; parameters on the meta device
     become real), cast to each parameter's dtype where the file stores another (the package's
-    reader is stored in fp16). Returns (missing, unexpected) keys, as load_state_dict."""
+    reader is stored in fp16). Returns (missing, unexpected) keys, as load_state_dict; a tensor
+    of another shape is a RalmError naming the checkpoint `where`."""
     own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     state = {k: v.to(own[k].dtype) if k in own and v.is_floating_point() and v.dtype != own[k].dtype else v
              for k, v in state.items()}
-    return model.load_state_dict(state, strict=False, assign=True)
+    try:
+        return model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:  # a tensor of another shape than its config says
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e).splitlines()[0])
+        raise RalmError(f"{where}: checkpoint does not match its config ({first[:160]})") from None
 
 
 def load_checkpoint_tokenizer(path: Path):

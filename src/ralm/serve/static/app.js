@@ -88,7 +88,15 @@ function renderAnswer(r) {
 
 // ---- the evidence list -----------------------------------------------------------------------
 
-// `text` with [a, b) marked; `kind`: "answer" or "guess".
+// The API's spans count code points (Python's str); a JavaScript string indexes UTF-16 units,
+// two for an emoji: the span in those units.
+function utf16Span(text, span) {
+  if (!span) return null;
+  const points = Array.from(text);
+  return span.map((n) => points.slice(0, n).join("").length);
+}
+
+// `text` with [a, b) (UTF-16 units) marked; `kind`: "answer" or "guess".
 function marked(text, span, kind) {
   if (!span) return escapeHtml(text);
   const [a, b] = span;
@@ -120,7 +128,7 @@ function renderEvidence(items, best, mark) {
   $("evidence-heading").hidden = !items.length;
   $("evidence-heading").textContent = mark ? "Evidence the reader read" : "Passages found";
   const views = items.map((e, i) => {
-    const span = mark && i === best ? e.span : null;
+    const span = mark && i === best ? utf16Span(e.text, e.span) : null;
     return { whole: marked(e.text, span, mark), short: excerpt(e.text, span, mark) };
   });
   $("evidence").innerHTML = items.map((e, i) => {
