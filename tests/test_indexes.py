@@ -144,3 +144,40 @@ def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     np.testing.assert_allclose(LiveBM25(index, texts[2:]).scores(queries), by_row[:, 2:], rtol=1e-5)
     unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
     assert unseen > rare > common > 0 and LiveBM25(index, ["an okapi"]).scores(["okapi"])[0, 0] > 0
+
+
+def _recall(got: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(got.tolist(), truth.tolist())]))
+
+
+def test_faiss_rescores_its_shortlist_exactly_from_the_source_vectors(data):
+    """Coarse codes (4 bits a dimension) rank roughly; given the float32 vectors, the index rescores
+    its best k + RESCORE exactly: exact scores of the rows it returns, and the exact top k back."""
+    emb, q = data
+    coarse = FaissIndex.build(emb, "IVF8,SQ4")
+    coarse.set_search_params(nprobe=8)
+    rough_s, rough_i = coarse.search(q, 10)
+    s, i = FaissIndex(coarse.index, coarse.spec, source=emb).search(q, 10)
+    _, exact_i = ExactIndex(emb).search(q, 10)
+    np.testing.assert_allclose(s, np.einsum("qd,qkd->qk", q, emb[i]), rtol=1e-5)
+    assert np.all(np.diff(s, axis=1) <= 0)
+    assert not np.allclose(rough_s, np.einsum("qd,qkd->qk", q, emb[rough_i]), rtol=1e-3)  # the codes alone: approximate
+    assert _recall(i, exact_i) == 1.0 > _recall(rough_i, exact_i)
+
+
+def test_faiss_rescoring_skips_the_rows_a_short_list_lacks(data):
+    emb, q = data
+    index = FaissIndex.build(emb, "IVF8,Flat")
+    index.set_search_params(nprobe=1)  # one list of ~125 rows: fewer than k + RESCORE candidates for some queries
+    s, i = FaissIndex(index.index, index.spec, source=emb).search(q, 200)
+    real = i >= 0
+    assert not real.all() and np.isneginf(s[~real]).all()
+    np.testing.assert_allclose(s[real], np.einsum("qd,qkd->qk", q, emb[np.maximum(i, 0)])[real], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_spec_keeps_small_indexes_exact_and_sizes_ivf_lists_from_n():
+    from ralm.retrieval.backends.faiss_index import APPROX_MIN_BLOCKS, auto_spec
+
+    assert auto_spec(10_000) is None and auto_spec(APPROX_MIN_BLOCKS - 1) is None
+    assert auto_spec(APPROX_MIN_BLOCKS) == "IVF2048,SQ8"
+    assert auto_spec(1_000_000) == "IVF4096,SQ8" and auto_spec(10_000_000) == "IVF16384,SQ8"
