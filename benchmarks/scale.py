@@ -57,10 +57,11 @@ SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(])")
 
 # -- the corpus generator --------------------------------------------------------------------------
 
-def sentences(work: Path, *, model: str | None = None, stride: int = 3) -> dict:
-    """The SQuAD sentences of 4-80 words of every `stride`-th paragraph (all 442 articles), each
-    once: text, article, wordpiece count, and its block embedding (title = its article) by the
-    retriever `model` (None: the bundled MiniLM), cached in WORK/sentences.{jsonl,npy}."""
+def sentences(args) -> dict:
+    """The SQuAD sentences of 4-80 words of every --stride-th paragraph (of all 442 articles),
+    each once: text, article, wordpiece count, and its block embedding (title = its article) by
+    the retriever --model (default: the bundled MiniLM), cached in WORK/sentences.{jsonl,npy}."""
+    work, model, stride = Path(args.work), args.model, args.stride
     meta, emb_file = work / "sentences.jsonl", work / "sentences.npy"
     if not emb_file.is_file():
         import torch
@@ -105,40 +106,51 @@ def sentences(work: Path, *, model: str | None = None, stride: int = 3) -> dict:
 
 
 def draw_chunk(s: dict, c: int, *, seed: int, dim_only: bool = False) -> tuple[list[dict] | None, np.ndarray]:
-    """Documents c*CHUNK ... (c+1)*CHUNK-1: ({"id", "title", "text"} or None, vectors [CHUNK, D])."""
+    """Documents c*CHUNK ... (c+1)*CHUNK-1: ({"id", "title", "text"} or None, vectors [CHUNK, D]).
+    A document is a random sentence, then up to 5 more, each the next sentence of the same
+    article with probability 3/4 (else any sentence), while they fit BODY_BUDGET wordpieces."""
     rng = np.random.default_rng([seed, c])
-    n_sent = len(s["pieces"])
-    emb = s["emb"]
-    docs, vecs = [], np.zeros((CHUNK, emb.shape[1]), np.float32)
+    emb, pieces, article = s["emb"], s["pieces"], s["article"]
+    n_sent = len(pieces)
+    first = rng.integers(n_sent, size=CHUNK)
+    extra = rng.integers(1, 6, size=CHUNK)
+    picked = np.full((CHUNK, 6), -1)
+    picked[:, 0] = first
+    budget = BODY_BUDGET - pieces[first]
+    total = np.array(emb[first], dtype=np.float32)  # [CHUNK, D]
+    count = np.ones(CHUNK, np.float32)
+    active = np.ones(CHUNK, bool)
+    for t in range(1, 6):
+        nxt = picked[:, t - 1] + 1
+        same = (rng.random(CHUNK) < 0.75) & (nxt < n_sent)
+        same &= article[np.minimum(nxt, n_sent - 1)] == article[first]
+        cand = np.where(same, nxt, rng.integers(n_sent, size=CHUNK))
+        active &= (t <= extra) & (pieces[cand] <= budget)
+        picked[active, t] = cand[active]
+        budget = budget - np.where(active, pieces[cand], 0)
+        total += np.asarray(emb[cand], dtype=np.float32) * active[:, None]
+        count += active
+    noise = rng.standard_normal(total.shape, dtype=np.float32) * (NOISE / np.sqrt(total.shape[1]))
+    vecs = total / count[:, None] + noise
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    words = rng.integers(len(s["words"]), size=(CHUNK, 2))
+    if dim_only:
+        return None, vecs
+    docs = []
     for j in range(CHUNK):
-        first = int(rng.integers(n_sent))
-        picked, budget = [first], BODY_BUDGET - s["pieces"][first]
-        for _ in range(int(rng.integers(1, 6))):
-            # mostly the next sentence of the same article (a document keeps its topic), else any
-            nxt = picked[-1] + 1
-            cand = nxt if rng.random() < 0.75 and nxt < n_sent and s["article"][nxt] == s["article"][first] else int(rng.integers(n_sent))
-            if s["pieces"][cand] > budget:
-                break
-            picked.append(cand)
-            budget -= s["pieces"][cand]
-        v = emb[picked].mean(0) + rng.standard_normal(emb.shape[1]).astype(np.float32) * (NOISE / np.sqrt(emb.shape[1]))
-        vecs[j] = v / np.linalg.norm(v)
-        w = rng.integers(len(s["words"]), size=2)  # drawn either way: the vectors stay those of the full corpus
-        if not dim_only:
-            i = c * CHUNK + j
-            title = f"{s['titles'][s['article'][first]]} {s['words'][w[0]]} {s['words'][w[1]]}".replace("_", " ")
-            docs.append({"id": f"d{i:08d}", "title": title, "text": " ".join(s["text"][p] for p in picked)})
-    return (None if dim_only else docs), vecs
+        title = f"{s['titles'][article[first[j]]]} {s['words'][words[j, 0]]} {s['words'][words[j, 1]]}"
+        docs.append({"id": f"d{c * CHUNK + j:08d}", "title": title, "text": " ".join(s["text"][p] for p in picked[j] if p >= 0)})
+    return docs, vecs
 
 
-def make_corpus(work: Path, n: int, *, seed: int, model: str | None = None) -> tuple[Path, Path]:
+def make_corpus(args, n: int) -> tuple[Path, Path]:
     """WORK/data/corpus-N.jsonl and emb-N.npy [N, D] (row i: document i's one block)."""
-    data = work / "data"
+    data, seed = Path(args.work) / "data", args.seed
     data.mkdir(parents=True, exist_ok=True)
     corpus, emb_path = data / f"corpus-{n}.jsonl", data / f"emb-{n}.npy"
     if corpus.is_file() and emb_path.is_file():
         return corpus, emb_path
-    s = sentences(work, model=model)
+    s = sentences(args)
     tmp_c, tmp_e = corpus.with_suffix(".tmp"), emb_path.with_suffix(".tmp.npy")
     emb = np.lib.format.open_memmap(tmp_e, mode="w+", dtype=np.float32, shape=(n, s["emb"].shape[1]))
     with open(tmp_c, "w", encoding="utf-8") as f:
@@ -180,26 +192,29 @@ def child_env(args) -> dict:
 
 
 def run(cmd: list[str], args, *, log: Path, timeout: float | None = None) -> dict:
-    """Run `cmd` -> {rc, seconds, peak_rss_mb (its own VmHWM), timed_out, out (stdout)}."""
+    """Run `cmd` -> {rc, seconds, peak_rss_mb, timed_out, out (stdout)}. The peak RSS is GNU
+    time's (a child forked from this process would count this process's pages as its own)."""
     import signal
     import threading
 
     log.parent.mkdir(parents=True, exist_ok=True)
+    rss_file = log.with_suffix(".rss")
     start = time.perf_counter()
     with open(log, "ab") as err:
         err.write(f"\n$ {' '.join(map(str, cmd))}\n".encode())
         err.flush()
-        p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=err, env=child_env(args), start_new_session=True)
+        p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(rss_file), *map(str, cmd)], stdout=subprocess.PIPE, stderr=err,
+                             env=child_env(args), start_new_session=True)
         killed = []
         timer = threading.Timer(timeout, lambda: (killed.append(1), os.killpg(p.pid, signal.SIGKILL))) if timeout else None
         if timer:
             timer.start()
         out = p.stdout.read().decode()
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p.wait()
         if timer:
             timer.cancel()
-    return {"rc": p.returncode, "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024),
+    rss = re.findall(r"^(\d+)$", rss_file.read_text(), re.MULTILINE) if rss_file.is_file() else []
+    return {"rc": p.returncode, "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(int(rss[-1]) / 1024) if rss else None,
             "timed_out": bool(killed), "out": out}
 
 
@@ -214,7 +229,7 @@ def ralm(*argv) -> list[str]:
 
 def me(args, *argv) -> list[str]:
     return [sys.executable, __file__, "--work", args.work, "--seed", args.seed, "--queries", args.queries,
-            "--model", args.model or "", *argv]
+            "--model", args.model or "", "--stride", args.stride, *argv]
 
 
 def du(path: Path) -> int:
@@ -235,7 +250,7 @@ def pct(values: list[float], q: float) -> float:
 
 def stage_data(args, n: int) -> dict:
     start = time.perf_counter()
-    corpus, emb = make_corpus(Path(args.work), n, seed=args.seed, model=args.model)
+    corpus, emb = make_corpus(args, n)
     return {"corpus_mb": round(du(corpus) / 2**20, 1), "embeddings_mb": round(du(emb) / 2**20, 1),
             "seconds": round(time.perf_counter() - start, 1)}
 
@@ -245,7 +260,7 @@ def index_of(args, n: int) -> Path:
 
 
 def stage_build(args, n: int) -> dict:
-    corpus, emb = make_corpus(Path(args.work), n, seed=args.seed, model=args.model)
+    corpus, emb = make_corpus(args, n)
     idx = index_of(args, n)
     shutil.rmtree(idx, ignore_errors=True)
     cmd = ralm("index", "build", corpus, "--out", idx, "--embeddings", emb, "--json", *(["--model", args.model] if args.model else []))
@@ -370,7 +385,7 @@ def stage_add(args, n: int) -> dict:
     docs = work / "data" / f"add-{args.add_docs}.jsonl"
     if not docs.is_file():
         with open(docs.with_suffix(".tmp"), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in update_docs(sentences(work, model=args.model), args.add_docs, seed=args.seed, start=0))
+            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in update_docs(sentences(args), args.add_docs, seed=args.seed, start=0))
         os.replace(docs.with_suffix(".tmp"), docs)
     idx = copy_index(args, n, "idx-add")
     try:
@@ -393,7 +408,7 @@ def stage_replay(args, n: int) -> dict:
     try:
         rng = np.random.default_rng([args.seed, 7])
         n_new, n_repl = int(args.updates * 0.6), int(args.updates * 0.2)
-        new = update_docs(sentences(work, model=args.model), n_new, seed=args.seed, start=args.add_docs)
+        new = update_docs(sentences(args), n_new, seed=args.seed, start=args.add_docs)
         records = [{"op": "add", "id": d["id"], "title": d["title"], "text": d["text"]} for d in new]
         for d in (new[int(i)] for i in rng.choice(n_new, n_repl)):
             records.append({"op": "add", "id": d["id"], "title": d["title"], "text": d["text"][::-1]})
@@ -513,7 +528,7 @@ def child_dense(args) -> dict:
     from ralm.retrieval.towers.encoders import Retriever
 
     n, work = args.n, Path(args.work)
-    s = sentences(work, model=args.model)
+    s = sentences(args)
     chunks = -(-n // CHUNK)
 
     def vectors(c):
@@ -648,12 +663,11 @@ def report(args) -> None:
         ax.legend(fontsize=7)
     fig.suptitle("ralm cost against corpus size (benchmarks/scale.py; 2-core CPU box, shared)")
     fig.tight_layout()
-    out = Path(__file__).resolve().parent / "figures" / "scale.png"
-    fig.savefig(out, dpi=110)
+    fig.savefig(args.figure, dpi=110)
     slopes = {name: slope(pts) for name, pts in series.items() if len(pts) >= 2}
-    print(json.dumps({"figure": str(out), "series": series, "log_log_slope_between_two_largest_N": slopes,
-                      "fastest": max((v, k) for k, v in slopes.items() if v is not None and not k.startswith("dense structure"))},
-                     indent=1, default=str))
+    growing = [(v, k) for k, v in slopes.items() if v is not None and not k.startswith("dense structure")]
+    print(json.dumps({"figure": str(args.figure), "series": series, "log_log_slope_between_two_largest_N": slopes,
+                      "fastest": max(growing) if growing else None}, indent=1, default=str))
 
 
 def _dig(v, keys):
@@ -674,11 +688,13 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200, help="SQuAD questions timed per measurement")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--model", default="", help="the retriever that embeds the sentences (default: the bundled MiniLM)")
+    ap.add_argument("--stride", type=int, default=3, help="sentences of every STRIDE-th SQuAD paragraph (30,845 at 3)")
     ap.add_argument("--add-docs", type=int, default=10_000, help="documents `ralm index add` adds (stage add)")
     ap.add_argument("--updates", type=int, default=100_000, help="logged updates replayed at open (stage replay)")
     ap.add_argument("--update-timeout", type=float, default=1800, help="seconds before stages add and replay give up")
     ap.add_argument("--force", action="store_true", help="rerun stages that have results")
-    ap.add_argument("--report", action="store_true", help="print the table's figures and draw benchmarks/figures/scale.png")
+    ap.add_argument("--report", action="store_true", help="print the figures, their log-log slopes, and draw --figure")
+    ap.add_argument("--figure", default=Path(__file__).resolve().parent / "figures" / "scale.png")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--index", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
