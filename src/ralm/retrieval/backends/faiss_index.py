@@ -132,10 +132,13 @@ class FaissIndex:
             return None
 
     def default_search_params(self) -> dict:
-        """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours)."""
+        """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours).
+        IVF probes 1/32 of its lists (at least 16): on 1M MiniLM-like vectors (IVF4096,SQ8,
+        benchmarks/scale.py) recall@10 against exact search is 0.992; 1/16 gave 0.995 at twice
+        the latency, 1/64 0.983."""
         params = {}
         if (ivf := self._ivf()) is not None:
-            params["nprobe"] = min(ivf.nlist, max(16, ivf.nlist // 16))
+            params["nprobe"] = min(ivf.nlist, max(16, ivf.nlist // 32))
         if hasattr(self.index, "hnsw"):
             params["ef_search"] = 128
         return params
