@@ -320,6 +320,8 @@ def stage_serve(args, n: int) -> dict:
         out = {"ready_seconds": round(ready, 1)}
         for conc in (1, 8):
             out[f"c{conc}"] = load(url, qs * (1 if conc == 1 else 2), conc)
+            if conc == 1:  # the server's own timing of the same requests (without the client's queueing)
+                out["c1"]["server_ms"] = httpx.get(f"{url}/stats", timeout=30).json()["latency_ms"]["search"]
         status = Path(f"/proc/{p.pid}/status").read_text()
         out["peak_rss_mb"] = round(int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024)
         out["rss_mb"] = round(int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024)
@@ -398,8 +400,8 @@ def stage_add(args, n: int) -> dict:
 
 def stage_replay(args, n: int) -> dict:
     """Open a copy of the index whose update log holds --updates updates, written through the
-    library's UpdateLog: 60% new documents, 20% replacements of those, 20% deletions of
-    corpus documents. The open is timed out at --update-timeout."""
+    library's UpdateLog: 60% new documents, 20% deletions of corpus documents (at most half of
+    them), the rest replacements of new ones. The open is timed out at --update-timeout."""
     sys.path.insert(0, str(SRC))
     from ralm.retrieval.search.update_log import UpdateLog
 
@@ -407,12 +409,12 @@ def stage_replay(args, n: int) -> dict:
     idx = copy_index(args, n, "idx-replay")
     try:
         rng = np.random.default_rng([args.seed, 7])
-        n_new, n_repl = int(args.updates * 0.6), int(args.updates * 0.2)
+        n_new, n_del = int(args.updates * 0.6), min(int(args.updates * 0.2), n // 2)
         new = update_docs(sentences(args), n_new, seed=args.seed, start=args.add_docs)
         records = [{"op": "add", "id": d["id"], "title": d["title"], "text": d["text"]} for d in new]
-        for d in (new[int(i)] for i in rng.choice(n_new, n_repl)):
+        for d in (new[int(i)] for i in rng.choice(n_new, args.updates - n_new - n_del)):
             records.append({"op": "add", "id": d["id"], "title": d["title"], "text": d["text"][::-1]})
-        records += [{"op": "delete", "id": f"d{int(i):08d}"} for i in rng.choice(n, args.updates - len(records), replace=False)]
+        records += [{"op": "delete", "id": f"d{int(i):08d}"} for i in rng.choice(n, n_del, replace=False)]
         records = [records[int(i)] for i in rng.permutation(len(records))]
         log = UpdateLog(idx)
         for i in range(0, len(records), 10_000):

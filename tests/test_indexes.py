@@ -87,6 +87,27 @@ def test_bm25_ranks_the_exact_term_match_first(tmp_path):
     np.testing.assert_array_equal(again.search(["where does quagga live"], 2)[1], ids[:1])
 
 
+def test_bm25_search_scores_as_bm25s_in_the_calling_thread(monkeypatch):
+    """Parity with bm25s's own retrieval (scores; ids wherever the scores are not tied), summed
+    from the postings without bm25s.retrieve, which starts a thread for every call."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(5, 40)), p=np.arange(300, 0, -1) / 45150)) for _ in range(500)]
+    queries = [" ".join(rng.choice(words, size=4)) for _ in range(20)] + ["w1 w1 w2"]
+    index = BM25Index.build(texts, show_progress=False)
+    found, expected = index.model.retrieve([q.split() for q in queries], k=50, show_progress=False, n_threads=1)
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self), start(self))[1])
+    scores, ids = index.search(queries, 50)
+    assert started == []
+    np.testing.assert_allclose(scores, expected, rtol=1e-6)
+    for got, want, s in zip(ids, found, scores):
+        above = s > s[-1]  # ranks a tie cannot reorder
+        assert set(got[above]) == set(want[above])
+
+
 def test_bm25_query_without_known_terms_scores_zero():
     index = BM25Index.build(["alpha beta", "gamma delta"], show_progress=False)
     scores, ids = index.search(["zzzz", "the of"], 2)
