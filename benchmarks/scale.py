@@ -203,7 +203,7 @@ def run(cmd: list[str], args, *, log: Path, timeout: float | None = None) -> dic
     with open(log, "ab") as err:
         err.write(f"\n$ {' '.join(map(str, cmd))}\n".encode())
         err.flush()
-        p = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(rss_file), *map(str, cmd)], stdout=subprocess.PIPE, stderr=err,
+        p = subprocess.Popen(["/usr/bin/time", "-f", "%M %U %S", "-o", str(rss_file), *map(str, cmd)], stdout=subprocess.PIPE, stderr=err,
                              env=child_env(args), start_new_session=True)
         killed = []
         timer = threading.Timer(timeout, lambda: (killed.append(1), os.killpg(p.pid, signal.SIGKILL))) if timeout else None
@@ -213,9 +213,10 @@ def run(cmd: list[str], args, *, log: Path, timeout: float | None = None) -> dic
         p.wait()
         if timer:
             timer.cancel()
-    rss = re.findall(r"^(\d+)$", rss_file.read_text(), re.MULTILINE) if rss_file.is_file() else []
-    return {"rc": p.returncode, "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(int(rss[-1]) / 1024) if rss else None,
-            "timed_out": bool(killed), "out": out}
+    usage = re.findall(r"^(\d+) ([\d.]+) ([\d.]+)$", rss_file.read_text(), re.MULTILINE) if rss_file.is_file() else []
+    rss, user, system = usage[-1] if usage else (None, None, None)
+    return {"rc": p.returncode, "seconds": round(time.perf_counter() - start, 2), "peak_rss_mb": round(int(rss) / 1024) if rss else None,
+            "cpu_seconds": round(float(user) + float(system), 1) if rss else None, "timed_out": bool(killed), "out": out}
 
 
 def last_json(out: str) -> dict:
@@ -271,7 +272,8 @@ def stage_build(args, n: int) -> dict:
     manifest = json.loads((version / "manifest.json").read_text())
     disk = {"blocks": du(idx / "blocks"), "embeddings": du(version / "embeddings.npy"), "faiss": du(version / "faiss.index"),
             "bm25": du(version / "bm25"), "retriever": du(idx / "retriever"), "total": du(idx)}
-    return {"seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"], "build_seconds": manifest.get("build_seconds"),
+    return {"seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"], "peak_rss_mb": r["peak_rss_mb"],
+            "build_seconds": manifest.get("build_seconds"),
             "faiss": manifest.get("faiss"), "faiss_params": manifest.get("faiss_params"),
             "disk_mb": {k: round(v / 2**20, 1) for k, v in disk.items()}, "blocks": manifest["count"]}
 
@@ -367,7 +369,8 @@ def load(url: str, queries: list[str], concurrency: int) -> dict:
 
 def stage_check(args, n: int) -> dict:
     r = run(ralm("index", "check", index_of(args, n), "--json"), args, log=Path(args.work) / "logs" / f"check-{n}.log")
-    return {"seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"], "sound": last_json(r["out"]).get("sound", False)}
+    return {"seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"], "peak_rss_mb": r["peak_rss_mb"],
+            "sound": last_json(r["out"]).get("sound", False)}
 
 
 def copy_index(args, n: int, name: str) -> Path:
@@ -394,7 +397,7 @@ def stage_add(args, n: int) -> dict:
         r = run(ralm("index", "add", idx, docs, "--json"), args, log=work / "logs" / f"add-{n}.log", timeout=args.update_timeout)
     finally:
         shutil.rmtree(idx, ignore_errors=True)
-    return {"documents": args.add_docs, "seconds": r["seconds"], "timed_out": r["timed_out"], "rc": r["rc"],
+    return {"documents": args.add_docs, "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"], "timed_out": r["timed_out"], "rc": r["rc"],
             "peak_rss_mb": r["peak_rss_mb"], "docs_per_s": round(args.add_docs / r["seconds"], 1) if not r["rc"] else None}
 
 
@@ -421,7 +424,8 @@ def stage_replay(args, n: int) -> dict:
             log.append(records[i : i + 10_000])
         r = run(me(args, "--child", "open", "--index", idx), args, log=work / "logs" / f"replay-{n}.log", timeout=args.update_timeout)
         live = len({rec["id"] for rec in records if rec["op"] == "add"})
-        return {"updates": len(records), "live_documents": live, "seconds": r["seconds"], "timed_out": r["timed_out"],
+        return {"updates": len(records), "live_documents": live, "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"],
+                "timed_out": r["timed_out"],
                 "rc": r["rc"], "peak_rss_mb": r["peak_rss_mb"], **last_json(r["out"])}
     finally:
         shutil.rmtree(idx, ignore_errors=True)
@@ -472,12 +476,16 @@ def overlap(a: np.ndarray, b: np.ndarray) -> float:
     return round(float(np.mean([len(set(x.tolist()) & set(y.tolist())) / len(y) for x, y in zip(a, b)])), 4)
 
 
-def timed(fn, items) -> list[float]:
+def timed(fn, items, cpu: list | None = None) -> list[float]:
+    """Wall seconds of fn(item) for each item (and, into `cpu`, this process's CPU seconds: on a
+    shared box the wall time includes waiting for a core, the CPU time does not)."""
     out = []
     for item in items:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn(item)
         out.append(time.perf_counter() - t)
+        if cpu is not None:
+            cpu.append(time.process_time() - c)
     return out
 
 
@@ -490,8 +498,10 @@ def child_search(args) -> dict:
     s.search(qs[:3], 10)  # warm-up
     out = {}
     for side in ("hybrid", "dense", "bm25"):
-        lat = timed(lambda q, side=side: s.search([q], 10, None if side == "hybrid" else side), qs)
-        out[side] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
+        cpu: list[float] = []
+        lat = timed(lambda q, side=side: s.search([q], 10, None if side == "hybrid" else side), qs, cpu)
+        out[side] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "cpu_p50_ms": pct(cpu, 50)}
+    out["load_average"] = os.getloadavg()[0]
     dense = s.current.sides["dense"]
     enc = dense.encode(qs)  # [Q, D]
     lat = timed(lambda i: dense.search(enc[i : i + 1], 10), range(len(qs)))
@@ -546,16 +556,20 @@ def child_dense(args) -> dict:
     index.train(train)
     del train
     trained = time.perf_counter()
-    f16 = np.lib.format.open_memmap(work / f"dense-{n}.f16.npy", mode="w+", dtype=np.float16, shape=(n, dim))
-    for c in range(chunks):
-        v = vectors(c)
-        index.add(v)
-        f16[c * CHUNK : c * CHUNK + len(v)] = v
-    f16.flush()
+    f16_path = work / f"dense-{n}.f16.npy"
+    header = np.lib.format.open_memmap(f16_path, mode="w+", dtype=np.float16, shape=(n, dim))  # the header; rows follow
+    offset = header.offset
+    del header
+    with open(f16_path, "r+b") as f16:  # written, not mapped: the pages never count as this process's memory
+        f16.seek(offset)
+        for c in range(chunks):
+            v = vectors(c)
+            index.add(v)
+            f16.write(v.astype(np.float16).tobytes())
     built = time.perf_counter()
     path = work / f"dense-{n}.faiss"
     faiss.write_index(index, str(path))
-    ann = fi.FaissIndex(index, spec, source=np.load(work / f"dense-{n}.f16.npy", mmap_mode="r"))
+    ann = fi.FaissIndex(index, spec, source=np.load(f16_path, mmap_mode="r"))
     ann.set_search_params(**ann.default_search_params())
     retriever = Retriever.from_pretrained(args.model or None).eval()
     enc = retriever.encode_queries(questions(args.queries, args.seed + 1)).numpy()  # [Q, D]
@@ -579,7 +593,7 @@ def child_dense(args) -> dict:
     ivf.nprobe = default
     index_bytes = path.stat().st_size
     path.unlink()
-    (work / f"dense-{n}.f16.npy").unlink()
+    f16_path.unlink()
     return {"n": n, "spec": spec, "nprobe": faiss.extract_index_ivf(index).nprobe, "train_seconds": round(trained - start, 1),
             "add_seconds": round(built - trained, 1), "index_mb": round(index_bytes / 2**20, 1),
             "bytes_per_block": round(index_bytes / n, 1), "rescore_source": "fp16 on disk (memory-mapped)",
@@ -729,7 +743,9 @@ def main() -> None:
     for stage in stages:
         sizes = args.dense_sizes if stage == "dense" else args.sizes
         for n in (int(x) for x in sizes.split(",")):
-            target = work / "results" / f"{stage}-{n}.json"
+            # results of several document and update counts
+            name = {"add": f"add-{args.add_docs}-docs", "replay": f"replay-{args.updates}-updates"}.get(stage, stage)
+            target = work / "results" / f"{name}-{n}.json"
             if target.is_file() and not args.force:
                 continue
             print(f"[{time.strftime('%H:%M:%S')}] {stage} N={n}", file=sys.stderr, flush=True)
