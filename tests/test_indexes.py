@@ -201,4 +201,6 @@ def test_auto_spec_keeps_small_indexes_exact_and_sizes_ivf_lists_from_n():
 
     assert auto_spec(10_000) is None and auto_spec(APPROX_MIN_BLOCKS - 1) is None
     assert auto_spec(APPROX_MIN_BLOCKS) == "IVF2048,SQ8"
-    assert auto_spec(1_000_000) == "IVF4096,SQ8" and auto_spec(10_000_000) == "IVF16384,SQ8"
+    assert auto_spec(1_000_000) == "IVF4096,SQ8" and auto_spec(10_000_000) == "IVF16384_HNSW32,SQ8"
+    index = FaissIndex.build(np.random.default_rng(0).standard_normal((2000, 16), dtype=np.float32), "IVF16_HNSW32,SQ8")
+    assert index.default_search_params() == {"nprobe": 16}  # the lists' graph is not the index's: no ef_search

@@ -37,6 +37,7 @@ AUTO = "auto"  # a spec chosen from the number of vectors (auto_spec)
 # Below this many blocks exact search answers within the latency target on 2 CPU cores (fp32 scan of
 # N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale.py), so small indexes stay exact.
 APPROX_MIN_BLOCKS = 250_000
+HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer is an HNSW graph
 
 
 def ivf_lists(n: int) -> int:
@@ -46,8 +47,14 @@ def ivf_lists(n: int) -> int:
 
 def auto_spec(n: int) -> str | None:
     """What `--faiss auto` builds for n blocks: None (exact search) below APPROX_MIN_BLOCKS, else
-    IVF-SQ8 (a byte per dimension: a quarter of the float32 vectors, rescored exactly from them)."""
-    return None if n < APPROX_MIN_BLOCKS else f"IVF{ivf_lists(n)},SQ8"
+    IVF-SQ8 (a byte per dimension: a quarter of the float32 vectors, rescored exactly from them).
+    From HNSW_LISTS lists on, the lists are found through an HNSW graph of their centroids, as
+    faiss advises for millions of vectors: adding 10M vectors to 16,384 lists is then a graph
+    search per vector, not 16,384 inner products."""
+    if n < APPROX_MIN_BLOCKS:
+        return None
+    lists = ivf_lists(n)
+    return f"IVF{lists}{'_HNSW32' if lists >= HNSW_LISTS else ''},SQ8"
 
 
 def check_spec(spec: str, dims: tuple[int, ...] = FACTORY_DIMS) -> None:
