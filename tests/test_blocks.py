@@ -118,3 +118,27 @@ def test_documents_with_empty_text_are_skipped_with_a_warning(tmp_path, tokenize
     with pytest.warns(RalmWarning, match=r"skipped 1 document with empty text \(the first at .*c.jsonl:2\)"):
         store = build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False)
     assert [store.record(i)["doc_id"] for i in range(len(store))] == ["a", "b"]  # no title-only block
+
+
+def test_document_rows_find_a_documents_blocks_reading_one_record(tmp_path, tokenizer):
+    """doc id -> its consecutive block rows, from doc_hash.npy: one record read per lookup (the
+    id is confirmed), not one per document; a store written before doc_hash.npy answers alike."""
+    docs = [{"id": f"doc{i}", "title": f"T{i}", "text": "Short sentence here. " * (1 + 40 * (i % 3))} for i in range(30)]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    store = build_block_store(corpus, tmp_path / "blocks", tokenizer, cfg=BlockConfig(max_len=100), show_progress=False)
+    truth: dict[str, list[int]] = {}
+    for row in range(len(store)):
+        truth.setdefault(store.record(row)["doc_id"], []).append(row)
+    assert max(len(r) for r in truth.values()) > 1  # documents of several blocks
+    reads = []
+    record = store.record
+    store.record = lambda i: reads.append(i) or record(i)
+    rows = store.document_rows()
+    for d in docs:
+        reads.clear()
+        assert list(rows.get(d["id"])) == truth[d["id"]] and len(reads) == 1
+    assert rows.get("no such document") is None and "doc3" in rows and "doc" not in rows
+    (tmp_path / "blocks" / "doc_hash.npy").unlink()
+    old = BlockStore(tmp_path / "blocks").document_rows()
+    assert all(list(old.get(d["id"])) == truth[d["id"]] for d in docs) and old.get("doc") is None

@@ -217,3 +217,19 @@ def test_export_of_a_run_holding_a_retriever_and_a_reader_asks_which(ralm, tiny_
     for part in ("reader", "retriever"):
         code, out, err = ralm("export", run, "--format", "hf", "--part", part, "--out", tmp_path / part, "--json")
         assert code == 0 and json.loads(out)["kind"] == part, err
+
+
+def test_index_build_with_precomputed_embeddings_checks_its_options_first(ralm, tiny_bert, corpus_file, tmp_path):
+    import numpy as np
+
+    emb = tmp_path / "emb.npy"
+    np.save(emb, np.random.default_rng(0).standard_normal((len(DOCS), 32)).astype(np.float32))
+    build = ("index", "build", corpus_file, "--model", tiny_bert, "--embeddings")
+    _one_line_error(*ralm(*build, emb, "--out", tmp_path / "a", "--dim", 8)[::2], "--dim adds an untrained projection")
+    _one_line_error(*ralm(*build, emb, "--out", tmp_path / "a", "--retriever", "bm25")[::2], "a bm25 index has no dense side")
+    _one_line_error(*ralm(*build, tmp_path / "none.npy", "--out", tmp_path / "a")[::2], "none.npy: no such file")
+    assert not (tmp_path / "a").exists()
+    rc, out, err = ralm(*build, emb, "--out", tmp_path / "b", "--faiss", "exact", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["faiss"] is None and np.array_equal(
+        np.load(next((tmp_path / "b" / "versions").iterdir()) / "embeddings.npy"), np.load(emb))

@@ -87,6 +87,27 @@ def test_bm25_ranks_the_exact_term_match_first(tmp_path):
     np.testing.assert_array_equal(again.search(["where does quagga live"], 2)[1], ids[:1])
 
 
+def test_bm25_search_scores_as_bm25s_in_the_calling_thread(monkeypatch):
+    """Parity with bm25s's own retrieval (scores; ids wherever the scores are not tied), summed
+    from the postings without bm25s.retrieve, which starts a thread for every call."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(300)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(5, 40)), p=np.arange(300, 0, -1) / 45150)) for _ in range(500)]
+    queries = [" ".join(rng.choice(words, size=4)) for _ in range(20)] + ["w1 w1 w2"]
+    index = BM25Index.build(texts, show_progress=False)
+    found, expected = index.model.retrieve([q.split() for q in queries], k=50, show_progress=False, n_threads=1)
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self), start(self))[1])
+    scores, ids = index.search(queries, 50)
+    assert started == []
+    np.testing.assert_allclose(scores, expected, rtol=1e-6)
+    for got, want, s in zip(ids, found, scores):
+        above = s > s[-1]  # ranks a tie cannot reorder
+        assert set(got[above]) == set(want[above])
+
+
 def test_bm25_query_without_known_terms_scores_zero():
     index = BM25Index.build(["alpha beta", "gamma delta"], show_progress=False)
     scores, ids = index.search(["zzzz", "the of"], 2)
@@ -144,3 +165,42 @@ def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     np.testing.assert_allclose(LiveBM25(index, tokens_of(texts[2:])).scores(queries), by_row[:, 2:], rtol=1e-5)
     unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
     assert unseen > rare > common > 0 and LiveBM25(index, tokens_of(["an okapi"])).scores(["okapi"])[0, 0] > 0
+
+
+def _recall(got: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(got.tolist(), truth.tolist())]))
+
+
+def test_faiss_rescores_its_shortlist_exactly_from_the_source_vectors(data):
+    """Coarse codes (4 bits a dimension) rank roughly; given the float32 vectors, the index rescores
+    its best k + RESCORE exactly: exact scores of the rows it returns, and the exact top k back."""
+    emb, q = data
+    coarse = FaissIndex.build(emb, "IVF8,SQ4")
+    coarse.set_search_params(nprobe=8)
+    rough_s, rough_i = coarse.search(q, 10)
+    s, i = FaissIndex(coarse.index, coarse.spec, source=emb).search(q, 10)
+    _, exact_i = ExactIndex(emb).search(q, 10)
+    np.testing.assert_allclose(s, np.einsum("qd,qkd->qk", q, emb[i]), rtol=1e-5)
+    assert np.all(np.diff(s, axis=1) <= 0)
+    assert not np.allclose(rough_s, np.einsum("qd,qkd->qk", q, emb[rough_i]), rtol=1e-3)  # the codes alone: approximate
+    assert _recall(i, exact_i) == 1.0 > _recall(rough_i, exact_i)
+
+
+def test_faiss_rescoring_skips_the_rows_a_short_list_lacks(data):
+    emb, q = data
+    index = FaissIndex.build(emb, "IVF8,Flat")
+    index.set_search_params(nprobe=1)  # one list of ~125 rows: fewer than k + RESCORE candidates for some queries
+    s, i = FaissIndex(index.index, index.spec, source=emb).search(q, 200)
+    real = i >= 0
+    assert not real.all() and np.isneginf(s[~real]).all()
+    np.testing.assert_allclose(s[real], np.einsum("qd,qkd->qk", q, emb[np.maximum(i, 0)])[real], rtol=1e-5, atol=1e-5)
+
+
+def test_auto_spec_keeps_small_indexes_exact_and_sizes_ivf_lists_from_n():
+    from ralm.retrieval.backends.faiss_index import APPROX_MIN_BLOCKS, auto_spec
+
+    assert auto_spec(10_000) is None and auto_spec(APPROX_MIN_BLOCKS - 1) is None
+    assert auto_spec(APPROX_MIN_BLOCKS) == "IVF2048,SQ8"
+    assert auto_spec(1_000_000) == "IVF4096,SQ8" and auto_spec(10_000_000) == "IVF16384_HNSW32,SQ8"
+    index = FaissIndex.build(np.random.default_rng(0).standard_normal((2000, 16), dtype=np.float32), "IVF16_HNSW32,SQ8")
+    assert index.default_search_params() == {"nprobe": 16}  # the lists' graph is not the index's: no ef_search

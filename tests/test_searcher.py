@@ -128,3 +128,52 @@ def test_bm25_lists_only_blocks_that_share_a_term_with_the_query(tiny_bert, corp
     assert [h.id for h in s.search(["Guido van Rossum"], 5)[0]] == ["python:0"]
     assert s.search(["zzzz"], 5) == [[]]
     assert s.search_rows(["Guido van Rossum"], 5)[0].shape == (1, 5)  # rows for the reader keep their k
+
+
+def test_precomputed_embeddings_are_imported_not_encoded(tiny_bert, corpus_file, tmp_path):
+    """`embeddings=`: the vectors given (row i = block i, any float dtype) become the dense side
+    as float32, and the query tower searches them: the block given the query's direction wins."""
+    retriever = Retriever.from_pretrained(tiny_bert)  # its own vectors, no projection
+    given = np.random.default_rng(0).standard_normal((len(DOCS), retriever.dim))
+    given[3] = retriever.encode_queries(["capital of France"]).numpy()[0] * 10  # DOCS[3] is Everest
+    np.save(tmp_path / "emb.npy", given)
+    index, name = build_index(corpus_file, tmp_path / "idx", model=str(tiny_bert), embeddings=tmp_path / "emb.npy",
+                              show_progress=False)
+    stored = np.load(index.version_path(name) / "embeddings.npy")
+    assert stored.dtype == np.float32 and np.array_equal(stored, given.astype(np.float32))
+    assert Searcher.open(tmp_path / "idx").search(["capital of France"], 1, retriever="dense")[0][0].id == "everest:0"
+    assert set(index.version(name).extra["build_seconds"]) == {"blocks", "dense", "bm25"}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda n, d: np.zeros((n + 1, d), np.float32), r"shape \(7, 32\); the index needs float vectors of shape \(6, 32\)"),
+    (lambda n, d: np.zeros((n, d), np.int64), "int64 array"),
+    (lambda n, d: np.where(np.arange(n)[:, None] == 4, np.inf, np.zeros((n, d), np.float32)), "row 4 holds NaN or infinite"),
+])
+def test_precomputed_embeddings_of_the_wrong_shape_or_values_are_refused(tiny_bert, corpus_file, tmp_path, make, message):
+    np.save(tmp_path / "emb.npy", make(len(DOCS), 32))
+    with pytest.raises(RalmError, match=message):
+        build_index(corpus_file, tmp_path / "idx", model=str(tiny_bert), embeddings=tmp_path / "emb.npy", show_progress=False)
+    assert IndexDir(tmp_path / "idx").versions() == []
+    with pytest.raises(RalmError, match="fresh, untrained projection"):
+        build_index(corpus_file, tmp_path / "idx", model=str(tiny_bert), dim=16, embeddings=tmp_path / "emb.npy",
+                    show_progress=False)
+
+
+def test_large_indexes_get_ivf_by_default_and_small_ones_stay_exact(tiny_bert, corpus_file, tmp_path, monkeypatch):
+    from ralm.errors import RalmWarning
+    from ralm.retrieval.backends import faiss_index
+
+    index, name = build_index(corpus_file, tmp_path / "small", model=str(tiny_bert), show_progress=False)
+    assert index.version(name).faiss is None
+    monkeypatch.setattr(faiss_index, "APPROX_MIN_BLOCKS", len(DOCS))  # this corpus counts as large
+    with pytest.warns(RalmWarning, match="cannot train 8 clusters"):
+        index, name = build_index(corpus_file, tmp_path / "large", model=str(tiny_bert), show_progress=False)
+    assert index.version(name).faiss == "IVF1,SQ8"
+    queries = ["river in Africa", "capital of Japan", "programming language"]
+    large = Searcher.open(tmp_path / "large")
+    scores, rows = large.search_rows(queries, 6, retriever="dense")
+    # rescored from the float32 vectors: each row's exact score, in the exact order (the tiny model's near-ties aside)
+    q = large.retriever.encode_queries(queries).numpy()
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", q, large.current.embeddings[rows]), rtol=1e-5)
+    np.testing.assert_allclose(scores, Searcher.open(tmp_path / "small").search_rows(queries, 6, retriever="dense")[0], rtol=1e-5)

@@ -29,7 +29,10 @@ def index_build(
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
     retriever: str = typer.Option("hybrid", "--retriever", help="what each version holds: hybrid (a dense and a BM25 side, "
                                   "searched fused), dense or bm25"),
-    faiss: Optional[str] = typer.Option(None, "--faiss", help="also build a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
+    faiss: str = typer.Option("auto", "--faiss", help="the dense side's search: auto (exact below 250,000 blocks, else "
+                              "IVF-SQ8 with lists chosen from N), exact, or a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
+    embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="precomputed block embeddings (.npy [blocks, dim], "
+                                              "row i = block i) made by --model's document tower: imported, not encoded"),
     dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
                             "N: a fresh PCA-initialised projection to N (REALM's 128)"),
     batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
@@ -42,17 +45,27 @@ def index_build(
     files = corpus_files(corpus, include, exclude)
     positive("--batch-size", batch_size)
     check_runtime(device, dtype)
-    from ralm.retrieval.backends.faiss_index import FACTORY_DIMS, check_spec
+    from ralm.retrieval.backends.faiss_index import AUTO, FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.index.kinds import sides_of
 
     quiet_libraries()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
     rt = runtime(device, dtype)
-    if faiss:
-        check_spec(faiss, (dim,) if dim > 0 else FACTORY_DIMS)
+    spec = None if faiss == "exact" else faiss
+    if spec not in (None, AUTO):
+        check_spec(spec, (dim,) if dim > 0 else FACTORY_DIMS)
+    if embeddings is not None:
+        if "dense" not in sides_of(retriever):
+            raise RalmError(f"--embeddings: a {retriever} index has no dense side to import them into")
+        if dim > 0:
+            raise RalmError("--embeddings keep the dimension of the model that made them; --dim adds an untrained projection")
+        if not embeddings.is_file():
+            raise RalmError(f"--embeddings {embeddings}: no such file")
     with removed_on_error(out_dir):
-        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=faiss, files=files,
-                                     batch_size=batch_size, device=rt.device, show_progress=reports, dtype=rt.dtype)
+        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=spec, files=files,
+                                     batch_size=batch_size, device=rt.device, show_progress=reports, dtype=rt.dtype,
+                                     embeddings=embeddings)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}

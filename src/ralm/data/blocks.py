@@ -9,6 +9,8 @@ The store is a folder, written to a temporary name and renamed into place when c
   tokens/         ragged int32 wordpiece ids of every block (memory-mapped)
   body_start.npy  index of the first body wordpiece in each block
   doc_index.npy   ordinal of the source document of each block (to exclude trivial retrievals)
+  doc_hash.npy    a 64-bit hash of each document's id, in document order (finds a document's
+                  blocks without reading blocks.jsonl: `BlockStore.document_rows`)
   blocks.jsonl    {"id", "doc_id", "title", "text"} per block; blocks.idx.npy holds byte offsets
 """
 
@@ -139,6 +141,11 @@ def iter_blocks(docs: Iterable[Document], hf_tokenizer, cfg: BlockConfig = Block
         yield from flush()
 
 
+def id_hash(doc_id: str) -> int:
+    """The 64-bit hash of a document id that doc_hash.npy holds."""
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little", signed=True)
+
+
 def _count_documents(path: Path) -> int | None:
     """The progress bar's total: a JSONL or TSV file's lines; unknown for files read by
     sections (a Markdown file, a folder of PDFs)."""
@@ -163,7 +170,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
         with open(tmp / "blocks.jsonl", "wb") as meta, progress_bar(show_progress) as bar:
             task = bar.add_task("blocking", total=total)
             for doc, blocks in iter_blocks(read_corpus(corpus, files=files), hf_tokenizer, cfg):
-                id_hashes.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True))
+                id_hashes.append(id_hash(doc.id))
                 for size in _append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index, meta=meta):
                     line_offsets.append(line_offsets[-1] + size)
                 n_docs += 1
@@ -172,6 +179,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
         _check_unique_ids(np.frombuffer(id_hashes, dtype=np.int64), corpus, files)
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
         np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
+        np.save(tmp / "doc_hash.npy", np.frombuffer(id_hashes, dtype=np.int64))
         np.save(tmp / "blocks.idx.npy", np.frombuffer(line_offsets, dtype=np.int64))
         manifest = {
             "format": FORMAT,
@@ -223,7 +231,8 @@ def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tup
     compaction: its version minus hidden documents, plus its live ones). `origin` goes into its
     manifest, saying what it was made from."""
     runs = np.split(keep, np.flatnonzero(np.diff(keep) != 1) + 1) if len(keep) else []
-    _, doc_index = np.unique(source.doc_index[keep], return_inverse=True)  # the kept documents, renumbered in order
+    kept_docs, doc_index = np.unique(source.doc_index[keep], return_inverse=True)  # the kept documents, renumbered in order
+    id_hashes = array("q", source.document_rows().hashes[kept_docs].astype(np.int64).tobytes())
     doc_index, body_start = array("q", doc_index.astype(np.int64).tobytes()), array("i", source.body_start[keep].astype(np.int32).tobytes())
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -239,8 +248,10 @@ def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tup
             for doc, blocks in docs:
                 lengths.append(np.array(_append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index,
                                                        meta=meta), dtype=np.int64))
+                id_hashes.append(id_hash(doc.id))
                 n_docs += 1
         tokens.close()
+        np.save(tmp / "doc_hash.npy", np.frombuffer(id_hashes, dtype=np.int64))
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
         np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
         np.save(tmp / "blocks.idx.npy", np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64))
@@ -256,7 +267,7 @@ def _check_unique_ids(hashes: np.ndarray, corpus: Path, files: FileFilter) -> No
         target = int(dup[0])
         seen = 0
         for doc in read_corpus(corpus, files=files):
-            if int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little", signed=True) == target:
+            if id_hash(doc.id) == target:
                 seen += 1
                 if seen == 2:
                     raise RalmError(f"{corpus}: document id {doc.id!r} appears more than once; ids must be unique")
@@ -274,6 +285,7 @@ class BlockStore:
         self._line_offsets = read_npy(self.folder / "blocks.idx.npy")
         self._check_sizes()
         self._meta = open(self.folder / "blocks.jsonl", "rb")
+        self._documents: DocumentRows | None = None
 
     def _check_sizes(self) -> None:
         """Every file holds one entry per block, and blocks.jsonl ends where its index says:
@@ -310,12 +322,53 @@ class BlockStore:
     def records(self, rows: Iterable[int]) -> list[dict]:
         return [self.record(int(i)) for i in rows]
 
+    def document_rows(self) -> DocumentRows:
+        """document id -> its block rows (built once, on first use)."""
+        if self._documents is None:
+            self._documents = DocumentRows(self)
+        return self._documents
+
     def body(self, i: int) -> np.ndarray:
         """Body wordpieces of block i, without [CLS] title [SEP] and the final [SEP]."""
         return self.tokens[i][int(self.body_start[i]) : -1]
 
     def close(self) -> None:
         self._meta.close()
+
+
+class DocumentRows:
+    """document id -> range of its block rows (a document's blocks are consecutive), or None:
+    found by the id's hash in doc_hash.npy and confirmed by the block's record, so a lookup reads
+    one record, not blocks.jsonl. A store written before doc_hash.npy existed hashes the ids
+    once, reading one record per document."""
+
+    def __init__(self, store: BlockStore):
+        self.store = store
+        starts = np.flatnonzero(np.diff(store.doc_index, prepend=-1))  # first row of each document
+        self.bounds = np.append(starts, len(store))  # document d: rows bounds[d]:bounds[d + 1]
+        path = store.folder / "doc_hash.npy"
+        hashes = (read_npy(path, None) if path.is_file()
+                  else np.array([id_hash(store.record(int(r))["doc_id"]) for r in starts], dtype=np.int64))
+        if len(hashes) != len(starts):
+            raise RalmError(f"{path} is damaged ({len(hashes)} entries for {len(starts)} documents); rebuild the index")
+        self.hashes = hashes  # in document order
+        self.order = np.argsort(hashes, kind="stable")  # documents by hash
+        self.sorted = hashes[self.order]
+
+    def get(self, doc_id: str, default=None) -> range | None:
+        h = id_hash(doc_id)
+        for d in self.order[np.searchsorted(self.sorted, h, "left") : np.searchsorted(self.sorted, h, "right")]:
+            start, end = int(self.bounds[d]), int(self.bounds[d + 1])
+            if self.store.record(start)["doc_id"] == doc_id:
+                return range(start, end)
+        return default
+
+    def __contains__(self, doc_id: str) -> bool:
+        return self.get(doc_id) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        """Every document id, in document order: a record read per document."""
+        return (self.store.record(int(r))["doc_id"] for r in self.bounds[:-1])
 
 
 def join_query_evidence(query_ids: list[int], body_ids, *, cls_id: int, sep_id: int,

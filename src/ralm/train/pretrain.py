@@ -134,15 +134,14 @@ def _import_version(src_path: str, index: IndexDir, key: str) -> str:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
     if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
-    if manifest.faiss:
-        raise RalmError(f"{src_path} is a faiss index; pre-training searches exact embeddings")
     rpath = index.root / manifest.retriever
     if not rpath.is_dir():
         shutil.copytree(src.root / manifest.retriever, rpath)
 
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
-        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "faiss_params")},
+        # the embeddings only: pre-training searches them exactly (a faiss index of them is left behind)
+        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "faiss", "faiss_params", "build_seconds")},
                 "kind": "dense", "sides": ["dense"], "step": 0, "source": str(src.root)}
 
     return index.publish(write)

@@ -57,14 +57,25 @@ class BM25Index:
             raise RalmError("BM25 search takes a list of query strings")
         k = min(k, self.count)
         vocab = self.model.vocab_dict
-        toks = [[t for t in q if t in vocab] for q in tokens_of(queries)]
+        toks = [[vocab[t] for t in q if t in vocab] for q in tokens_of(queries)]
         scores = np.zeros((len(toks), k), dtype=np.float32)
         ids = np.tile(np.arange(k, dtype=np.int64), (len(toks), 1))
-        live = [i for i, t in enumerate(toks) if t]
-        if live:
-            found, s = self.model.retrieve([toks[i] for i in live], k=k, show_progress=False, n_threads=1)
-            ids[live], scores[live] = found.astype(np.int64), s.astype(np.float32)
+        for i, terms in enumerate(toks):
+            if terms:
+                ids[i], scores[i] = self._top(terms, k)
         return scores, ids
+
+    def _top(self, terms: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best blocks for term ids `terms` -> (rows [k], scores [k]): bm25s's scoring, summed
+        from the memory-mapped postings in this thread (bm25s.retrieve starts a thread per call)."""
+        data, indices, indptr = self.model.scores["data"], self.model.scores["indices"], self.model.scores["indptr"]
+        scores = np.zeros(self.count, dtype=np.float32)  # [N]
+        for t in terms:  # a repeated query term counts again, as in bm25s
+            start, end = int(indptr[t]), int(indptr[t + 1])
+            scores[indices[start:end]] += data[start:end]  # a term's postings name each block once
+        top = np.argpartition(-scores, k - 1)[:k] if k < self.count else np.arange(self.count)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return top.astype(np.int64), scores[top]
 
     def idf(self, terms: Sequence[str]) -> np.ndarray:
         """[T] terms -> Lucene's idf, log(1 + (N - df + 0.5) / (df + 0.5)), the variant bm25s

@@ -74,6 +74,15 @@ def grouped_topk(scores: torch.Tensor, k: int, group: int = 64, queries_last: bo
     return vals, cols
 
 
+def rescore(source: np.ndarray, queries: torch.Tensor, cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact fp32 scores of the shortlisted rows cand [Q, S] (-1: no row), read from the float32
+    `source` [N, D] (memory-mapped: only those rows are read) -> the best k (scores, ids)."""
+    rows, inverse = np.unique(np.maximum(cand.numpy(), 0), return_inverse=True)
+    vecs = torch.from_numpy(np.asarray(source[rows], dtype=np.float32))[torch.from_numpy(inverse.reshape(cand.shape))]  # [Q, S, D]
+    scores = torch.einsum("qd,qsd->qs", queries.float(), vecs).masked_fill(cand < 0, float("-inf"))  # [Q, S]
+    return merge_topk(scores, cand, k)
+
+
 def _to_tensor(embeddings: np.ndarray, device: torch.device, dtype: torch.dtype, rows: int = 1 << 20) -> torch.Tensor:
     """The matrix as one `dtype` tensor on `device`, converted in slices so a memory-mapped
     float32 file never has to fit in RAM at full precision."""
@@ -144,7 +153,7 @@ class ExactIndex:
             step = self.chunk_size or CPU_SCORE_BLOCK // min(q.shape[0], CPU_QUERY_BLOCK)
             cand = torch.cat([self._scan(q[i : i + CPU_QUERY_BLOCK], shortlist, step, rows_first=True)[1]
                               for i in range(0, q.shape[0], CPU_QUERY_BLOCK)])  # [Q, shortlist]
-            best_s, best_i = self._rescore(exact, cand, k)
+            best_s, best_i = rescore(self._source, exact, cand, k)
         else:
             best_s, best_i = self._scan(q, k, self.chunk_size or max(65_536, self.score_budget // max(q.shape[0], 1)))
         return best_s.cpu().numpy(), best_i.cpu().numpy()
@@ -161,9 +170,3 @@ class ExactIndex:
             best_s, best_i = merge_topk(torch.cat([best_s, vals.float()], 1), torch.cat([best_i, cols + start], 1), k)
         return best_s, best_i
 
-    def _rescore(self, queries: torch.Tensor, cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 scores of the shortlisted rows cand [Q, S] -> the best k (scores, ids)."""
-        rows, inverse = np.unique(cand.numpy(), return_inverse=True)
-        vecs = torch.from_numpy(np.asarray(self._source[rows], dtype=np.float32))[torch.from_numpy(inverse.reshape(cand.shape))]  # [Q, S, D]
-        scores = torch.einsum("qd,qsd->qs", queries, vecs)  # [Q, S]
-        return merge_topk(scores, cand, k)

@@ -1,17 +1,27 @@
-"""Approximate (or exact Flat) MIPS with faiss, behind the same search interface as ExactIndex."""
+"""Approximate (or exact Flat) MIPS with faiss, behind the same search interface as ExactIndex.
+
+Given the float32 vectors the index was built from (`source`, memory-mapped), a search takes
+faiss's best k + RESCORE and rescores them exactly, so scores are exact inner products and the
+order is exact within that shortlist, however coarsely the index stores its codes (SQ8, PQ).
+
+`--faiss auto` (the default of `ralm index build`) keeps exact search below APPROX_MIN_BLOCKS
+and builds IVF-SQ8 above, with the number of lists chosen from N (`auto_spec`).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ralm.atomic import atomic_path
 from ralm.errors import RalmError, RalmWarning
-from ralm.retrieval.backends.exact import check_k
+from ralm.retrieval.backends.exact import RESCORE, check_k, rescore
 
 
 def _faiss():
@@ -23,6 +33,28 @@ def _faiss():
 POINTS_PER_CLUSTER = 39  # faiss's k-means warns below this many training points per centroid
 _IVF = re.compile(r"IVF(\d+)")
 FACTORY_DIMS = (64, 96, 128, 256, 384, 768, 1024)  # the usual embedding sizes, to parse a spec before the model loads
+AUTO = "auto"  # a spec chosen from the number of vectors (auto_spec)
+# Below this many blocks exact search answers within the latency target on 2 CPU cores (fp32 scan of
+# N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale.py), so small indexes stay exact.
+APPROX_MIN_BLOCKS = 250_000
+HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer is an HNSW graph
+
+
+def ivf_lists(n: int) -> int:
+    """The IVF list count for n vectors: the power of two nearest 4 sqrt(n) (faiss's advice: 4-16 sqrt(n))."""
+    return 1 << round(math.log2(4 * math.sqrt(n)))
+
+
+def auto_spec(n: int) -> str | None:
+    """What `--faiss auto` builds for n blocks: None (exact search) below APPROX_MIN_BLOCKS, else
+    IVF-SQ8 (a byte per dimension: a quarter of the float32 vectors, rescored exactly from them).
+    From HNSW_LISTS lists on, the lists are found through an HNSW graph of their centroids, as
+    faiss advises for millions of vectors: adding 10M vectors to 16,384 lists is then a graph
+    search per vector, not 16,384 inner products."""
+    if n < APPROX_MIN_BLOCKS:
+        return None
+    lists = ivf_lists(n)
+    return f"IVF{lists}{'_HNSW32' if lists >= HNSW_LISTS else ''},SQ8"
 
 
 def check_spec(spec: str, dims: tuple[int, ...] = FACTORY_DIMS) -> None:
@@ -58,9 +90,10 @@ def fit_spec(spec: str, n: int) -> str:
 
 
 class FaissIndex:
-    def __init__(self, index, spec: str):
+    def __init__(self, index, spec: str, source: np.ndarray | None = None):
         self.index = index
         self.spec = spec
+        self.source = source  # the float32 vectors [N, D] it was built from: a shortlist is rescored from them
 
     @property
     def count(self) -> int:
@@ -106,10 +139,13 @@ class FaissIndex:
             return None
 
     def default_search_params(self) -> dict:
-        """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours)."""
+        """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours).
+        IVF probes 1/32 of its lists (at least 16): on 1M MiniLM-like vectors (IVF4096,SQ8,
+        benchmarks/scale.py) recall@10 against exact search is 0.992; 1/16 gave 0.995 at twice
+        the latency, 1/64 0.983."""
         params = {}
         if (ivf := self._ivf()) is not None:
-            params["nprobe"] = min(ivf.nlist, max(16, ivf.nlist // 16))
+            params["nprobe"] = min(ivf.nlist, max(16, ivf.nlist // 32))
         if hasattr(self.index, "hnsw"):
             params["ef_search"] = 128
         return params
@@ -126,15 +162,23 @@ class FaissIndex:
         q = np.ascontiguousarray(np.asarray(queries, dtype=np.float32))
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise RalmError(f"queries must have shape [Q, {self.dim}], got {q.shape}")
-        scores, ids = self.index.search(q, min(k, self.count))
-        return scores, ids.astype(np.int64)
+        if self.source is None:
+            scores, ids = self.index.search(q, min(k, self.count))
+            return scores, ids.astype(np.int64)
+        _, cand = self.index.search(q, min(k + RESCORE, self.count))  # [Q, k + RESCORE]; -1: fewer found
+        scores, ids = rescore(self.source, torch.from_numpy(q), torch.from_numpy(cand.astype(np.int64)), min(k, self.count))
+        return scores.numpy(), ids.numpy()
 
     def save(self, path: str | os.PathLike) -> None:
         with atomic_path(path) as tmp:
             _faiss().write_index(self.index, str(tmp))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, spec: str) -> "FaissIndex":
+    def load(cls, path: str | os.PathLike, spec: str, source: np.ndarray | None = None) -> "FaissIndex":
+        """`source`: the float32 vectors it was built from, to rescore with."""
         if not Path(path).is_file():
             raise RalmError(f"faiss index not found: {path}")
-        return cls(_faiss().read_index(str(path)), spec)
+        index = _faiss().read_index(str(path))
+        if source is not None and source.shape != (index.ntotal, index.d):
+            raise RalmError(f"{path}: faiss index of {index.ntotal} x {index.d}, its vectors are {source.shape}; rebuild the index")
+        return cls(index, spec, source)

@@ -4,6 +4,7 @@ BM25) -> one version, published atomically; and upgrade an index to more sides."
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -15,6 +16,7 @@ from ralm.data.corpus import Document, save_documents
 from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
+from ralm.retrieval.backends.faiss_index import AUTO
 from ralm.retrieval.index.kinds import (
     DEFAULT_KIND,
     BuildContext,
@@ -45,10 +47,11 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> di
 
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
-                dim: int | None = None, faiss_spec: str | None = None, batch_size: int = 64,
+                dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = 64,
                 device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
-                dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
+                dtype: str | torch.dtype | None = None,
+                embeddings: str | os.PathLike | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
     `corpus`: a corpus file or folder (of a folder: the files `files` picks), or the documents
     themselves (Documents, {"id", "title", "text"} dicts or strings), which are saved in the
@@ -56,6 +59,11 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     each version holds (retrieval/index/kinds.py): by default hybrid, a dense and a BM25 side
     over one block store, published together as one version.
     `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
+    `embeddings`: a .npy of precomputed block embeddings [N, D] (one row per block, in the block
+    store's order; `model` is the retriever that made them) imported instead of encoding.
+    `faiss_spec`: a faiss index to build over the dense side; AUTO chooses from N
+    (backends/faiss_index.py `auto_spec`: exact search for small indexes); None: exact.
+    The version manifest records each part's seconds ("build_seconds": blocks, each side).
 
     Under torchrun every rank prepares its share (dense: embeds its blocks, see
     backends/sharded.py). One function on purpose: rank 0 creates, every rank prepares, rank 0
@@ -70,14 +78,17 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     tokenizer = side_class(sides[0]).tokenizer(model)  # every side's blocks: the same wordpieces
     if env.is_main:
         index = IndexDir.create(out, kind)
+        start = time.perf_counter()
         key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, files=files, show_progress=show_progress)
+        seconds = {"blocks": time.perf_counter() - start}
     env.barrier()
     if not env.is_main:
         index = IndexDir(out)
         key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, files=files, show_progress=False)
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=model, dim=dim, faiss_spec=faiss_spec, batch_size=batch_size,
-                       device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows)
-    name = _publish(ctx, sides, {}) if env.is_main else None
+                       device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows,
+                       embeddings=Path(embeddings) if embeddings is not None else None)
+    name = _publish(ctx, sides, {}, seconds) if env.is_main else None
     if not env.is_main:
         for side in sides:
             side_class(side).builder(ctx)
@@ -85,10 +96,17 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     return index, env.broadcast_object(name)
 
 
-def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict) -> str:
+def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dict | None = None) -> str:
     """Prepare each side missing from `kept` (side -> a version folder to link its files
-    from), then publish one version with all of them."""
-    builders = [side_class(s).builder(ctx) for s in sides if s not in kept]
+    from), then publish one version with all of them. `seconds`: what the build took before
+    (the block store), recorded with each side's time."""
+    seconds = dict(seconds or {})
+    builders = {}
+    for s in sides:
+        if s not in kept:
+            start = time.perf_counter()
+            builders[s] = side_class(s).builder(ctx)
+            seconds[s] = time.perf_counter() - start
 
     def write(tmp: Path) -> dict:
         manifest = version_manifest(ctx.key, ctx.blocks, sides)
@@ -96,9 +114,11 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict) -> str:
             for f in side_class(side).files(folder):
                 link_or_copy(f, tmp / f.relative_to(folder))
             manifest.update(fields)
-        for b in builders:
+        for side, b in builders.items():
+            start = time.perf_counter()
             manifest.update(b.write(tmp))
-        return manifest
+            seconds[side] += time.perf_counter() - start
+        return {**manifest, "build_seconds": {k: round(v, 2) for k, v in seconds.items()}}
 
     return ctx.index.publish(write)
 
@@ -122,7 +142,7 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
     device = device or torch.device("cpu")
     dtype = resolve_dtype(dtype, device)
     ctx = BuildContext(index=index, key=manifest.blocks, blocks=index.blocks(manifest.blocks), model=model, dim=None,
-                       faiss_spec=None, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
+                       faiss_spec=AUTO, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
     fields = {k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus")}
     return index, _publish(ctx, want, {s: (index.version_path(latest), fields) for s in have})

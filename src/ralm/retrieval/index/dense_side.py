@@ -1,8 +1,8 @@
 """The dense side of an index: document-tower embeddings of every block, searched by maximum
 inner product (exact torch search, sharded under torchrun, or a faiss index).
 
-  VERSION/embeddings.npy   float32 [N, D], memory-mapped
-  VERSION/faiss.index      with `--faiss SPEC`
+  VERSION/embeddings.npy   float32 [N, D], memory-mapped (embedded here, or imported: --embeddings)
+  VERSION/faiss.index      with `--faiss SPEC`, or `auto` (the default) on a large index
   DIR/retriever/<fp>/      the retriever that built it (its document tower's fingerprint)
 """
 
@@ -20,7 +20,7 @@ from ralm.atomic import read_npy
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import ExactIndex
-from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.backends.faiss_index import AUTO, FaissIndex, auto_spec
 from ralm.retrieval.backends.sharded import ShardedExactIndex, assemble_pieces, encode_pieces
 from ralm.retrieval.index.kinds import BuildContext
 from ralm.retrieval.index.store import IndexDir, VersionManifest, embeddings_file
@@ -64,27 +64,51 @@ def check_retriever(retriever: Retriever, manifest: VersionManifest, where: str)
                         f"this model {fp}); rebuild the index with this model or pass the model it was built with")
 
 
+def import_embeddings(source: Path, out: Path, *, count: int, dim: int, rows: int = 1 << 18) -> None:
+    """Copy precomputed block embeddings (a .npy [count, dim] of floats, row i = block i) into
+    `out` as float32, a slice at a time, refusing a wrong shape and NaN or infinite values."""
+    try:
+        emb = np.load(source, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise RalmError(f"--embeddings {source}: not a readable .npy array ({e})") from None
+    if emb.shape != (count, dim) or emb.dtype.kind != "f":
+        raise RalmError(f"--embeddings {source}: {emb.dtype} array of shape {emb.shape}; the index needs float vectors of shape "
+                        f"({count}, {dim}): one row per block, in the order of the block store's blocks.jsonl, of the "
+                        "retriever's dimension")
+    dst = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(count, dim))
+    for start in range(0, count, rows):
+        part = np.asarray(emb[start : start + rows], dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(part).all(1))
+        if len(bad):
+            raise RalmError(f"--embeddings {source}: row {start + int(bad[0])} holds NaN or infinite values")
+        dst[start : start + rows] = part
+    dst.flush()
+
+
 @dataclass
 class _DenseBuilder:
     ctx: BuildContext
     retriever: Retriever
     rpath: Path
-    pooled: torch.Tensor | None  # every block's pooled vector, when the PCA sample was the whole corpus
-    staging: Path | None  # the encoded pieces, when encoded piecewise
+    pooled: torch.Tensor | None = None  # every block's pooled vector, when the PCA sample was the whole corpus
+    staging: Path | None = None  # the encoded pieces, when encoded piecewise
 
     def write(self, tmp: Path) -> dict:
         c = self.ctx
         out = embeddings_file(tmp)
-        if self.staging is None:
+        if c.embeddings is not None:
+            import_embeddings(c.embeddings, out, count=len(c.blocks), dim=self.retriever.dim)
+        elif self.staging is None:
             embed_blocks(self.retriever, c.blocks, out, c.device, batch_size=c.batch_size, show_progress=c.show_progress,
                          pooled=self.pooled, dtype=c.dtype)
         else:
             assemble_pieces(self.staging, len(c.blocks), self.retriever.dim, out=out, world=c.env.world, piece_rows=c.piece_rows)
             shutil.rmtree(self.staging, ignore_errors=True)  # the version holds them now (a failed publish re-encodes)
-        manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": c.faiss_spec}
-        if not c.faiss_spec:
+        manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": None}
+        spec = auto_spec(len(c.blocks)) if c.faiss_spec == AUTO else c.faiss_spec
+        if not spec:
             return manifest
-        ann = FaissIndex.build(read_npy(out), c.faiss_spec)
+        ann = FaissIndex.build(read_npy(out), spec)
         ann.save(tmp / "faiss.index")
         return {**manifest, "faiss": ann.spec, "faiss_params": ann.default_search_params()}
 
@@ -112,6 +136,9 @@ class DenseSide:
         resumes. A small single-process build projects the PCA sample's pooled vectors instead."""
         env = ctx.env
         retriever = (ctx.retriever or Retriever.from_pretrained(ctx.model, dim=ctx.dim)).to(ctx.device).eval()
+        if ctx.embeddings is not None and not retriever.cfg.projection_ready:
+            raise RalmError(f"--embeddings {ctx.embeddings}: the retriever has a fresh, untrained projection (--dim); give "
+                            "the retriever whose document tower made the vectors (its query tower encodes the queries)")
         pooled = None
         if env.is_main:
             if not retriever.cfg.projection_ready:
@@ -124,14 +151,14 @@ class DenseSide:
         rpath = Path(env.broadcast_object(str(ctx.index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
         if not env.is_main and not retriever.cfg.projection_ready:
             retriever = Retriever.from_pretrained(rpath).to(ctx.device).eval()
-        if pooled is not None and not env.active:
-            return _DenseBuilder(ctx, retriever, rpath, pooled, None)
+        if ctx.embeddings is not None or (pooled is not None and not env.active):
+            return _DenseBuilder(ctx, retriever, rpath, pooled=pooled)  # rank 0 writes it
         staging = ctx.index.root / "versions" / f".pieces-{rpath.name}-{ctx.key}-w{env.world}"
         encode_pieces(retriever.doc, ctx.blocks.tokens, ctx.blocks.tokens.lengths(), dim=retriever.dim, staging=staging,
                       env=env, device=ctx.device, batch_size=ctx.batch_size, pad_id=retriever.tokenizer.pad_token_id or 0,
                       piece_rows=ctx.piece_rows, show_progress=ctx.show_progress, dtype=ctx.dtype)
         env.barrier()
-        return _DenseBuilder(ctx, retriever, rpath, None, staging)
+        return _DenseBuilder(ctx, retriever, rpath, staging=staging)
 
     @classmethod
     def files(cls, version_dir: Path) -> list[Path]:
@@ -156,7 +183,7 @@ class DenseSide:
         # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
         emb = index.embeddings(name, manifest, mmap_mode="c")
         if manifest.faiss:
-            ann = FaissIndex.load(path / "faiss.index", manifest.faiss)
+            ann = FaissIndex.load(path / "faiss.index", manifest.faiss, source=emb)
             ann.set_search_params(**manifest.faiss_params)
             return cls(model, ann, emb, dtype=dtype, manifest=manifest)
         env = dist_env()

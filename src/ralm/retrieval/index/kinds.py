@@ -69,6 +69,7 @@ class BuildContext:
     show_progress: bool
     piece_rows: int
     retriever: Any = None  # a loaded Retriever, when the caller has one
+    embeddings: Path | None = None  # precomputed block embeddings [N, D] (.npy) the dense side imports
 
 
 class SideBuilder(Protocol):

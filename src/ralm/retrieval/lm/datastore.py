@@ -14,7 +14,6 @@ Datastore directory (built resumably, published atomically):
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -25,7 +24,7 @@ from ralm.atomic import read_manifest, read_npy
 from ralm.data.resumable import PartialBuild, build_hint
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
-from ralm.retrieval.backends.faiss_index import FaissIndex
+from ralm.retrieval.backends.faiss_index import FaissIndex, ivf_lists
 from ralm.rundir import find_model, is_model_dir
 
 FORMAT = "ralm.knnlm-store/1"
@@ -44,7 +43,7 @@ def model_fingerprint(path: str | os.PathLike) -> str:
 def auto_faiss_spec(count: int, dim: int) -> str:
     if count <= FLAT_MAX:
         return "Flat"
-    nlist = 1 << int(round(math.log2(4 * math.sqrt(count))))
+    nlist = ivf_lists(count)
     sub = next(m for m in (64, 32, 16, 8, 4, 2, 1) if dim % m == 0 and dim // m >= 4)
     return f"IVF{nlist},PQ{sub}"
 

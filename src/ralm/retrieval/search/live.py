@@ -96,7 +96,6 @@ class LiveSearcher(Searcher):
         self.searcher = searcher
         self.updates = UpdateLog(searcher.index.root)
         self._lock = threading.Lock()  # one thread of this process at a time moves the snapshot
-        self._doc_rows: tuple[str, dict[str, range]] | None = None  # (version name, map), built on first use
         self._refused: tuple[str, Exception] | None = None  # a newer version that will not load here, and why
         self._behind: Exception | None = None  # why the snapshot is on an older version than LATEST
         self._snap: Snapshot | None = None
@@ -229,18 +228,11 @@ class LiveSearcher(Searcher):
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
         return Snapshot(version, delta, np.array(hidden, dtype=np.int64), position)
 
-    def _rows_by_doc(self, version: LoadedVersion) -> dict[str, range]:
-        """Main-index rows of each document, once per version. A document's blocks are
-        consecutive rows, so the map reads one record per document; writers build it before
-        they take the lock, which a corpus of millions of documents would hold for minutes."""
-        cached = self._doc_rows
-        if cached is None or cached[0] != version.name:
-            blocks = version.blocks
-            starts = np.flatnonzero(np.diff(blocks.doc_index, prepend=-1))  # first row of each document
-            ends = np.append(starts[1:], len(blocks))
-            cached = (version.name, {blocks.record(int(s))["doc_id"]: range(int(s), int(e)) for s, e in zip(starts, ends)})
-            self._doc_rows = cached
-        return cached[1]
+    def _rows_by_doc(self, version: LoadedVersion):
+        """Main-index rows of each document (doc id -> range), once per version: a lookup in the
+        block store's document hashes (data/blocks.py DocumentRows). Writers build it before
+        they take the lock; for a store without the hashes that reads a record per document."""
+        return version.blocks.document_rows()
 
     # -- the log's documents ----------------------------------------------------------------
     def _live_docs(self, read: LogRead, records: Sequence[dict], version: LoadedVersion) -> list[LiveDoc]:

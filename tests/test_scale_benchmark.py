@@ -1,0 +1,40 @@
+"""benchmarks/scale.py at its smallest size (10,000 documents) with the tiny BERT: every stage runs
+on the real SQuAD sentences and reports what its figures must satisfy. The benchmark's figures
+themselves (1M blocks, the bundled MiniLM) are in benchmarks/RESULTS.md."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.mark.slow
+def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
+    if not (DATA / "squad_corpus.jsonl").is_file():
+        pytest.skip(f"needs the SQuAD data in {DATA}")
+    stages = "data,build,open,search,serve,check,add,replay,dense"
+    subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
+                    "--sizes", "10000", "--dense-sizes", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
+                    "--updates", "300", "--threads", "1"], check=True, timeout=1200)
+    r = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")}
+    build = r["build-10000"]
+    assert build["blocks"] == 10_000 and build["faiss"] is None  # one block per document; exact search at this size
+    assert set(build["build_seconds"]) == {"blocks", "dense", "bm25"} and build["disk_mb"]["embeddings"] > 0
+    search = r["search-10000"]
+    assert search["dense_recall@10"] == search["hybrid_recall@10"] == 1.0
+    assert 0 < search["hybrid"]["p50_ms"] <= search["hybrid"]["p99_ms"]
+    assert r["open-10000"]["open_seconds"] > 0 and r["check-10000"]["sound"]
+    assert r["serve-10000"]["c1"]["errors"] == r["serve-10000"]["c8"]["errors"] == 0 and r["serve-10000"]["peak_rss_mb"] > 0
+    add, replay = r["add-100-docs-10000"], r["replay-300-updates-10000"]
+    assert add["rc"] == 0 and replay["rc"] == 0 and replay["updates"] == 300 and replay["live_documents"] > 0
+    dense = r["dense-20000"]
+    # a byte a dimension (+ an 8-byte id) instead of four; the tiny BERT's near-random vectors make IVF's recall low here
+    assert dense["spec"].endswith(",SQ8") and dense["bytes_per_block"] < 2 * 32 and 0 < dense["recall@10"] <= 1
+    report = subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--report", "--figure",
+                             tmp_path / "scale.png"], check=True, capture_output=True, text=True).stdout
+    assert (tmp_path / "scale.png").is_file() and json.loads(report)["series"]["open (s)"]
