@@ -20,7 +20,8 @@ Resumable: each stage skips what WORK already holds.
            ("heldout": as a user adds documents; each sentence's own paragraph is excluded, as
            pre-training excludes trivial retrievals, so the evidence is the article's other
            paragraphs), then the evidence gain on `--sentences` held-out masked sentences, with its
-           95% bootstrap interval (WORK/points/step-N/evidence.json, evidence-heldout.json)
+           95% bootstrap interval over articles (WORK/points/step-N/evidence.json,
+           evidence-heldout.json); every point measured is reported
   report   benchmarks/figures/realm_evidence_gain.png (the held-out gain at each point; the
            warm-up's own-block evidence gain and REALM's retrieval utility per logged window) and
            realm_evidence_retrieval_utility.png (the run's own curve, drawn when a segment ends
@@ -247,8 +248,8 @@ def report(args, work: Path, settings: dict[str, dict[int, dict]], walls: dict) 
     if (work / "run" / "retrieval_utility.png").is_file():  # drawn when a segment ends
         shutil.copyfile(work / "run" / "retrieval_utility.png", figures / "realm_evidence_retrieval_utility.png")
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
-    keys = ("evidence_gain", "gain_ci95", "loss_retrieved", "loss_null", "helped_share", "sentences", "wordpieces",
-            "own_document_indexed")
+    keys = ("evidence_gain", "gain_ci95", "loss_retrieved", "loss_null", "helped_share", "sentences", "articles",
+            "wordpieces", "own_document_indexed")
     return {"points": {setting: {str(s): {k: r[k] for k in keys} for s, r in sorted(results.items())}
                        for setting, results in settings.items()},
             "train_wall_s": walls, "realm_steps_per_s": round(sum(rates) / len(rates), 4) if rates else None,

@@ -94,13 +94,14 @@ def _score(run, index, corpus, k: int, limit: int | None = None):
     cfg = _config(run, index, corpus, k=k, limit=limit)
     model = load_realm(cfg, FP32.device)
     version = open_index(cfg, model.retriever, FP32.device)
-    examples, doc_ids = heldout_examples(cfg, model.retriever.tokenizer, run / f"cache-{corpus.stem}", show_progress=False)
-    return model, version, examples, doc_ids, score_evidence(model, version, examples, doc_ids, rt=FP32, batch_size=2)
+    held_out = heldout_examples(cfg, model.retriever.tokenizer, run / f"cache-{corpus.stem}", show_progress=False)
+    return model, version, held_out.examples, held_out.doc_ids, score_evidence(model, version, held_out, rt=FP32, batch_size=2)
 
 
 def test_losses_equal_a_brute_force_marginal(run, tiny_dense_index):
     model, version, examples, doc_ids, s = _score(run, tiny_dense_index, run / "held_out.jsonl", k=3)
     assert s.sentences == len(examples) >= 3 and s.own_document_indexed == 0  # held out: no document of its own indexed
+    assert s.articles == 2  # the held-out corpus' two titles: the units of gain_ci95
     assert s.wordpieces == sum(len(e.positions) for e in examples)
     loss_r, loss_n, helped = _brute_force(model, version, examples, doc_ids, k=3, exclude=True)
     assert s.loss_retrieved == pytest.approx(loss_r, rel=1e-4)
@@ -110,18 +111,23 @@ def test_losses_equal_a_brute_force_marginal(run, tiny_dense_index):
     assert s.gain_ci95[0] <= s.evidence_gain <= s.gain_ci95[1]
 
 
-def test_gain_interval_resamples_sentences():
+def test_gain_interval_resamples_articles():
     """Equal per-wordpiece gains leave nothing to resample; otherwise the interval holds the
-    estimate and narrows as 1/sqrt(sentences) (the same sentences four times: half as wide)."""
+    estimate and narrows as 1/sqrt(articles): the same 200 one-sentence articles four times over
+    give half the width, but four sentences in each of them (more sentences, no more articles)
+    leave it as wide, where resampling sentences would halve it."""
     tokens = torch.tensor([2.0, 3.0, 5.0])
-    assert gain_interval(0.1 * tokens, torch.zeros(3), tokens) == pytest.approx((0.1, 0.1))
+    assert gain_interval(0.1 * tokens, torch.zeros(3), tokens, ["a", "b", "b"]) == pytest.approx((0.1, 0.1))
     rng = np.random.default_rng(1)
     null, retrieved = torch.tensor(rng.normal(3, 1, 200)), torch.tensor(rng.normal(3, 1, 200))
     tokens = torch.tensor(rng.integers(1, 4, 200)).double()
-    lo, hi = gain_interval(null, retrieved, tokens)
+    articles = [f"article-{i}" for i in range(200)]
+    lo, hi = gain_interval(null, retrieved, tokens, articles)
     assert lo < float((null - retrieved).sum() / tokens.sum()) < hi
-    lo4, hi4 = gain_interval(null.repeat(4), retrieved.repeat(4), tokens.repeat(4))
+    lo4, hi4 = gain_interval(null.repeat(4), retrieved.repeat(4), tokens.repeat(4), [f"{a}/{n}" for n in range(4) for a in articles])
     assert (hi4 - lo4) / (hi - lo) == pytest.approx(0.5, abs=0.08)
+    same = gain_interval(null.repeat(4), retrieved.repeat(4), tokens.repeat(4), articles * 4)
+    assert (same[1] - same[0]) / (hi - lo) == pytest.approx(1.0, abs=0.1)
 
 
 def test_null_only_loss_ignores_retrieval(run, tiny_dense_index):

@@ -39,6 +39,6 @@ def eval_evidence(
     s = evidence_gain(cfg, runtime(device, dtype))
     print_summary(s.to_json(), as_json,
                   f"evidence gain {s.evidence_gain:+.4f} nats per masked wordpiece (95% interval {s.gain_ci95[0]:+.4f} to "
-                  f"{s.gain_ci95[1]:+.4f}; null only {s.loss_null:.4f}, with "
+                  f"{s.gain_ci95[1]:+.4f} over {s.articles} articles; null only {s.loss_null:.4f}, with "
                   f"retrieval {s.loss_retrieved:.4f}); retrieval helps {100 * s.helped_share:.1f}% of {s.sentences} "
                   f"sentences ({s.wordpieces} masked wordpieces)")

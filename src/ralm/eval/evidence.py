@@ -12,8 +12,10 @@ sentence x is then scored by the knowledge-augmented encoder twice, per masked w
 
   evidence_gain   loss_null - loss_retrieved (nats per masked wordpiece; > 0: retrieval helps)
   helped_share    share of sentences whose retrieval loss is below their null-only loss
-  gain_ci95       a 95% bootstrap interval of evidence_gain, sentences resampled: a gain of a few
-                  hundredths of a nat on a few hundred sentences is noise unless it excludes 0
+  gain_ci95       a 95% bootstrap interval of evidence_gain, articles resampled (the documents
+                  sharing a title; a document without one is its own): a sentence's evidence is
+                  mostly its article's other paragraphs, so the sentences of one article are not
+                  independent draws. A gain of a few hundredths of a nat is noise unless it excludes 0
   retrieval_utility, p_null  training's metrics (log p(y|z*,x) - log p(y|null,x) summed over x's
                   masked wordpieces, z* the most relevant block; p(null|x)), averaged over sentences
 
@@ -81,10 +83,11 @@ class EvidenceScores:
     loss_null: float  # nats per masked wordpiece, the null document alone
     evidence_gain: float  # loss_null - loss_retrieved
     helped_share: float  # sentences whose retrieval loss is below their null-only loss
-    gain_ci95: tuple[float, float]  # bootstrap over sentences (`gain_interval`)
+    gain_ci95: tuple[float, float]  # bootstrap over articles (`gain_interval`)
     retrieval_utility: float  # mean over sentences, nats summed over a sentence's masked wordpieces
     p_null: float  # mean p(null|x)
     sentences: int
+    articles: int  # the units gain_ci95 resamples
     wordpieces: int  # masked wordpieces scored
     own_document_indexed: int  # sentences whose own document's blocks were excluded from their retrieval
 
@@ -125,8 +128,17 @@ def index_documents(blocks: BlockStore) -> dict[str, int]:
     return {blocks.record(i)["doc_id"]: int(doc_index[i]) for i in range(len(blocks))}
 
 
-def heldout_examples(cfg: EvidenceConfig, hf_tokenizer, folder: Path, *, show_progress: bool) -> tuple[list[MaskedSentence], list[str]]:
-    """The held-out corpus' masked sentences (`limit` of them, evenly spread) and their documents' ids."""
+@dataclass(frozen=True)
+class HeldOutSentences:
+    """Masked held-out sentences and where each comes from."""
+
+    examples: list[MaskedSentence]
+    doc_ids: list[str]  # each sentence's document
+    articles: list[str]  # its document's title (its id where it has none): the unit gain_ci95 resamples
+
+
+def heldout_examples(cfg: EvidenceConfig, hf_tokenizer, folder: Path, *, show_progress: bool) -> HeldOutSentences:
+    """The held-out corpus' masked sentences (`limit` of them, evenly spread)."""
     _, blocks, table = corpus_sentences(folder / "blocks", folder / "sentences", cfg.corpus, hf_tokenizer=hf_tokenizer,
                                         block_len=cfg.block_len, show_progress=show_progress,
                                         cfg=SentenceConfig(cfg.spacy_model))
@@ -137,25 +149,29 @@ def heldout_examples(cfg: EvidenceConfig, hf_tokenizer, folder: Path, *, show_pr
     if cfg.limit is not None and cfg.limit < len(candidates):
         candidates = candidates[np.unique(np.linspace(0, len(candidates) - 1, cfg.limit).round().astype(np.int64))]
     examples = masked_batch(table, blocks, candidates, cfg=masking, mask_id=hf_tokenizer.mask_token_id, seed=cfg.seed, step=0)
-    return examples, [blocks.record(int(table.rows[s]))["doc_id"] for s in candidates]
+    records = [blocks.record(int(table.rows[s])) for s in candidates]
+    return HeldOutSentences(examples, [r["doc_id"] for r in records], [r["title"] or r["doc_id"] for r in records])
 
 
-def gain_interval(null: torch.Tensor, retrieved: torch.Tensor, tokens: torch.Tensor, *, draws: int = 2000,
-                  seed: int = 0) -> tuple[float, float]:
-    """A 95% percentile-bootstrap interval of (Σ null - Σ retrieved) / Σ tokens, resampling sentences
-    (per-sentence sums [B]): the wordpieces of one sentence share its retrieval, so they move together."""
-    gain, tok = (null - retrieved).double().numpy(), tokens.double().numpy()
-    rows = np.random.default_rng(seed).integers(0, len(gain), size=(draws, len(gain)))  # [draws, B]
+def gain_interval(null: torch.Tensor, retrieved: torch.Tensor, tokens: torch.Tensor, units: Sequence[str], *,
+                  draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of (Σ null - Σ retrieved) / Σ tokens from per-sentence
+    sums [B], resampling whole `units` [B] (each sentence's article): sentences that share their
+    evidence move together, so resampling them one by one would give too narrow an interval."""
+    unit = np.unique(np.asarray(units), return_inverse=True)[1]
+    gain = np.bincount(unit, weights=(null - retrieved).double().numpy())  # [U]
+    tok = np.bincount(unit, weights=tokens.double().numpy())  # [U]
+    rows = np.random.default_rng(seed).integers(0, len(gain), size=(draws, len(gain)))  # [draws, U]
     lo, hi = np.quantile(gain[rows].sum(1) / tok[rows].sum(1), [0.025, 0.975])
     return float(lo), float(hi)
 
 
-def score_evidence(model: Realm, version: LoadedVersion, examples: Sequence[MaskedSentence], doc_ids: Sequence[str], *,
-                   rt: Runtime, batch_size: int = 16) -> EvidenceScores:
+def score_evidence(model: Realm, version: LoadedVersion, held_out: HeldOutSentences, *, rt: Runtime,
+                   batch_size: int = 16) -> EvidenceScores:
     """The scores of the module docstring for `model` over the index `version`."""
     model.eval()
     own = index_documents(version.blocks)
-    examples = [dataclasses.replace(e, doc=own.get(d, -1)) for e, d in zip(examples, doc_ids)]
+    examples = [dataclasses.replace(e, doc=own.get(d, -1)) for e, d in zip(held_out.examples, held_out.doc_ids)]
     parts = []
     with progress_bar(rt.show_progress) as bar:
         task = bar.add_task("evidence gain", total=len(examples))
@@ -167,8 +183,9 @@ def score_evidence(model: Realm, version: LoadedVersion, examples: Sequence[Mask
     n = int(tokens.sum())
     loss_retrieved, loss_null = float(retrieved.sum()) / n, float(null.sum()) / n
     return EvidenceScores(loss_retrieved, loss_null, loss_null - loss_retrieved, float((retrieved < null).float().mean()),
-                          gain_interval(null, retrieved, tokens), float(utility.mean()), float(p_null.mean()),
-                          len(examples), n, sum(e.doc >= 0 for e in examples))
+                          gain_interval(null, retrieved, tokens, held_out.articles), float(utility.mean()),
+                          float(p_null.mean()), len(examples), len(set(held_out.articles)), n,
+                          sum(e.doc >= 0 for e in examples))
 
 
 def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
@@ -204,5 +221,5 @@ def evidence_gain(cfg: EvidenceConfig, rt: Runtime | None = None) -> EvidenceSco
     version = open_index(cfg, model.retriever, rt.device)
     with tempfile.TemporaryDirectory(prefix="ralm-evidence-") as tmp:
         folder = Path(cfg.cache) if cfg.cache else Path(tmp)
-        examples, doc_ids = heldout_examples(cfg, model.retriever.tokenizer, folder, show_progress=rt.show_progress)
-    return score_evidence(model, version, examples, doc_ids, rt=rt, batch_size=cfg.batch_size)
+        held_out = heldout_examples(cfg, model.retriever.tokenizer, folder, show_progress=rt.show_progress)
+    return score_evidence(model, version, held_out, rt=rt, batch_size=cfg.batch_size)
