@@ -335,7 +335,7 @@ def test_stats_show_no_file_paths(dirs):
     assert str(dirs[0]) not in stats and str(dirs[1]) not in stats
 
 
-def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_document_outside_the_lock(dirs):
+def test_a_live_search_encodes_its_queries_once_and_hiding_reads_only_the_deleted_documents_records(dirs):
     from ralm.data.blocks import BlockStore
 
     svc = service(dirs)
@@ -349,11 +349,12 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_a_record_per_do
 
     BlockStore.record = record
     try:
-        svc.delete("paris")  # builds the document -> rows map of the main index
+        svc.delete("paris")  # finds the document's rows by the hash of its id (doc_hash.npy)
     finally:
         BlockStore.record = real_record
-    assert 0 < len(reads) <= len(DOCS)  # one record per document, not one per block
-    assert not any(locked)  # read before the writer lock is taken: updates never wait on it
+    # the id's hash finds its rows; a read of its first record confirms it (existence, then hiding):
+    # no map of every document, which under the writer lock would stall writers on a large corpus
+    assert 0 < len(reads) <= 2 and sum(locked) <= 2
     svc.add([Document(NEW["id"], NEW["title"], NEW["text"])])
     retriever = svc.live.searcher.retriever
     calls = []
