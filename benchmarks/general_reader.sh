@@ -26,13 +26,14 @@
 #     2e-5, 1.5e-5; the first three on one H100 in 6.7 min of training (2.0-5.4 steps/s), the
 #     fourth on a 2-core CPU in 61 min (12.2 s a step).
 #  2b. The GPU stage (benchmarks/reader_gpu.py; not run by this script: it needs a GPU lease and
-#     its files travel both ways): from the reader of stage 2, two students on all of SQuAD train
+#     its files travel both ways): from the reader of stage 2, students on all of SQuAD train
 #     with the answer rule's labels, the null span (30% of questions read without their gold
-#     paragraph, half of those a near miss) and 3 distractors, one also distilled from a teacher
-#     (all-mpnet-base-v2 fine-tuned in the same lease), returned as int8 deltas and unpacked; the
-#     shipped reader is the mean of the two students' weights (a model soup), chosen on the
-#     calibration half (benchmarks/RESULTS.md, "One GPU"). Give it here as INIT=DIR with
-#     DISTRACTOR_STEPS="" to calibrate and measure it.
+#     paragraph, half of those a near miss) and 4 distractors, one also distilled from a teacher
+#     (all-mpnet-base-v2 fine-tuned in the same lease), returned as int8 deltas and unpacked.
+#     In its one run (0.17-0.38 epoch) the best on the calibration half (the mean of two
+#     students' weights) did not beat the shipped reader on the held-out half
+#     (benchmarks/RESULTS.md, "Reader training"): the shipped reader is stage 2's. Give a
+#     candidate here as INIT=DIR with DISTRACTOR_STEPS="" to calibrate and measure it.
 #  3. Optional (OPEN_STEPS > 0): open-domain fine-tuning (the same objective over the top 5 blocks
 #     of a dense index over squad_corpus.jsonl, p(z|x) from retrieval, retriever frozen). 500 steps of its earlier,
 #     per-block form lowered held-out EM by about a point (benchmarks/RESULTS.md): OPEN_STEPS=0.
