@@ -153,7 +153,6 @@ def pack_encoder(src: Path, out: Path) -> None:
 
 def unpack_encoder(parts: list[Path], out: Path) -> Path:
     """An HF model directory from `pack_encoder`'s parts (weights back in fp32)."""
-    import torch
     from safetensors.torch import load_file, save_file
 
     state, packed = {}, {}
@@ -172,7 +171,6 @@ def unpack_encoder(parts: list[Path], out: Path) -> Path:
             state[name] = value.float()
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
-    del torch
     return out
 
 
@@ -543,11 +541,10 @@ class _TeacherView:
 # -- unpack (CPU) ------------------------------------------------------------------------------
 
 def unpack(args) -> None:
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     from ralm.models.reader import Reader
-
-    from safetensors import safe_open
 
     reader = Reader.from_pretrained(args.init, calibration=None)
     delta = {}
