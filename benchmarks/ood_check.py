@@ -21,6 +21,8 @@ For each size: the share of unanswerable questions answered at the reader's defa
 answered). A question counts as answered when its answer is not withheld.
 
     python benchmarks/ood_check.py --work runs/ood --background runs/dev [--model READER]
+
+Writes WORK/report-TAG.json (TAG: the reader's path with / as -, or "shipped").
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ def main() -> None:
     fac_docs, fac_questions = facilities()
     corpora = {"handful": (handbook, hb_questions), "hundreds": (handbook + fac_docs, hb_questions + fac_questions)}
     model = ["--model", args.model] if args.model else []
+    tag = args.model.strip("/").replace("/", "-") if args.model else "shipped"  # runs/x/reader and runs/y/reader apart
     report = {}
     for size in args.sizes.split(","):
         docs, questions = corpora["hundreds" if size == "large" else size]
@@ -183,11 +186,11 @@ def main() -> None:
         elif not index.exists():
             _ralm("index", "build", str(_write(work / f"corpus-{size}.jsonl", docs)), "--out", str(index))
         qfile = _write(work / f"questions-{size}.jsonl", questions)
-        pred = work / f"predictions-{size}-{Path(args.model).name if args.model else 'shipped'}.jsonl"
+        pred = work / f"predictions-{size}-{tag}.jsonl"
         result = _ralm("eval", "qa", "--index", str(index), "--questions", str(qfile), "--predictions", str(pred), *model)
         report[size] = {"blocks": result.get("blocks"), **score(pred, questions), "seconds": result.get("seconds")}
         print(json.dumps({size: report[size]}), flush=True)
-    (work / "report.json").write_text(json.dumps(report, indent=2))
+    (work / f"report-{tag}.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
