@@ -78,6 +78,29 @@ def test_tokenizer_matches_transformers(tiny_bert):
     assert ours.decode(b["input_ids"][0], skip_special_tokens=True) == hf.decode(a["input_ids"][0], skip_special_tokens=True)
 
 
+MIXED = ["Café Müller's naïve résumé, Ångström & Øresund.", "東京は日本の首都です。北京大学！", "e\u0301 vs é; ÉCOLE vs école",
+         "U.S.A. -- it's (really) 3.14?! «quoted» \u201cthis\u201d... #tag @you", "  tabs\tand\nnew\u00a0lines, bell\x07 and\ufeffBOM  ",
+         "Ünïcödé ﬁ ligature, ½, Ⅻ, 👍🏽 and ZWJ 👨\u200d👩\u200d👧", "antidisestablishmentarianism pneumonoultramicroscopic"]
+
+
+def test_bm25_side_splits_blocks_into_transformers_wordpieces():
+    """The BM25 side reads the bundled MiniLM's tokenizer.json itself (no transformers import on
+    a one-shot search): blocks, block-store key and queries come out as transformers' would."""
+    from ralm.data.blocks import BlockConfig, Document, iter_blocks, tokenizer_fingerprint
+    from ralm.retrieval.index.bm25_side import BM25Side
+    from ralm.retrieval.towers.loading import load_tokenizer
+
+    hf, ours = load_tokenizer(), BM25Side.tokenizer(None)
+    assert isinstance(ours, WordpieceTokenizer)
+    docs = [Document(str(i), title, text) for i, (title, text) in enumerate(zip(MIXED[::-1], MIXED))]
+    docs.append(Document("long", "Long", " ".join(MIXED) * 12))  # several blocks, cut at sentence ends
+    cfg = BlockConfig(max_len=40, max_title_len=8)
+    assert list(iter_blocks(docs, ours, cfg)) == list(iter_blocks(docs, hf, cfg))
+    assert tokenizer_fingerprint(ours) == tokenizer_fingerprint(hf)
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id) == (hf.cls_token_id, hf.sep_token_id, hf.pad_token_id)
+    assert ours(MIXED, padding=True)["input_ids"] == hf(MIXED, padding=True)["input_ids"]
+
+
 def test_saved_tokenizer_loads_in_transformers(tiny_bert, tmp_path):
     from transformers import AutoTokenizer
 

@@ -197,6 +197,25 @@ def test_mistakes_are_named_before_torch_is_imported(tiny_hybrid_index, tmp_path
         assert proc.stdout.split() == ["2", "False"] and message in proc.stderr, (argv, proc.stdout, proc.stderr)
 
 
+def test_one_shot_search_and_ask_import_no_transformers(served, tmp_path):
+    """`search` and `ask` read tokenizers and BERT weights themselves on every kind of index,
+    also where a logged document is split anew (a log of ralm <= 0.4 stores no blocks):
+    importing transformers would cost a one-shot command more than torch does."""
+    runs = []
+    for kind in ("index", "dense", "bm25"):  # hybrid, dense, BM25
+        index = shutil.copytree(served / kind, tmp_path / kind)
+        (index / "updates.jsonl").write_text(json.dumps({"op": "add", "id": "rome", "title": "Rome", "text": "Rome is the capital of Italy."}) + "\n")
+        runs += [["search", str(index), "capital of Italy", "--json"],
+                 ["ask", "capital of Italy", "--index", str(index), "--model", str(served / "reader"), "--json"]]
+    code = ("import json, sys\nfrom ralm.cli import main\nseen = []\nfor argv in json.loads(sys.argv[1]):\n"
+            "    sys.argv, rc = ['ralm', *argv], 0\n    try:\n        main()\n    except SystemExit as e:\n        rc = e.code\n"
+            "    seen.append([rc, 'transformers' in sys.modules])\nprint(json.dumps(seen), file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True, env=env)
+    assert json.loads(proc.stderr.splitlines()[-1]) == [[0, False]] * len(runs), proc.stderr
+    assert proc.stdout.count('"rome:0"') == len(runs), proc.stdout  # each command read the logged document
+
+
 def test_lines_sent_to_a_file_are_not_wrapped(tmp_path):
     code = "from ralm.console import err, out\nout.print('ralm index upgrade ' + 'x' * 150)\nerr.print('resume with: ' + 'y' * 150)"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "COLUMNS": "80"}

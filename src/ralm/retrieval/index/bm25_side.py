@@ -49,9 +49,11 @@ class BM25Side:
 
     @classmethod
     def tokenizer(cls, model: str | None):
-        from ralm.retrieval.towers.loading import load_tokenizer
+        """`model`'s wordpieces; by default the bundled MiniLM's, read from its tokenizer.json
+        without importing transformers (a one-shot search splits logged documents with it)."""
+        from ralm.retrieval.towers.loading import default_model_path, load_checkpoint_tokenizer, load_tokenizer
 
-        return load_tokenizer(model)
+        return load_checkpoint_tokenizer(Path(default_model_path())) if model is None else load_tokenizer(model)
 
     @classmethod
     def builder(cls, ctx: BuildContext) -> _BM25Builder:

@@ -116,8 +116,8 @@ def assign_weights(model: nn.Module, state: dict, where: str | os.PathLike) -> t
 
 
 def load_checkpoint_tokenizer(path: Path):
-    """The tokenizer saved in a ralm checkpoint directory: its tokenizer.json read directly
-    (data/tokenizer.py), or transformers' where there is none."""
+    """The tokenizer saved in a ralm checkpoint directory (or the bundled MiniLM's): its
+    tokenizer.json read directly (data/tokenizer.py), or transformers' where there is none."""
     from ralm.data.tokenizer import WordpieceTokenizer
 
     if (path / "tokenizer.json").is_file():
