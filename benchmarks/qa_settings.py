@@ -32,7 +32,7 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
     found in each block some setting of the grid reads."""
     from ralm.pipeline import read_blocks
     from ralm.progress import track
-    from ralm.retrieval.search.fusion import candidates, fuse_weighted
+    from ralm.retrieval.search.fusion import Fusion, candidates, fuse_weighted
 
     hs = qa.searcher
     snap = hs.current
@@ -45,7 +45,8 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
         b_scores, b_rows = (x[:, : max(KS)] for x in lists["bm25"])  # BM25 alone
         read = set(b_rows[0].tolist()) | set(rows[np.argsort(-dense, kind="stable")[: max(KS)]].tolist())
         for a in ALPHAS:
-            read |= set(rows[np.argsort(-fuse_weighted({"dense": dense, "bm25": bm25}, {}, a), kind="stable")[: max(KS)]].tolist())
+            weights = Fusion(alpha=a).side_weights(("dense", "bm25"))
+            read |= set(rows[np.argsort(-fuse_weighted({"dense": dense, "bm25": bm25}, {}, weights), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)
         blocks = read_blocks(qa.reader, [q.question] * len(read), [snap.blocks.record(r)["text"] for r in read],
                              device=qa.device, dtype=qa.dtype)
@@ -60,15 +61,16 @@ def score(data: list[dict], system: str, k: int, alpha: float = 0.5) -> tuple[fl
     """EM, F1 (percent) of `pick_answer` over the dump, reading the top k of `system`."""
     from ralm.eval.metrics import exact_match, f1
     from ralm.pipeline import ReadBlock, Span, pick_answer
-    from ralm.retrieval.search.fusion import fuse_weighted
+    from ralm.retrieval.search.fusion import Fusion, fuse_weighted
 
+    weights = Fusion(alpha=alpha).side_weights(("dense", "bm25"))
     em = f1_sum = 0.0
     for d in data:
         rows, dense, bm25 = np.array(d["rows"]), np.array(d["dense"], np.float32), np.array(d["bm25"], np.float32)
         if system == "bm25":
             s, r = np.array(d["bm25_scores"][:k], np.float32), np.array(d["bm25_rows"][:k])
         else:
-            fused = dense if system == "dense" else fuse_weighted({"dense": dense, "bm25": bm25}, {}, alpha)
+            fused = dense if system == "dense" else fuse_weighted({"dense": dense, "bm25": bm25}, {}, weights)
             top = np.argsort(-fused, kind="stable")[:k]
             s, r = fused[top], rows[top]
         blocks = [ReadBlock([Span(f, text, None) for f, text in b["spans"]], b["log_norm"]) for b in (d["read"][str(int(x))] for x in r)]

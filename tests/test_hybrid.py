@@ -3,6 +3,7 @@ time, upgrading an older index, and a new kind of side as one module plus a regi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -14,7 +15,7 @@ from ralm.errors import RalmError
 from ralm.retrieval.index import kinds
 from ralm.retrieval.index.build import build_index, upgrade_index
 from ralm.retrieval.index.store import IndexDir
-from ralm.retrieval.search.fusion import Fusion, fuse_rrf, fuse_weighted, minmax, rank
+from ralm.retrieval.search.fusion import Fusion, candidates, fuse_rrf, fuse_weighted, minmax, rank
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher
 from conftest import DOCS
@@ -26,17 +27,42 @@ def test_fuse_weighted_is_a_convex_combination_of_minmax_scores_on_the_retriever
     dense, bm25 = np.array([1.0, 3.0, 2.0]), np.array([10.0, 0.0, 5.0])
     assert np.allclose(minmax(dense), [0.0, 1.0, 0.5])
     scale = 0.25 * 2.0 + 0.75 * 10.0  # the same mix of the two score ranges
-    fused = fuse_weighted({"dense": dense, "bm25": bm25}, {}, 0.25)
+    fused = fuse_weighted({"dense": dense, "bm25": bm25}, {}, Fusion(alpha=0.25).side_weights(("dense", "bm25")))
     assert np.allclose(fused, (0.25 * np.array([0.0, 1.0, 0.5]) + 0.75 * np.array([1.0, 0.0, 0.5])) * scale)
     assert np.allclose(minmax(np.array([2.0, 2.0])), [0.0, 0.0])
     # alpha = 1 gives the dense scores up to a shift, so p(z|x) = softmax is exactly the dense one
-    assert np.allclose(fuse_weighted({"dense": dense, "bm25": bm25}, {}, 1.0), dense - dense.min())
+    assert np.allclose(fuse_weighted({"dense": dense, "bm25": bm25}, {}, Fusion(alpha=1.0).side_weights(("dense", "bm25"))),
+                       dense - dense.min())
+
+
+def test_dense_and_bm25_fuse_as_before_weights_were_per_side():
+    """The scores ralm 0.6 fused (dense alpha, BM25 1 - alpha), bit for bit, by default and with alpha."""
+    dense = np.array([21.3, 19.75, 18.0, 22.125, 17.5, 20.0], np.float32)
+    bm25 = np.array([7.5, 0.0, 12.25, 3.0, 0.0, 9.5], np.float32)
+    assert Fusion().side_weights(("dense", "bm25")) == {"dense": 0.7, "bm25": 1 - 0.7}
+    fused = fuse_weighted({"dense": dense, "bm25": bm25}, {}, Fusion().side_weights(("dense", "bm25")))
+    assert fused.tolist() == [5.245264053344727, 2.3539865016937256, 2.596858263015747, 5.346607208251953, 0.0, 4.2237548828125]
+    fused = fuse_weighted({"dense": dense, "bm25": bm25}, {}, Fusion(alpha=0.1).side_weights(("dense", "bm25")))
+    assert fused.tolist() == [7.273683547973633, 0.5588513612747192, 10.46293830871582, 3.6806886196136475, 0.0, 8.638751029968262]
+
+
+def test_weights_are_normalised_over_the_sides_fused():
+    sides = ("dense", "bm25", "title")
+    w = Fusion().side_weights(sides)  # a side the defaults do not name weighs an equal share, 1/3, before normalising
+    assert sum(w.values()) == pytest.approx(1) and np.allclose([w[s] for s in sides], np.array([0.7, 0.3, 1 / 3]) / (4 / 3))
+    x = np.array([1.0, 3.0, 2.0])
+    assert np.allclose(fuse_weighted(dict.fromkeys(sides, x), {}, w), x - x.min())  # sides that agree: their own scale
+    assert Fusion(alpha=1.0, weights={"title": 1.0}).side_weights(sides) == {"dense": 0.5, "bm25": 0.0, "title": 0.5}
+    with pytest.raises(RalmError, match="side 'title' must be a finite number >= 0"):
+        Fusion(weights={"title": float("nan")})
+    with pytest.raises(RalmError, match="are all 0"):
+        Fusion(weights={"dense": 0.0, "bm25": 0.0}).side_weights(("dense", "bm25"))
 
 
 def test_rrf_sums_reciprocal_ranks_and_a_row_outside_a_list_adds_nothing():
     ranks = {"dense": np.array([0, 2, -1]), "bm25": np.array([1, -1, 0])}
     expected = 1000 * np.array([1 / 61 + 1 / 62, 1 / 63, 1 / 61])
-    assert np.allclose(fuse_rrf({}, ranks, 0.5), expected)
+    assert np.allclose(fuse_rrf({}, ranks, {}), expected)
 
 
 def test_a_default_build_publishes_one_version_with_both_sides(tiny_hybrid_index):
@@ -216,3 +242,29 @@ def test_a_new_side_is_a_module_and_a_registry_entry(monkeypatch, tmp_path, tiny
     assert top.title == "Mount Everest" and top.found_by == ("title",)
     fused = s.search(["tell me about Mount Everest"], 3)[0]
     assert any(h.title == "Mount Everest" and "title" in h.found_by for h in fused)
+
+
+def test_a_third_side_joins_the_hybrid_fused_with_weights_summing_to_one(monkeypatch, tmp_path, tiny_bert):
+    """Dense, BM25 and the toy side in one index: the fused scores are the convex combination of
+    the three (weights 0.7, 0.3 and an equal share 1/3, normalised), and agreement is the mean
+    over the three pairs of sides."""
+    monkeypatch.setitem(kinds.SIDES, "title", f"{__name__}:TitleSide")
+    monkeypatch.setitem(kinds.KINDS, "hybrid+title", ("dense", "bm25", "title"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    build_index(corpus, tmp_path / "idx", kind="hybrid+title", model=str(tiny_bert), dim=16, show_progress=False)
+    s = Searcher.open(tmp_path / "idx")
+    queries, k = ["tell me about Mount Everest", "Who created Python?", "the Moon and Paris"], 3
+    ranked = s.rank(queries, k)
+    w = np.array([0.7, 0.3, 1 / 3]) / (0.7 + 0.3 + 1 / 3)
+    encoded = {side: s.encode(queries, side) for side in s.sides}
+    lists = {side: s.side_search(encoded[side], 100, s.current, side) for side in s.sides}
+    agreements = []
+    for i in range(len(queries)):
+        c = candidates(s, encoded, lists, i=i, snap=s.current)
+        norm = [(c.scores[side] - c.scores[side].min()) / max(np.ptp(c.scores[side]), 1e-30) for side in s.sides]
+        fused = sum(wi * n for wi, n in zip(w, norm)) * sum(wi * np.ptp(c.scores[side]) for wi, side in zip(w, s.sides))
+        assert np.allclose(ranked.scores[i], np.sort(fused)[::-1][:k], atol=1e-5)
+        tops = [set(c.listed[side][:k].tolist()) for side in s.sides]
+        agreements.append(np.mean([len(a & b) / max(min(len(a), len(b)), 1) for a, b in itertools.combinations(tops, 2)]))
+    assert np.allclose(ranked.agreement, agreements) and len(set(agreements)) > 1
