@@ -404,9 +404,11 @@ def stage_add(args, n: int) -> dict:
 def stage_replay(args, n: int) -> dict:
     """Open a copy of the index whose update log holds --updates updates, written through the
     library's UpdateLog: 60% new documents, 20% deletions of corpus documents (at most half of
-    them), the rest replacements of new ones. The open is timed out at --update-timeout."""
+    them), the rest replacements of new ones. The records carry no stored blocks (as a log of
+    ralm <= 0.4), so the open splits and embeds every logged document: the worst case. The
+    open is timed out at --update-timeout."""
     sys.path.insert(0, str(SRC))
-    from ralm.retrieval.search.update_log import UpdateLog
+    from ralm.retrieval.search.update_log import Entry, UpdateLog
 
     work = Path(args.work)
     idx = copy_index(args, n, "idx-replay")
@@ -420,8 +422,10 @@ def stage_replay(args, n: int) -> dict:
         records += [{"op": "delete", "id": f"d{int(i):08d}"} for i in rng.choice(n, n_del, replace=False)]
         records = [records[int(i)] for i in rng.permutation(len(records))]
         log = UpdateLog(idx)
+        log_id = log.rewrite([])
+        at = log.head()[1]
         for i in range(0, len(records), 10_000):
-            log.append(records[i : i + 10_000])
+            at = log.append([Entry(r) for r in records[i : i + 10_000]], log_id=log_id, at=at)
         r = run(me(args, "--child", "open", "--index", idx), args, log=work / "logs" / f"replay-{n}.log", timeout=args.update_timeout)
         live = len({rec["id"] for rec in records if rec["op"] == "add"})
         return {"updates": len(records), "live_documents": live, "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"],
