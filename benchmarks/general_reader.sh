@@ -30,10 +30,10 @@
 #     with the answer rule's labels, the null span (30% of questions read without their gold
 #     paragraph, half of those a near miss) and 4 distractors, one also distilled from a teacher
 #     (all-mpnet-base-v2 fine-tuned in the same lease), returned as int8 deltas and unpacked.
-#     In its one run (0.17-0.38 epoch) the best on the calibration half (the mean of two
-#     students' weights) did not beat the shipped reader on the held-out half
-#     (benchmarks/RESULTS.md, "Reader training"): the shipped reader is stage 2's. Give a
-#     candidate here as INIT=DIR with DISTRACTOR_STEPS="" to calibrate and measure it.
+#     The shipped reader is the mean of two students' weights (a model soup, 0.17 and 0.38
+#     epoch), the best on the calibration half: the same EM as stage 2's held out, a better
+#     confidence (benchmarks/RESULTS.md, "Reader training"). Give a candidate here as INIT=DIR
+#     with DISTRACTOR_STEPS="" to calibrate and measure it.
 #  3. Optional (OPEN_STEPS > 0): open-domain fine-tuning (the same objective over the top 5 blocks
 #     of a dense index over squad_corpus.jsonl, p(z|x) from retrieval, retriever frozen). 500 steps of its earlier,
 #     per-block form lowered held-out EM by about a point (benchmarks/RESULTS.md): OPEN_STEPS=0.
