@@ -120,25 +120,50 @@ def _dequantize(q, scale):
     return q.float() * scale[:, None]
 
 
+def _packed(key: str, t, rest: str) -> dict:
+    """One tensor as it travels: a 2-D one as int8 rows and their scales, any other as `rest`
+    ("half": fp16, "full": fp32)."""
+    if t.dim() == 2:
+        return dict(zip((f"{key}::q", f"{key}::scale"), _quantize(t)))
+    return {f"{key}::{rest}": t.half() if rest == "half" else t.float()}
+
+
+def _in_parts(packed, limit: int) -> list[dict]:
+    """`_packed` tensors grouped, in order, into parts of at most `limit` bytes (a tensor larger
+    than that alone in its part)."""
+    parts, current, size = [], {}, 0
+    for entry in packed:
+        n = sum(v.numel() * v.element_size() for v in entry.values())
+        if current and size + n > limit:
+            parts.append(current)
+            current, size = {}, 0
+        current.update(entry)
+        size += n
+    parts.append(current)
+    return parts
+
+
+def _unpacked(packed: dict) -> dict:
+    """name -> fp32 tensor of what `_packed` made."""
+    out = {}
+    for key, value in packed.items():
+        name, kind = key.rsplit("::", 1)
+        if kind == "q":
+            out[name] = _dequantize(value, packed[f"{name}::scale"])
+        elif kind in ("half", "full"):
+            out[name] = value.float()
+    return out
+
+
 def pack_encoder(src: Path, out: Path) -> None:
     """The encoder's 2-D weights as int8 rows (+ scales), the rest in fp16, in parts of at most
     PART_BYTES (out/t1, out/t2, ...), with its config and tokenizer in the first."""
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(src / "model.safetensors"))
-    parts, current, size = [], {}, 0
-    for key in sorted(state):
-        if key.startswith("pooler.") or key.endswith("position_ids"):
-            continue  # the reader reads the last hidden states only
-        t = state[key]
-        packed = dict(zip((f"{key}::q", f"{key}::scale"), _quantize(t))) if t.dim() == 2 else {f"{key}::half": t.half()}
-        n = sum(v.numel() * v.element_size() for v in packed.values())
-        if current and size + n > PART_BYTES:
-            parts.append(current)
-            current, size = {}, 0
-        current.update(packed)
-        size += n
-    parts.append(current)
+    # the reader reads the last hidden states only: no pooler
+    parts = _in_parts((_packed(key, state[key], "half") for key in sorted(state)
+                       if not key.startswith("pooler.") and not key.endswith("position_ids")), PART_BYTES)
     for i, part in enumerate(parts, 1):
         folder = out / f"t{i}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -155,7 +180,7 @@ def unpack_encoder(parts: list[Path], out: Path) -> Path:
     """An HF model directory from `pack_encoder`'s parts (weights back in fp32)."""
     from safetensors.torch import load_file, save_file
 
-    state, packed = {}, {}
+    packed = {}
     for folder in parts:
         for f in folder.glob("part*.safetensors"):
             packed.update(load_file(str(f)))
@@ -163,14 +188,8 @@ def unpack_encoder(parts: list[Path], out: Path) -> Path:
             if (folder / name).is_file():
                 out.mkdir(parents=True, exist_ok=True)
                 shutil.copy(folder / name, out / name)
-    for key, value in packed.items():
-        name, kind = key.rsplit("::", 1)
-        if kind == "q":
-            state[name] = _dequantize(value, packed[f"{name}::scale"])
-        elif kind == "half":
-            state[name] = value.float()
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in _unpacked(packed).items()}, str(out / "model.safetensors"))
     return out
 
 
@@ -425,17 +444,7 @@ def save_delta(reader, init_state: dict, out: Path, name: str) -> None:
     from safetensors.torch import save_file
 
     state = {k: v.detach().float().cpu() for k, v in reader.state_dict().items() if reader._is_trained(k)}
-    parts, current, size = [], {}, 0
-    for key in sorted(state):
-        delta = state[key] - init_state[key].float()
-        packed = dict(zip((f"{key}::q", f"{key}::scale"), _quantize(delta))) if delta.dim() == 2 else {f"{key}::full": delta}
-        n = sum(v.numel() * v.element_size() for v in packed.values())
-        if current and size + n > 15_000_000:
-            parts.append(current)
-            current, size = {}, 0
-        current.update(packed)
-        size += n
-    parts.append(current)
+    parts = _in_parts((_packed(key, state[key] - init_state[key].float(), "full") for key in sorted(state)), 15_000_000)
     meta = {"null_span": json.dumps(reader.cfg.null_span), "max_len": str(reader.cfg.max_len)}
     for i, part in enumerate(parts, 1):
         save_file({k: v.contiguous() for k, v in part.items()}, str(out / f"{name}.part{i}.safetensors"), metadata=meta)
@@ -554,13 +563,7 @@ def unpack(args) -> None:
     with safe_open(str(files[0]), "pt") as f:
         cfg = {"null_span": json.loads(f.metadata()["null_span"])}
     state = reader.state_dict()
-    new = {}
-    for key, value in delta.items():
-        name, kind = key.rsplit("::", 1)
-        if kind == "q":
-            new[name] = state[name].float() + _dequantize(value, delta[f"{name}::scale"])
-        elif kind == "full":
-            new[name] = state[name].float() + value
+    new = {name: state[name].float() + d for name, d in _unpacked(delta).items()}
     missing = [k for k in state if reader._is_trained(k) and k not in new]
     if missing:
         raise SystemExit(f"{args.delta}: deltas miss {missing[:3]}")
