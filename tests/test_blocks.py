@@ -139,6 +139,9 @@ def test_document_rows_find_a_documents_blocks_reading_one_record(tmp_path, toke
         reads.clear()
         assert list(rows.get(d["id"])) == truth[d["id"]] and len(reads) == 1
     assert rows.get("no such document") is None and "doc3" in rows and "doc" not in rows
+    reads.clear()
+    assert list(rows) == [d["id"] for d in docs] == list(rows) and len(reads) == len(docs)  # every id, read once
     (tmp_path / "blocks" / "doc_hash.npy").unlink()
     old = BlockStore(tmp_path / "blocks").document_rows()
     assert all(list(old.get(d["id"])) == truth[d["id"]] for d in docs) and old.get("doc") is None
+    assert list(old) == [d["id"] for d in docs]

@@ -347,8 +347,12 @@ class DocumentRows:
         starts = np.flatnonzero(np.diff(store.doc_index, prepend=-1))  # first row of each document
         self.bounds = np.append(starts, len(store))  # document d: rows bounds[d]:bounds[d + 1]
         path = store.folder / "doc_hash.npy"
-        hashes = (read_npy(path, None) if path.is_file()
-                  else np.array([id_hash(store.record(int(r))["doc_id"]) for r in starts], dtype=np.int64))
+        self._ids: list[str] | None = None  # every document id, read on first need
+        if path.is_file():
+            hashes = read_npy(path, None)
+        else:
+            self._ids = [store.record(int(r))["doc_id"] for r in starts]
+            hashes = np.array([id_hash(i) for i in self._ids], dtype=np.int64)
         if len(hashes) != len(starts):
             raise RalmError(f"{path} is damaged ({len(hashes)} entries for {len(starts)} documents); rebuild the index")
         self.hashes = hashes  # in document order
@@ -367,8 +371,11 @@ class DocumentRows:
         return self.get(doc_id) is not None
 
     def __iter__(self) -> Iterator[str]:
-        """Every document id, in document order: a record read per document."""
-        return (self.store.record(int(r))["doc_id"] for r in self.bounds[:-1])
+        """Every document id, in document order: read once (a record per document), then kept,
+        so a file's every upload (`LiveSearcher.replace_files`) does not read them again."""
+        if self._ids is None:
+            self._ids = [self.store.record(int(r))["doc_id"] for r in self.bounds[:-1]]
+        return iter(self._ids)
 
 
 def join_query_evidence(query_ids: list[int], body_ids, *, cls_id: int, sep_id: int,

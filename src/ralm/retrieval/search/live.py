@@ -24,11 +24,12 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator, Sequence
+from typing import Container, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from ralm.data.blocks import DocumentRows
 from ralm.data.corpus import Document
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
@@ -228,7 +229,7 @@ class LiveSearcher(Searcher):
         hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
         return Snapshot(version, delta, np.array(hidden, dtype=np.int64), position)
 
-    def _rows_by_doc(self, version: LoadedVersion):
+    def _rows_by_doc(self, version: LoadedVersion) -> DocumentRows:
         """Main-index rows of each document (doc id -> range), once per version: a lookup in the
         block store's document hashes (data/blocks.py DocumentRows). Writers build it before
         they take the lock; for a store without the hashes that reads a record per document."""
@@ -347,7 +348,7 @@ class LiveSearcher(Searcher):
         return out
 
 
-def _exists(snap: Snapshot, doc_id: str, rows_of: dict) -> bool:
+def _exists(snap: Snapshot, doc_id: str, rows_of: Container[str]) -> bool:
     return doc_id in snap.delta.docs or (doc_id not in snap.delta.hidden_docs and doc_id in rows_of)
 
 
