@@ -25,7 +25,8 @@ that file exists, so an interrupted run resumes; --force reruns):
   serve     `ralm serve`: /search latency p50/p99 at concurrency 1 and 8, the server's peak RSS
   check     `ralm index check`
   add       `ralm index add` of 10,000 new documents (on a copy of the index's log)
-  replay    opening the index after 100,000 logged updates (timed out at --replay-timeout)
+  replay    opening the index after 100,000 updates logged as `ralm index add/delete` log them
+            (timed out at --update-timeout)
   dense     the dense search structure alone (IVF-SQ8 + fp32 rescoring, vectors generated in
             chunks, never one fp32 matrix): build, memory per block, latency, recall; any N
   bm25      the BM25 structure alone: build, peak RSS, disk, latency; any N that fits
@@ -168,13 +169,14 @@ def make_corpus(args, n: int) -> tuple[Path, Path]:
     return corpus, emb_path
 
 
-def update_docs(s: dict, n: int, *, seed: int, start: int) -> list[dict]:
-    """n new documents (ids u<number>), drawn from chunks no corpus uses."""
-    docs = []
+def update_docs(s: dict, n: int, *, seed: int, start: int) -> tuple[list[dict], np.ndarray]:
+    """n new documents (ids u<number>) and their vectors [n, D], drawn from chunks no corpus uses."""
+    docs, vecs = [], []
     for c in range(-(-n // CHUNK)):
-        chunk, _ = draw_chunk(s, 1_000_000 + start // CHUNK + c, seed=seed)
+        chunk, v = draw_chunk(s, 1_000_000 + start // CHUNK + c, seed=seed)
         docs += [{**d, "id": f"u{start + c * CHUNK + j:08d}"} for j, d in enumerate(chunk)]
-    return docs[:n]
+        vecs.append(v)
+    return docs[:n], np.concatenate(vecs)[:n]
 
 
 def questions(n: int, seed: int) -> list[str]:
@@ -390,7 +392,7 @@ def stage_add(args, n: int) -> dict:
     docs = work / "data" / f"add-{args.add_docs}.jsonl"
     if not docs.is_file():
         with open(docs.with_suffix(".tmp"), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in update_docs(sentences(args), args.add_docs, seed=args.seed, start=0))
+            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in update_docs(sentences(args), args.add_docs, seed=args.seed, start=0)[0])
         os.replace(docs.with_suffix(".tmp"), docs)
     idx = copy_index(args, n, "idx-add")
     try:
@@ -402,35 +404,22 @@ def stage_add(args, n: int) -> dict:
 
 
 def stage_replay(args, n: int) -> dict:
-    """Open a copy of the index whose update log holds --updates updates, written through the
-    library's UpdateLog: 60% new documents, 20% deletions of corpus documents (at most half of
-    them), the rest replacements of new ones. The records carry no stored blocks (as a log of
-    ralm <= 0.4), so the open splits and embeds every logged document: the worst case. The
-    open is timed out at --update-timeout."""
-    sys.path.insert(0, str(SRC))
-    from ralm.retrieval.search.update_log import Entry, UpdateLog
-
+    """Open a copy of the index whose update log holds --updates updates, written as `ralm
+    index add/delete` write them (each side's state of a logged block stored with the log):
+    60% new documents, the rest replacements of new ones and deletions of corpus documents
+    (20% of the updates, at most half the corpus). A fresh process times the open; the log
+    is not compacted (the worst case a server restart meets)."""
     work = Path(args.work)
     idx = copy_index(args, n, "idx-replay")
     try:
-        rng = np.random.default_rng([args.seed, 7])
-        n_new, n_del = int(args.updates * 0.6), min(int(args.updates * 0.2), n // 2)
-        new = update_docs(sentences(args), n_new, seed=args.seed, start=args.add_docs)
-        records = [{"op": "add", "id": d["id"], "title": d["title"], "text": d["text"]} for d in new]
-        for d in (new[int(i)] for i in rng.choice(n_new, args.updates - n_new - n_del)):
-            records.append({"op": "add", "id": d["id"], "title": d["title"], "text": d["text"][::-1]})
-        records += [{"op": "delete", "id": f"d{int(i):08d}"} for i in rng.choice(n, n_del, replace=False)]
-        records = [records[int(i)] for i in rng.permutation(len(records))]
-        log = UpdateLog(idx)
-        log_id = log.rewrite([])
-        at = log.head()[1]
-        for i in range(0, len(records), 10_000):
-            at = log.append([Entry(r) for r in records[i : i + 10_000]], log_id=log_id, at=at)
+        w = run(me(args, "--child", "writelog", "--index", idx, "--n", n, "--updates", args.updates, "--add-docs", args.add_docs),
+                args, log=work / "logs" / f"writelog-{n}.log")
+        if w["rc"]:
+            raise SystemExit(f"replay {n}: writing the log failed: see {work / 'logs'}")
         r = run(me(args, "--child", "open", "--index", idx), args, log=work / "logs" / f"replay-{n}.log", timeout=args.update_timeout)
-        live = len({rec["id"] for rec in records if rec["op"] == "add"})
-        return {"updates": len(records), "live_documents": live, "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"],
-                "timed_out": r["timed_out"],
-                "rc": r["rc"], "peak_rss_mb": r["peak_rss_mb"], **last_json(r["out"])}
+        log_mb = round(sum(f.stat().st_size for f in idx.glob("updates*")) / 2**20, 1)
+        return {**last_json(w["out"]), "log_mb": log_mb, "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"],
+                "timed_out": r["timed_out"], "rc": r["rc"], "peak_rss_mb": r["peak_rss_mb"], **last_json(r["out"])}
     finally:
         shutil.rmtree(idx, ignore_errors=True)
 
@@ -473,6 +462,35 @@ def child_open(args) -> dict:
     LiveSearcher.open(args.index)
     return {"import_seconds": round(imported - start, 2), "open_seconds": round(time.perf_counter() - imported, 2),
             "rss_after_open_mb": rss_mb()}
+
+
+def child_writelog(args) -> dict:
+    """--updates updates through LiveSearcher.add/delete (the path of `ralm index add/delete`),
+    in appends of 10,000; the dense side's state of a new block is its generated vector (the
+    corpus's own import path, no encoder run), everything else as the library computes it."""
+    from ralm.data.corpus import Document
+    from ralm.retrieval.index.dense_side import DenseSide
+    from ralm.retrieval.search.live import LiveSearcher
+
+    n_new, n_del = int(args.updates * 0.6), min(int(args.updates * 0.2), args.n // 2)
+    docs, vecs = update_docs(sentences(args), n_new, seed=args.seed, start=args.add_docs)
+    vec_of = {d["id"]: v for d, v in zip(docs, vecs)}
+    DenseSide.live_state = lambda self, tokens, records: [vec_of[r["doc_id"]] for r in records]
+    rng = np.random.default_rng([args.seed, 7])
+    replaced = [docs[int(i)] for i in rng.choice(n_new, args.updates - n_new - n_del)]
+    batches = [("add", [Document(d["id"], d["title"], d["text"]) for d in docs]),
+               ("add", [Document(d["id"], d["title"], d["text"][::-1]) for d in replaced]),
+               ("delete", [f"d{int(i):08d}" for i in rng.choice(args.n, n_del, replace=False)])]
+    searcher = LiveSearcher.open(args.index)
+    start = time.perf_counter()
+    for op, items in batches:
+        for i in range(0, len(items), 10_000):
+            if op == "add":
+                searcher.add(items[i : i + 10_000])
+            else:
+                searcher.delete(items[i : i + 10_000])
+    return {"updates": args.updates, "live_documents": n_new, "replacements": len(replaced), "deletes": n_del,
+            "write_seconds": round(time.perf_counter() - start, 1)}
 
 
 def overlap(a: np.ndarray, b: np.ndarray) -> float:
@@ -627,7 +645,8 @@ def child_sharded(args) -> dict | None:
     return out if env.is_main else None
 
 
-CHILDREN = {"open": child_open, "search": child_search, "dense": child_dense, "sharded": child_sharded}
+CHILDREN = {"open": child_open, "writelog": child_writelog, "search": child_search, "dense": child_dense,
+            "sharded": child_sharded}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -666,6 +685,7 @@ def report(args) -> None:
         "build: BM25 side (s)": get("build", "build_seconds", "bm25"),
         "open (s)": get("open", "open_seconds"),
         "index check (s)": get("check", "seconds"),
+        f"open after {args.updates:,} logged updates (s)": get(f"replay-{args.updates}-updates", "open_seconds"),
         "search hybrid p50 (ms)": get("search", "hybrid", "p50_ms"),
         "search dense p50 (ms)": get("search", "dense", "p50_ms"),
         "search BM25 p50 (ms)": get("search", "bm25", "p50_ms"),
