@@ -160,6 +160,8 @@ def test_bad_input_is_a_clear_error(run, tiny_dense_index, other_tiny_bert, tmp_
         evidence_gain(_config(run, tiny_dense_index, tmp_path / "missing.jsonl"), FP32)
     with pytest.raises(RalmError, match="not an index directory"):
         evidence_gain(_config(run, tmp_path, held_out), FP32)
+    with pytest.raises(ConfigError, match=r"block_len is 128 but index .* holds blocks of 288 wordpieces"):
+        evidence_gain(_config(run, tiny_dense_index, held_out, block_len=128), FP32)
     with pytest.raises(RalmError, match="neither a REALM run"):
         evidence_gain(EvidenceConfig(str(tmp_path), str(run), str(tiny_dense_index), str(held_out)), FP32)
     with pytest.raises(RalmError, match="no MLM head"):  # a bare BERT: its head would be random

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -22,15 +23,15 @@ from rich.table import Table
 
 from ralm.commands.convert import convert_app, export
 from ralm.commands.evidence import eval_evidence
-from ralm.commands.from_config import lazy_trainer_group
+from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, check_runtime, finite_floats, index_path,
                                   os_error_line, positive, quiet_libraries, refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
-from ralm.configs import ConfigError
-from ralm.defaults import COMPACT_AFTER, READ_K
+from ralm.configs import ConfigError, option
+from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, QA_BATCH, READ_K, SERVE_HOST
 from ralm.errors import RalmError, RalmWarning, plural
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
@@ -50,6 +51,34 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
     pass  # the app's own options; its help is the Typer's
 
 
+@dataclass(frozen=True)
+class AskConfig:
+    """`ralm ask`'s settings (pipeline.OpenQA's)."""
+
+    k: int = option(READ_K, "retrieved blocks read per question", flag="-k", aliases=("--k",))
+
+
+@dataclass(frozen=True)
+class DemoConfig(AskConfig):
+    rebuild: bool = option(False, "rebuild the cached demo index", flag="--rebuild")
+
+
+@dataclass(frozen=True)
+class EvalQaConfig(AskConfig):
+    batch_size: int = option(QA_BATCH, "questions per reader batch")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`ralm serve`'s settings that its ServeConfig (serve/service.py) holds in its own units, and the port."""
+
+    host: str = option(SERVE_HOST, "bind address (loopback by default)")
+    port: int = option(8000, "TCP port")
+    max_body_mb: int = option(MAX_BODY_MB, "the largest request body in MiB (a PDF sent to POST /documents/file)")
+    compact_after: int = option(COMPACT_AFTER, "compact the index's update log into a new version once it holds this many "
+                                "updates (0: never; `ralm index compact` does it by hand)")
+
+
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate retrieval and question answering.")
 app.add_typer(index_app, name="index")
 app.command()(search)
@@ -58,23 +87,23 @@ eval_app.command("retrieval")(eval_retrieval)
 eval_app.command("evidence")(eval_evidence)
 
 @app.command()
+@config_command
 def demo(
     *,
-    k: int = typer.Option(READ_K, "-k", "--k", help="passages read per question (as `ralm ask`)"),
-    rebuild: bool = typer.Option(False, "--rebuild", help="rebuild the cached demo index"),
+    cfg: DemoConfig,
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Index the bundled demo corpus (cached) and answer its sample questions with the package's reader, with evidence."""
-    positive("-k", k)
+    positive("-k", cfg.k)
     check_runtime(device, dtype)
     from ralm.demo import run_demo
 
     quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(runtime(device, dtype), k=k, rebuild=rebuild, min_confidence=min_confidence)
+    path, built, results = run_demo(runtime(device, dtype), k=cfg.k, rebuild=cfg.rebuild, min_confidence=min_confidence)
     if as_json:
         print_json([{**a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)} for e in a.evidence]}
                     for _, a in results], ensure_ascii=False)
@@ -116,12 +145,13 @@ ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpo
 
 
 @eval_app.command("qa")
+@config_command
 def eval_qa(
     *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
-    k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read per question"),
+    cfg: EvalQaConfig,
     retriever: Optional[str] = RetrieverOpt,
     hybrid: Optional[Path] = HybridOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
@@ -131,7 +161,6 @@ def eval_qa(
     calibrated_out: Optional[Path] = typer.Option(None, "--out", help="with --calibrate: where to write the calibrated copy of the "
                                                   "reader (the reader given is never modified)"),
     min_confidence: float = MinConfidenceOpt,
-    batch_size: int = typer.Option(8, "--batch-size", help="questions per reader batch"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -140,6 +169,7 @@ def eval_qa(
     from ralm.data.qa import read_questions
     from ralm.eval.calibration import check_question_count
 
+    k, batch_size = cfg.k, cfg.batch_size
     if calibrate and calibrated_out is None:
         raise RalmError("--calibrate writes a calibrated copy of the reader: give it a new directory with --out")
     if calibrated_out is not None and not calibrate:
@@ -181,13 +211,14 @@ def eval_qa(
 
 
 @app.command()
+@config_command
 def ask(
     question: Optional[str] = typer.Argument(None, help="the question; without it, questions are read from stdin, one a line, "
                                                         "and answered as they come with the models loaded once"),
     *,
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
-    k: int = typer.Option(READ_K, "-k", "--k", help="retrieved blocks read"),
+    cfg: AskConfig,
     retriever: Optional[str] = RetrieverOpt,
     hybrid: Optional[Path] = HybridOpt,
     min_confidence: float = MinConfidenceOpt,
@@ -199,6 +230,7 @@ def ask(
     """Answer a question with evidence: the most probable answer over the top-k blocks."""
     if question is not None and not question.strip():
         raise RalmError("the question is empty")
+    k = cfg.k
     _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
     qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence)
     for q in [question] if question is not None else _stdin_questions():
@@ -229,25 +261,23 @@ def _stdin_questions():
 
 
 @app.command()
+@config_command
 def serve(
     *,
     index_dir: Path = typer.Option(..., "--index", help="index directory; new versions are swapped in live"),
     model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),
-    host: str = typer.Option("127.0.0.1", "--host", help="bind address (loopback by default)"),
-    port: int = typer.Option(8000, "--port", help="TCP port"),
+    cfg: ServeOptions,
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
-    max_body_mb: int = typer.Option(1, "--max-body-mb", help="the largest request body in MiB (a PDF sent to POST /documents/file)"),
     min_confidence: float = MinConfidenceOpt,
-    compact_after: int = typer.Option(COMPACT_AFTER, "--compact-after", help="compact the index's update log into a new version "
-                                      "once it holds this many updates (0: never; `ralm index compact` does it by hand)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
     refuse_second_index("--bm25", bm25, index_dir)
+    host, port, max_body_mb = cfg.host, cfg.port, cfg.max_body_mb
     if not 0 < port < 65536:
         raise RalmError(f"--port must be in 1..65535, got {port}")
     positive("--max-body-mb", max_body_mb)
@@ -260,7 +290,7 @@ def serve(
     quiet_libraries()
     svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
                               api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
-                              max_body_bytes=max_body_mb << 20, compact_after=compact_after),
+                              max_body_bytes=max_body_mb << 20, compact_after=cfg.compact_after),
                   runtime(device, dtype))
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, announce=lambda: err.print(

@@ -11,3 +11,26 @@ FUSION = "weighted"  # how an index's sides are fused (retrieval/search/fusion.p
 FUSION_DEPTH = 100  # each side's list that fusion draws candidates from
 RRF_C = 60  # reciprocal rank fusion's constant (Cormack et al., 2009)
 COMPACT_AFTER = 10_000  # update records an index's log holds before a server compacts it into a version (search/compaction.py)
+
+# Defaults of the other commands, each read by the library function it configures and by the
+# command's config (commands/), so that the two cannot drift apart.
+SEARCH_K = 5  # passages `ralm search` (and Searcher.search) returns
+INDEX_KIND = "hybrid"  # what an index version holds: a dense and a BM25 side, searched fused
+FAISS_AUTO = "auto"  # the dense side's search chosen from the number of vectors (faiss_index.auto_spec)
+EMBED_BATCH = 64  # blocks (chunks) embedded per forward pass: memory against speed
+QA_BATCH = 8  # questions per reader batch in `ralm eval qa`
+RETRIEVAL_KS = (1, 5, 20, 100)  # recall@k cut-offs of `ralm eval retrieval`
+SERVE_HOST = "127.0.0.1"  # a server binds the loopback unless told otherwise
+MAX_BODY_MB = 1  # the largest request body a server reads, in MiB
+LM_BATCH = 16  # sequences per forward pass of a causal LM (perplexity, kNN-LM datastore)
+RETRO_BATCH = 8  # sequences per forward pass of RETRO's perplexity
+CHUNK_LEN = 64  # wordpieces per RETRO chunk (the paper's 64)
+MAX_NEW_TOKENS = 64  # wordpieces RETRO generates
+SAMPLE_TEMPERATURE = 1.0  # softmax temperature of RETRO's nucleus sampling
+KNN_K = 1024  # kNN-LM neighbours per token (Khandelwal et al.)
+KNN_LAMBDA = 0.25  # kNN-LM's interpolation weight of p_kNN
+KNN_TEMPERATURE = 1.0  # kNN-LM's softmax temperature over -distance
+NPROBE = 32  # IVF lists searched in an approximate kNN-LM datastore
+REALM_K = 8  # blocks retrieved per masked sentence in REALM pre-training and its evidence gain
+EVIDENCE_SENTENCES = 300  # masked held-out sentences the evidence gain scores
+EVIDENCE_BATCH = 16  # sentences per forward pass of the evidence gain

@@ -9,6 +9,7 @@ import typer
 
 from ralm.commands.shared import DeviceOpt, DtypeOpt, JsonOpt, quiet_libraries, runtime
 from ralm.console import print_summary
+from ralm.defaults import EVIDENCE_BATCH, EVIDENCE_SENTENCES, REALM_K
 
 
 def eval_evidence(
@@ -19,11 +20,11 @@ def eval_evidence(
     index: Path = typer.Option(..., "--index", help="dense index over the pre-training corpus, built with the run's "
                                "document tower (`ralm index build CORPUS --model RUN/final/retriever --retriever dense`)"),
     corpus: Path = typer.Option(..., "--corpus", help="held-out corpus (JSONL {id, title, text}, TSV or a folder of .txt)"),
-    k: Optional[int] = typer.Option(None, "-k", "--k", help="retrieved blocks per sentence (default 8, as pre-training)"),
+    k: Optional[int] = typer.Option(None, "-k", "--k", help=f"retrieved blocks per sentence (default {REALM_K}, as pre-training)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="masked sentences scored, spread over the corpus "
-                                        "(default 300; 0: all)"),
+                                        f"(default {EVIDENCE_SENTENCES}; 0: all)"),
     cache: Optional[Path] = typer.Option(None, "--cache", help="keep the held-out corpus' blocks and spaCy pass here"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="sentences per forward pass (default 16)"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help=f"sentences per forward pass (default {EVIDENCE_BATCH})"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,

@@ -145,6 +145,32 @@ def _typer_option(o: ConfigOption):
     return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
 
 
+def config_command(fn: Callable) -> Callable:
+    """A command function whose parameter `cfg`, annotated with a config dataclass, stands for
+    that config's options (generated as a trainer's, in its place among the function's own
+    arguments and options); the function is called with the config built from them."""
+    hints = typing.get_type_hints(fn)
+    config_cls = hints["cfg"]
+    options = config_options(config_cls)
+    params = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.name == "cfg":
+            params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o), annotation=o.annotation)
+                       for o in options]
+        else:
+            params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+
+    @functools.wraps(fn)
+    def command(*args, **values):
+        fields = {o.name: values.pop(o.name) for o in options}
+        return fn(*args, cfg=build_config(config_cls, fields, set()), **values)
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {}  # typer reads the signature's
+    command.config = config_cls
+    return command
+
+
 def _after(notes: list[str], show: Callable[[Any], None]) -> Callable[[Any], None]:
     """`show`, printing the pending `notes` first: a note about the run waits until the trainer
     has checked its inputs and speaks, so an input error stays one line."""
@@ -198,6 +224,7 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
 
     command.__signature__ = inspect.Signature(params)
     command.__annotations__ = {}
+    command.config = config_cls
     app = typer.Typer(add_completion=False)
     app.command(name, help=trainer.help)(command)
     return typer.main.get_command(app)

@@ -4,22 +4,59 @@ indexes over a corpus, their documents, and what they retrieve."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
+from ralm.commands.from_config import config_command
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, RetrieverOpt, check_runtime, corpus_files,
                                   index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime)
-from ralm.configs import CORPUS_HELP
+from ralm.configs import CORPUS_HELP, option
+from ralm.data.geometry import GEOMETRY
 from ralm.console import out, print_hits, print_json, print_summary
+from ralm.defaults import EMBED_BATCH, FAISS_AUTO, INDEX_KIND, RETRIEVAL_KS, SEARCH_K
 from ralm.errors import RalmError, plural
+
+BATCH_HELP = "blocks embedded per forward pass (memory against speed)"
+
+
+@dataclass(frozen=True)
+class IndexBuildConfig:
+    """`ralm index build`'s settings (the library's: retrieval.index.build.build_index)."""
+
+    retriever: str = option(INDEX_KIND, "what each version holds: hybrid (a dense and a BM25 side, searched fused), dense or bm25")
+    faiss: str = option(FAISS_AUTO, "the dense side's search: auto (exact below 250,000 blocks, else IVF-SQ8 with lists chosen "
+                        "from N), exact, or a faiss index: Flat, IVF1024,Flat, HNSW32 ...")
+    dim: int = option(0, "0: the encoder's own vectors, no projection (keeps its recall); N: a fresh PCA-initialised "
+                      f"projection to N (REALM's {GEOMETRY.dim})")
+    batch_size: int = option(EMBED_BATCH, BATCH_HELP)
+
+
+@dataclass(frozen=True)
+class IndexUpgradeConfig:
+    """`ralm index upgrade`'s settings (retrieval.index.build.upgrade_index)."""
+
+    retriever: str = option(INDEX_KIND, "the kind to upgrade to (hybrid: add the missing side)")
+    batch_size: int = option(EMBED_BATCH, BATCH_HELP)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    k: int = option(SEARCH_K, "number of passages", flag="-k", aliases=("--k",))
+
+
+@dataclass(frozen=True)
+class EvalRetrievalConfig:
+    ks: str = option(",".join(map(str, RETRIEVAL_KS)), "comma-separated cut-offs")
 
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents, compact their logs.")
 
 
 @index_app.command("build")
+@config_command
 def index_build(
     corpus: Path = typer.Argument(..., help=CORPUS_HELP),
     *,
@@ -27,15 +64,9 @@ def index_build(
     include: list[str] = IncludeOpt,
     exclude: list[str] = ExcludeOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint, HF model directory or hub name (default: bundled MiniLM)"),
-    retriever: str = typer.Option("hybrid", "--retriever", help="what each version holds: hybrid (a dense and a BM25 side, "
-                                  "searched fused), dense or bm25"),
-    faiss: str = typer.Option("auto", "--faiss", help="the dense side's search: auto (exact below 250,000 blocks, else "
-                              "IVF-SQ8 with lists chosen from N), exact, or a faiss index: Flat, IVF1024,Flat, HNSW32 ..."),
+    cfg: IndexBuildConfig,
     embeddings: Optional[Path] = typer.Option(None, "--embeddings", help="precomputed block embeddings (.npy [blocks, dim], "
                                               "row i = block i) made by --model's document tower: imported, not encoded"),
-    dim: int = typer.Option(0, "--dim", help="0: the encoder's own vectors, no projection (keeps its recall); "
-                            "N: a fresh PCA-initialised projection to N (REALM's 128)"),
-    batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -43,7 +74,7 @@ def index_build(
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     start = time.perf_counter()
     files = corpus_files(corpus, include, exclude)
-    positive("--batch-size", batch_size)
+    retriever, faiss, dim, batch_size = cfg.retriever, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
     check_runtime(device, dtype)
     from ralm.retrieval.backends.faiss_index import AUTO, FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
@@ -115,11 +146,12 @@ def index_check(
                   + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else "") + cut)
 
 
+@config_command
 def search(
     index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
     query: str = typer.Argument(..., help="free text"),
     *,
-    k: int = typer.Option(5, "-k", "--k", help="number of passages"),
+    cfg: SearchConfig,
     retriever: Optional[str] = RetrieverOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
@@ -127,7 +159,7 @@ def search(
     as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text, found_by}]"),
 ):
     """Search an index with a free-text query (every side it holds, fused, with its live documents)."""
-    positive("-k", k)
+    k = positive("-k", cfg.k)
     if not query.strip():
         raise RalmError("the query is empty")
     index_path(index_dir)
@@ -145,11 +177,12 @@ def search(
         print_hits(hits, query)
 
 
+@config_command
 def eval_retrieval(
     *,
     index_dir: Path = typer.Option(..., "--index", help="index directory from `ralm index build`"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
-    ks: str = typer.Option("1,5,20,100", "--ks", help="comma-separated cut-offs"),
+    cfg: EvalRetrievalConfig,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
     retriever: Optional[str] = RetrieverOpt,
@@ -162,6 +195,7 @@ def eval_retrieval(
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions
 
+    ks = cfg.ks
     try:
         cutoffs = sorted({positive("--ks", int(x)) for x in ks.split(",") if x.strip()})
     except ValueError:
@@ -196,12 +230,12 @@ def eval_retrieval(
 
 
 @index_app.command("upgrade")
+@config_command
 def index_upgrade(
     index_dir: Path = typer.Argument(..., help="an index directory (e.g. a dense index built before indexes were hybrid)"),
     *,
-    retriever: str = typer.Option("hybrid", "--retriever", help="the kind to upgrade to (hybrid: add the missing side)"),
+    cfg: IndexUpgradeConfig,
     model: Optional[str] = typer.Option(None, "--model", help="encoder for a dense side added to a BM25 index (default: bundled MiniLM)"),
-    batch_size: int = typer.Option(64, "--batch-size", help="blocks embedded per forward pass (memory against speed)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -209,7 +243,7 @@ def index_upgrade(
     """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
     start = time.perf_counter()
     index_path(index_dir)
-    positive("--batch-size", batch_size)
+    retriever, batch_size = cfg.retriever, positive("--batch-size", cfg.batch_size)
     check_runtime(device, dtype)
     from ralm.retrieval.index.build import upgrade_index
     from ralm.retrieval.index.store import IndexDir

@@ -5,17 +5,63 @@ configs (commands/from_config.py)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ralm.commands.from_config import Trainer, config_options, lazy_trainer_group
+from ralm.commands.from_config import Trainer, config_command, config_options, lazy_trainer_group
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries,
                                   removed_on_error, runtime, token_limit, torch_device)
-from ralm.configs import TEXT_HELP
+from ralm.configs import TEXT_HELP, option
 from ralm.console import out, print_json, print_perplexity, print_summary
+from ralm.defaults import (CHUNK_LEN, EMBED_BATCH, KNN_K, KNN_LAMBDA, KNN_TEMPERATURE, LM_BATCH, MAX_NEW_TOKENS, NPROBE, RETRO_BATCH,
+                           SAMPLE_TEMPERATURE)
 from ralm.errors import RalmError
+
+SEQ_BATCH_HELP = "sequences per forward pass (memory against speed; the result does not change)"
+
+
+@dataclass(frozen=True)
+class LmBatchConfig:
+    """`ralm lm eval`'s and `ralm knnlm build`'s settings (eval.perplexity.lm_perplexity, models.knnlm.build_datastore)."""
+
+    batch_size: int = option(LM_BATCH, SEQ_BATCH_HELP)
+
+
+@dataclass(frozen=True)
+class KnnlmEvalConfig(LmBatchConfig):
+    """`ralm knnlm eval`'s settings (eval.perplexity.knnlm_eval; the datastore's nprobe)."""
+
+    lmbda: str = option(f"{KNN_LAMBDA:g}", "interpolation weight of p_kNN; comma-separated to compare several")
+    k: int = option(KNN_K, "neighbours per token", flag="-k", aliases=("--k",))
+    temperature: str = option(f"{KNN_TEMPERATURE:g}", "softmax temperature over -distance; comma-separated to compare several")
+    nprobe: int = option(NPROBE, "IVF lists searched (approximate stores)")
+
+
+@dataclass(frozen=True)
+class RetroDbConfig:
+    """`ralm retro build-db`'s settings (retrieval.lm.chunkdb.build_chunk_db)."""
+
+    chunk_len: int = option(CHUNK_LEN, "wordpieces per chunk (RETRO: 64)")
+    batch_size: int = option(EMBED_BATCH, "chunks embedded per forward pass")
+
+
+@dataclass(frozen=True)
+class RetroEvalConfig:
+    """`ralm retro eval`'s settings (eval.perplexity.retro_perplexity)."""
+
+    batch_size: int = option(RETRO_BATCH, SEQ_BATCH_HELP)
+
+
+@dataclass(frozen=True)
+class RetroGenerateConfig:
+    """`ralm retro generate`'s settings (models.retro.generate)."""
+
+    max_new_tokens: int = option(MAX_NEW_TOKENS, "wordpieces to generate")
+    temperature: float = option(SAMPLE_TEMPERATURE, "softmax temperature of the sampling (with --top-p)")
+    seed: int = option(0, "seed of the sampling")
 
 
 
@@ -47,6 +93,7 @@ knnlm_app = typer.Typer(no_args_is_help=True, help="kNN-LM: datastore of LM hidd
 
 
 @lm_app.command("eval")
+@config_command
 def lm_eval(
     *,
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
@@ -54,12 +101,13 @@ def lm_eval(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
     limit_tokens: Optional[int] = LimitOpt,
-    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass (memory against speed; the result does not change)"),
+    cfg: LmBatchConfig,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Perplexity of a causal LM on a text."""
+    batch_size = cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import lm_perplexity
     from ralm.models.lm import load_lm
@@ -74,20 +122,21 @@ def lm_eval(
 
 
 @retro_app.command("build-db")
+@config_command
 def retro_build_db(
     corpus: Path = typer.Argument(..., help=TEXT_HELP),
     *,
     db: Path = typer.Option(..., "--out", help="chunk DB directory (must not exist; an interrupted build resumes)"),
     model: Optional[str] = typer.Option(None, "--model", help="frozen key encoder: HF BERT directory (default: bundled MiniLM, mean-pooled)"),
-    chunk_len: int = typer.Option(64, "--chunk-len", help="wordpieces per chunk (RETRO: 64)"),
+    cfg: RetroDbConfig,
     faiss: Optional[str] = typer.Option(None, "--faiss", help="faiss index over the keys (e.g. IVF1024,Flat); default exact search"),
     limit_tokens: Optional[int] = LimitOpt,
-    batch_size: int = typer.Option(64, "--batch-size", help="chunks embedded per forward pass"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
+    chunk_len, batch_size = cfg.chunk_len, cfg.batch_size
     from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
 
     quiet_libraries()
@@ -102,6 +151,7 @@ def retro_build_db(
 
 
 @retro_app.command("eval")
+@config_command
 def retro_eval(
     *,
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
@@ -110,12 +160,13 @@ def retro_eval(
     no_retrieval: bool = typer.Option(False, "--no-retrieval", help="switch retrieval off (CCA layers skipped)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window, a multiple of the chunk length (default: half the training length)"),
     limit_tokens: Optional[int] = LimitOpt,
-    batch_size: int = typer.Option(8, "--batch-size", help="sequences per forward pass (memory against speed; the result does not change)"),
+    cfg: RetroEvalConfig,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Perplexity of RETRO on a text, with retrieval from the DB or with retrieval off."""
+    batch_size = cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import retro_perplexity
     from ralm.models.retro import load_retro
@@ -132,19 +183,19 @@ def retro_eval(
 
 
 @retro_app.command("generate")
+@config_command
 def retro_generate(
     prompt: str = typer.Argument(..., help="the text to continue"),
     *,
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
     db: Path = typer.Option(..., "--db", help="chunk DB from `ralm retro build-db` (the one the model trained with)"),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="wordpieces to generate"),
+    cfg: RetroGenerateConfig,
     top_p: Optional[float] = typer.Option(None, "--top-p", help="nucleus sampling (default: greedy)"),
-    temperature: float = typer.Option(1.0, "--temperature", help="softmax temperature of the sampling (with --top-p)"),
-    seed: int = typer.Option(0, "--seed", help="seed of the sampling"),
     device: str = DeviceOpt,
     as_json: bool = JsonOpt,
 ):
     """Continue a prompt with RETRO and show the neighbours each completed chunk retrieved."""
+    max_new_tokens, temperature, seed = cfg.max_new_tokens, cfg.temperature, cfg.seed
     import torch
 
     from ralm.models.retro import check_sampling, generate, load_retro
@@ -167,6 +218,7 @@ def retro_generate(
 
 
 @knnlm_app.command("build")
+@config_command
 def knnlm_build(
     *,
     model: Path = typer.Option(..., "--model", help="`ralm lm train` run/model directory or a local HF causal-LM directory"),
@@ -176,12 +228,13 @@ def knnlm_build(
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
     faiss: Optional[str] = typer.Option(None, "--faiss", help="faiss spec; default Flat up to 1M keys, else IVF-PQ"),
     limit_tokens: Optional[int] = LimitOpt,
-    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass (memory against speed; the result does not change)"),
+    cfg: LmBatchConfig,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
+    batch_size = cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.models.knnlm import build_datastore
     from ralm.models.lm import load_lm
@@ -201,24 +254,22 @@ def knnlm_build(
 
 
 @knnlm_app.command("eval")
+@config_command
 def knnlm_eval_cmd(
     *,
     model: Path = typer.Option(..., "--model", help="the LM the datastore was built with (`ralm lm train` run or HF causal-LM directory)"),
     store: Path = typer.Option(..., "--store", help="datastore from `ralm knnlm build`"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
-    lmbda: str = typer.Option("0.25", "--lmbda", help="interpolation weight of p_kNN; comma-separated to compare several"),
-    k: int = typer.Option(1024, "-k", "--k", help="neighbours per token"),
-    temperature: str = typer.Option("1", "--temperature", help="softmax temperature over -distance; comma-separated to compare several"),
-    nprobe: int = typer.Option(32, "--nprobe", help="IVF lists searched (approximate stores)"),
+    cfg: KnnlmEvalConfig,
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="context window (default: the model's training length)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window (default: seq-len / 2)"),
     limit_tokens: Optional[int] = LimitOpt,
-    batch_size: int = typer.Option(16, "--batch-size", help="sequences per forward pass (memory against speed; the result does not change)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Perplexity of the LM alone and of the kNN-LM interpolation."""
+    lmbda, k, temperature, nprobe, batch_size = cfg.lmbda, cfg.k, cfg.temperature, cfg.nprobe, cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.eval.perplexity import check_grid, knnlm_eval
     from ralm.models.lm import load_lm

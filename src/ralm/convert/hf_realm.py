@@ -32,6 +32,7 @@ import torch
 
 from ralm.atomic import read_json, write_json
 from ralm.configs import ConfigError
+from ralm.data.geometry import GEOMETRY
 from ralm.errors import RalmError
 from ralm.rundir import final_dir
 
@@ -260,7 +261,7 @@ def build_retriever(ckpt: HfRealmCheckpoint, tokenizer, *, query_prefix: str, do
     positions = ckpt.config.get("max_position_embeddings", 512)
     cfg = RetrieverConfig(dim=ckpt.config.get("retriever_proj_size", 128), pooling="pooler", proj_layernorm=True,
                           pair_sep_id=tokenizer.sep_token_id,
-                          query_max_len=min(64, positions), block_max_len=min(288, positions), projection_ready=True,
+                          query_max_len=min(GEOMETRY.query_len, positions), block_max_len=min(GEOMETRY.block_len, positions), projection_ready=True,
                           base_model=str(ckpt.path), encoder=bert_config(ckpt.config))
     model = Retriever(Tower(_bert(ckpt.config), cfg), Tower(_bert(ckpt.config), cfg), tokenizer, cfg)
     state = rename(ckpt.state, tower_names(query_prefix, "query"))
@@ -305,7 +306,7 @@ def build_reader(ckpt: HfRealmCheckpoint, tokenizer, prefix: str):
     c = ckpt.config
     max_len = min(c.get("reader_seq_len", 320), c.get("max_position_embeddings", 512))
     cfg = ReaderConfig(span_hidden=c.get("span_hidden_size", 256), max_span_width=c.get("max_span_width", 10),
-                       max_len=max_len, max_query_len=min(64, max_len // 2), span_layernorm_eps=c.get("reader_layer_norm_eps", 1e-3),
+                       max_len=max_len, max_query_len=min(GEOMETRY.query_len, max_len // 2), span_layernorm_eps=c.get("reader_layer_norm_eps", 1e-3),
                        base_model=str(ckpt.path), encoder=bert_config(c))
     model = Reader(_bert(c), tokenizer, cfg)
     load_into(model, reader_state(ckpt.state, prefix), str(ckpt.path), reader_sources(prefix))

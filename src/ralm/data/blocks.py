@@ -1,4 +1,4 @@
-"""REALM evidence blocks: `[CLS] title [SEP] body [SEP]`, at most 288 wordpieces.
+"""REALM evidence blocks: `[CLS] title [SEP] body [SEP]`, at most 288 wordpieces (data/geometry.py).
 
 A long document is split between sentences (a sentence longer than a block is cut between
 wordpieces), so every body wordpiece of a document lands in exactly one block, in order.
@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
 from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
 from ralm.data.formats import EVERY_FILE, FileFilter
+from ralm.data.geometry import GEOMETRY
 from ralm.data.ragged import RaggedArray, RaggedWriter
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -42,7 +43,7 @@ _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
 
 @dataclass(frozen=True)
 class BlockConfig:
-    max_len: int = 288
+    max_len: int = GEOMETRY.block_len
     max_title_len: int = 32
 
     def __post_init__(self):
@@ -379,7 +380,7 @@ class DocumentRows:
 
 
 def join_query_evidence(query_ids: list[int], body_ids, *, cls_id: int, sep_id: int,
-                        max_len: int = 288, max_query_len: int = 64) -> tuple[list[int], list[int], int]:
+                        max_len: int = GEOMETRY.block_len, max_query_len: int = GEOMETRY.query_len) -> tuple[list[int], list[int], int]:
     """`[CLS] x [SEP] z_body [SEP]`, the knowledge-augmented encoder's and reader's input.
 
     Returns (input_ids, token_type_ids, evidence_start). The query is cut to `max_query_len`

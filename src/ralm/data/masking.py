@@ -30,6 +30,7 @@ import numpy as np
 from ralm.atomic import atomic_path, manifest_file, read_manifest, write_json
 from ralm.configs import ConfigError
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store, wordpiece_tokenizer
+from ralm.data.geometry import GEOMETRY
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 
@@ -156,7 +157,7 @@ def find_sentences(blocks: BlockStore, hf_tokenizer, out: str | os.PathLike, *, 
 
 
 def corpus_sentences(blocks_dir: str | os.PathLike, sentences_dir: str | os.PathLike, corpus: str | os.PathLike,
-                     *, hf_tokenizer, block_len: int = 288, show_progress: bool = True,
+                     *, hf_tokenizer, block_len: int = GEOMETRY.block_len, show_progress: bool = True,
                      cfg: SentenceConfig = SentenceConfig()) -> tuple[str, BlockStore, "SentenceTable"]:
     """(key, blocks, sentences): the corpus' block store, kept in `blocks_dir`, and its spaCy
     sentence pass, cached in `sentences_dir` under the same key (ICT and pre-training)."""

@@ -35,7 +35,9 @@ import torch
 
 from ralm.configs import CORPUS_HELP, SPACY_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
+from ralm.data.geometry import GEOMETRY, check_block_len
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceConfig, corpus_sentences, masked_batch
+from ralm.defaults import EVIDENCE_BATCH, EVIDENCE_SENTENCES, REALM_K
 from ralm.errors import RalmError
 from ralm.models.realm import (KnowledgeAugmentedEncoder, Realm, RealmConfig, marginal_nll, masked_token_log_probs,
                                read_pairs)
@@ -55,14 +57,14 @@ class EvidenceConfig:
                         path="location")
     corpus: str = option(help="the held-out corpus: " + CORPUS_HELP, path="content")
     _: KW_ONLY
-    k: int = option(8, "retrieved blocks per sentence (the null document is added), as in pre-training")
-    limit: int | None = option(300, "masked sentences scored, spread evenly over the corpus (None: all)")
-    max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
-    max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
-    block_len: int = option(288, "wordpieces per block of the held-out corpus (where its sentences come from)")
+    k: int = option(REALM_K, "retrieved blocks per sentence (the null document is added), as in pre-training")
+    limit: int | None = option(EVIDENCE_SENTENCES, "masked sentences scored, spread evenly over the corpus (None: all)")
+    max_len: int = option(GEOMETRY.joined_len, "encoder input length: [CLS] x [SEP] block [SEP]")
+    max_query_len: int = option(GEOMETRY.query_len, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
+    block_len: int = option(GEOMETRY.block_len, "wordpieces per block of the held-out corpus (where its sentences come from)")
     spacy_model: str = option(SentenceConfig.spacy_model, SPACY_HELP)
     seed: int = option(0, "the masks' seed (which salient span of a sentence is masked)")
-    batch_size: int = option(16, "sentences per forward pass (each reads k + 2 blocks)")
+    batch_size: int = option(EVIDENCE_BATCH, "sentences per forward pass (each reads k + 2 blocks)")
     cache: str | None = option(None, "folder for the held-out corpus' blocks and spaCy pass (None: a temporary one)",
                                path="location")
 
@@ -209,6 +211,7 @@ def open_index(cfg: EvidenceConfig, retriever: Retriever, device: torch.device) 
     name = index.latest()
     if "dense" not in index.version(name).sides:
         raise RalmError(f"index {cfg.index} has no dense side; the evidence gain needs the REALM document tower's embeddings")
+    check_block_len(cfg.block_len, index.blocks(index.version(name).blocks).config.max_len, cfg.index)
     return load_version(index, name, models={"dense": retriever}, device=device)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockConfig, wordpiece_tokenizer
+from ralm.data.geometry import GEOMETRY
 from ralm.data.knowledge import FactSentence, KnowledgeTask
 from ralm.data.masking import MaskedSentence, MaskingConfig, mask_sentence
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig
@@ -58,7 +59,7 @@ def fact_examples(sentences: Sequence[FactSentence], hf_tokenizer, max_len: int 
 
 
 def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: str | os.PathLike, *,
-                        block_len: int = 288, device: torch.device | None = None) -> LoadedVersion:
+                        block_len: int = GEOMETRY.block_len, device: torch.device | None = None) -> LoadedVersion:
     """The training corpus plus the held-out fact documents, indexed by `retriever`'s document tower."""
     out = Path(out)
     corpus = task.write_corpus(out / "corpus.jsonl", with_eval=True)
@@ -106,8 +107,8 @@ def score_realm(model: Realm, version: LoadedVersion, sentences: Sequence[FactSe
 
 
 def score_checkpoint(task: KnowledgeTask, retriever: str | os.PathLike, encoder: str | os.PathLike,
-                     out: str | os.PathLike, *, k: int = 8, block_len: int = 288, max_len: int = 352,
-                     max_query_len: int = 64, null_doc: bool = True, device: torch.device | None = None) -> KnowledgeScores:
+                     out: str | os.PathLike, *, k: int = 8, block_len: int = GEOMETRY.block_len, max_len: int = GEOMETRY.joined_len,
+                     max_query_len: int = GEOMETRY.query_len, null_doc: bool = True, device: torch.device | None = None) -> KnowledgeScores:
     """Index the held-out fact documents with `retriever` (in `out`) and score the held-out
     sentences with it and `encoder` (exported REALM towers and encoder)."""
     device = device or torch.device("cpu")

@@ -18,6 +18,7 @@ import numpy as np
 
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
+from ralm.defaults import QA_BATCH
 from ralm.errors import RalmWarning
 from ralm.eval.calibration import (auroc, check_fittable, check_question_count, cross_fitted, fit_two_stage, reliability,
                                    risk_coverage, side_features)
@@ -42,7 +43,7 @@ def found_features(qa: OpenQA, signals: Sequence[dict]) -> tuple[str, ...]:
     return (*FOUND, *side_features(signals, calibrated=calibrated))
 
 
-def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20), batch_size: int = 8,
+def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20), batch_size: int = QA_BATCH,
                 predictions: Path | None = None, show_progress: bool = True, calibrate: bool = False) -> dict:
     """EM / F1 (percentages, max over gold answers) of the best answer (also when the threshold
     withholds it), `answered` (% of questions answered at `qa.min_confidence`) and

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ralm.data.chunks import TokenStream, context_windows, window_batches
+from ralm.defaults import KNN_K, KNN_LAMBDA, KNN_TEMPERATURE, LM_BATCH, RETRO_BATCH
 from ralm.errors import RalmError
 from ralm.models.knnlm import interpolate, knn_target_prob, lm_states
 from ralm.models.lm import context
@@ -31,7 +32,7 @@ def perplexity_report(nll: np.ndarray, words: int) -> dict:
             "ppl": round(math.exp(total / max(len(nll), 1)), 3), "word_ppl": round(math.exp(total / max(words, 1)), 3)}
 
 
-def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, device: torch.device, batch_size: int = 16,
+def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, device: torch.device, batch_size: int = LM_BATCH,
            show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] of each next token under a causal LM (`features` / `head` interface)."""
     n = len(stream.tokens) - 1
@@ -46,7 +47,7 @@ def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, device: tor
 
 
 def lm_perplexity(model, stream: TokenStream, *, seq_len: int | None = None, stride: int | None = None,
-                  device: torch.device | None = None, batch_size: int = 16, show_progress: bool = True,
+                  device: torch.device | None = None, batch_size: int = LM_BATCH, show_progress: bool = True,
                   dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of a causal LM on `stream`; the window defaults to the model's training
     length, the stride to half of it."""
@@ -64,9 +65,9 @@ def check_grid(lambdas, temperatures) -> None:
         raise RalmError(f"temperature must be a positive finite number, got {list(temperatures)}")
 
 
-def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = 1024, lambdas=(0.25,), temperatures=(1.0,),
+def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = KNN_K, lambdas=(KNN_LAMBDA,), temperatures=(KNN_TEMPERATURE,),
                seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
-               batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
+               batch_size: int = LM_BATCH, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
                dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
     neighbours are searched once, so a grid costs no more than one setting. Hidden states are
@@ -85,9 +86,9 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = 1024, l
     return result
 
 
-def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = 1024, temperatures=(1.0,),
+def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = KNN_K, temperatures=(KNN_TEMPERATURE,),
                     seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
-                    batch_size: int = 16, exact_distances: bool = True, show_progress: bool = True,
+                    batch_size: int = LM_BATCH, exact_distances: bool = True, show_progress: bool = True,
                     search_batch: int = 2048, dtype: str | torch.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per next token of `stream`: (log p_LM [T - 1], p_kNN [len(temperatures), T - 1]), for
     scoring chosen positions (interpolate with models.knnlm.interpolate)."""
@@ -121,7 +122,7 @@ def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = 10
 
 
 def retro_perplexity(model, db, stream: TokenStream, *, retrieval: bool = True, stride: int | None = None,
-                     device: torch.device | None = None, batch_size: int = 8, show_progress: bool = True,
+                     device: torch.device | None = None, batch_size: int = RETRO_BATCH, show_progress: bool = True,
                      dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of RETRO on `stream`, with neighbours from chunk DB `db` (retrieved
     once, cached in the DB) or with retrieval off. The stride, a multiple of the chunk length,
@@ -139,7 +140,7 @@ def retro_perplexity(model, db, stream: TokenStream, *, retrieval: bool = True, 
 
 @torch.inference_mode()
 def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, stride: int, device: torch.device,
-              batch_size: int = 8, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
+              batch_size: int = RETRO_BATCH, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
     chunks, or None for retrieval off. Windows start on chunk boundaries."""
     dtype = resolve_dtype(dtype, device)

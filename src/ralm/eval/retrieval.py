@@ -10,6 +10,7 @@ from typing import Sequence
 
 from ralm.atomic import atomic_path
 from ralm.data.qa import Question, has_answer
+from ralm.defaults import RETRIEVAL_KS
 from ralm.errors import RalmWarning
 from ralm.eval.metrics import recall_at_k
 from ralm.progress import progress_bar
@@ -17,7 +18,7 @@ from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 
 
-def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20, 100),
+def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks: Sequence[int] = RETRIEVAL_KS,
                        batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True,
                        retriever: str | None = None) -> dict:
     """recall@k for each k over every side of the index, fused (or the one `retriever` names);

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ralm.data.chunks import TokenStream, context_windows, window_batches
+from ralm.defaults import LM_BATCH
 from ralm.errors import RalmError
 from ralm.models.lm import context
 from ralm.retrieval.lm.datastore import model_fingerprint, write_datastore
@@ -74,7 +75,7 @@ def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, 
 
 def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike,
                     *, seq_len: int | None = None, stride: int | None = None, faiss_spec: str | None = None,
-                    batch_size: int = 16, device: torch.device | None = None, show_progress: bool = True,
+                    batch_size: int = LM_BATCH, device: torch.device | None = None, show_progress: bool = True,
                     dtype: str | torch.dtype | None = None) -> Path:
     """Keys = LM hidden states at every position of `stream` but the last, values = next tokens;
     the window defaults to the model's training length, the stride to half of it. Resumable:

@@ -34,6 +34,7 @@ from torch import nn
 from ralm.atomic import atomic_path, link_or_copy, read_json, read_weights, write_model_dir, write_text
 from ralm.configs import config_from_file
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
+from ralm.data.geometry import GEOMETRY
 from ralm.data.qa import normalize_answer
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
@@ -51,7 +52,7 @@ class ReaderConfig:
     max_span_width: int = 10  # W: longest answer span, in wordpieces
     span_layernorm_eps: float | None = None  # HF-REALM's span scorer: LayerNorm(eps) after the ReLU; None: none
     max_len: int = 384  # question + block body + 3 special tokens (a 288-wordpiece body fits)
-    max_query_len: int = 64
+    max_query_len: int = GEOMETRY.query_len
     # Train only the top N encoder layers (+ the span scorer); checkpoints then hold just those
     # tensors and rebuild the rest from `base_model`. None: everything trains and is saved.
     trainable_layers: int | None = None

@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
+from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import MaskedSentence
 from ralm.configs import ConfigError
 from ralm.errors import RalmError
@@ -38,8 +39,8 @@ from ralm.runtime import full_precision
 @dataclass
 class RealmConfig:
     k: int = 8  # retrieved candidates per example (the null document comes on top)
-    max_len: int = 352  # encoder input [CLS] x [SEP] z_body [SEP]: a 64-wordpiece x and a full 288-wordpiece block
-    max_query_len: int = 64  # [CLS] x [SEP]
+    max_len: int = GEOMETRY.joined_len  # encoder input [CLS] x [SEP] z_body [SEP]: a full query and a full block
+    max_query_len: int = GEOMETRY.query_len  # [CLS] x [SEP]
     null_doc: bool = True  # the empty block among the candidates (p(z|x) may choose "no evidence")
     exclude_trivial: bool = True  # drop retrieved blocks of x's own document (the ablation copies from them)
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from ralm.atomic import read_json
 from ralm.configs import ConfigError, option
+from ralm.defaults import MAX_NEW_TOKENS, SAMPLE_TEMPERATURE
 from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
@@ -238,8 +239,8 @@ def check_sampling(top_p: float | None, temperature: float) -> None:
 
 
 @torch.inference_mode()
-def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int = 64, top_p: float | None = None,
-             temperature: float = 1.0, generator: torch.Generator | None = None,
+def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int = MAX_NEW_TOKENS, top_p: float | None = None,
+             temperature: float = SAMPLE_TEMPERATURE, generator: torch.Generator | None = None,
              device: torch.device | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it
     is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}]."""

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ralm.data.corpus import Document
-from ralm.defaults import COMPACT_AFTER
+from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, SERVE_HOST
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
@@ -33,11 +33,11 @@ class ServeConfig:
     model: str | None = None  # a fine-tuning run (RUN/final/reader), for /ask
     min_confidence: float = MIN_CONFIDENCE  # /ask withholds answers less likely to be right
     api_key: str | None = None
-    host: str = "127.0.0.1"  # the address the server binds; Host headers naming it are accepted
+    host: str = SERVE_HOST  # the address the server binds; Host headers naming it are accepted
     allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
     poll_seconds: float = 0.25  # how often the index (LATEST, the update log) is checked
     compact_after: int = COMPACT_AFTER  # update records the log may hold before it is compacted; 0: never
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = MAX_BODY_MB << 20
 
     def __post_init__(self):
         if not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask

@@ -22,6 +22,7 @@ import torch
 from ralm.atomic import atomic_path
 from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
+from ralm.data.geometry import GEOMETRY
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
@@ -41,7 +42,7 @@ class DPRConfig(LoopConfig):
     corpus: str = option(help="the evidence corpus (positives and negatives are mined from it with BM25): " + CORPUS_HELP,
                          path="content")
     model: str | None = option(None, "initial encoder: HF directory or retriever checkpoint", shown="bundled MiniLM", path="location")
-    dim: int | None = option(128, "retrieval dimension of a fresh projection (0 or None: the encoder's own vectors)")
+    dim: int | None = option(GEOMETRY.dim, "retrieval dimension of a fresh projection (0 or None: the encoder's own vectors)")
     hard_negatives: int = option(1, "BM25 hard negatives per question")
     bm25_depth: int = option(50, "BM25 depth searched for positives and negatives")
     limit: int | None = option(None, LIMIT_HELP)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ralm.configs import CORPUS_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
+from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
@@ -32,10 +33,10 @@ class IctConfig(LoopConfig):
     corpus: str = option(help=CORPUS_HELP, path="content")
     model: str = option("default", "retriever checkpoint or HF BERT directory both towers start from", shown="bundled MiniLM",
                         path="location")
-    dim: int = option(128, "retrieval dimension of a fresh projection")
+    dim: int = option(GEOMETRY.dim, "retrieval dimension of a fresh projection")
     keep_sentence: float = option(0.1, "share of positives that keep the pseudo-query sentence (so the towers also learn word overlap)")
-    max_query_len: int = option(64, "wordpieces per pseudo-query")
-    block_len: int = option(288, "wordpieces per evidence block ([CLS] title [SEP] body [SEP])")
+    max_query_len: int = option(GEOMETRY.query_len, "wordpieces per pseudo-query")
+    block_len: int = option(GEOMETRY.block_len, "wordpieces per evidence block ([CLS] title [SEP] body [SEP])")
     _: KW_ONLY
     batch_size: int = option(32, "queries per step and rank; the other blocks of all ranks' batches are the negatives")
     positive_fields = ("max_query_len", "dim", "block_len")

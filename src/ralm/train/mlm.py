@@ -37,6 +37,7 @@ from torch import nn
 
 from ralm.configs import CORPUS_HELP, MASKING_HELP, SAVE_EVERY_HELP, SPACY_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
+from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
@@ -58,9 +59,9 @@ class MlmConfig(LoopConfig):
     evidence: float = option(0.5, "share of sentences read with their own block (the others with none)")
     keep_sentence: float = option(0.5, "share of those blocks that still hold the sentence")
     distractor: float = option(0.0, "share of the others read with another document's block instead of none")
-    max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
-    max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
-    block_len: int = option(288, "wordpieces per block")
+    max_len: int = option(GEOMETRY.joined_len, "encoder input length: [CLS] x [SEP] block [SEP]")
+    max_query_len: int = option(GEOMETRY.query_len, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
+    block_len: int = option(GEOMETRY.block_len, "wordpieces per block")
     _: KW_ONLY
     steps: int = option(300, "training steps, the head-only ones included")
     batch_size: int = option(16, "masked sentences per step and rank (under torchrun)")

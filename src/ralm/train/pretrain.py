@@ -30,7 +30,9 @@ import torch
 
 from ralm.configs import CORPUS_HELP, MASKING_HELP, SPACY_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
+from ralm.data.geometry import GEOMETRY, check_block_len
 from ralm.data.masking import MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
+from ralm.defaults import REALM_K
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, span_in_top_block, trivial_margin
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
@@ -61,8 +63,8 @@ class PretrainConfig(LoopConfig):
                                    "(teaches the encoder not to trust every block: docs/pretraining.md)")
     index: str | None = option(None, "an existing dense index over the corpus to start from (else one is built in RUN/index)",
                                path="location")
-    dim: int = option(128, "retrieval dimension of a fresh projection")
-    k: int = option(8, "retrieved blocks per example (the null document is added)", aliases=("-k",))
+    dim: int = option(GEOMETRY.dim, "retrieval dimension of a fresh projection")
+    k: int = option(REALM_K, "retrieved blocks per example (the null document is added)", aliases=("-k",))
     # The towers wait and then move slowly: a retriever trained at the encoder's rate against an
     # encoder still learning to read collapses onto near-empty blocks (docs/pretraining.md).
     retriever_warmup: int = option(200, "steps that train the encoder alone before the towers (it first learns to read evidence)")
@@ -74,9 +76,9 @@ class PretrainConfig(LoopConfig):
     exclude_trivial: bool = option(True, "drop retrieved blocks of the masked sentence's own document")
     refresh: str = option("async", "async (separate index-builder process), sync (in-process) or none")
     refresh_every: int = option(100, "steps between index refreshes")
-    max_len: int = option(352, "encoder input length: [CLS] x [SEP] block [SEP]")
-    max_query_len: int = option(64, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
-    block_len: int = option(288, "wordpieces per evidence block (an index must have been built with the same)")
+    max_len: int = option(GEOMETRY.joined_len, "encoder input length: [CLS] x [SEP] block [SEP]")
+    max_query_len: int = option(GEOMETRY.query_len, "wordpieces of the masked sentence x, [CLS] and [SEP] included")
+    block_len: int = option(GEOMETRY.block_len, "wordpieces per evidence block (an index must have been built with the same)")
     _: KW_ONLY
     batch_size: int = option(8, "masked sentences per step and rank (under torchrun)")
     lr: float = option(5e-5, "the encoder's learning rate")
@@ -125,13 +127,14 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
     return None
 
 
-def _import_version(src_path: str, index: IndexDir, key: str) -> str:
+def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) -> str:
     """Publish the latest version of another dense index over the same blocks as version 1
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
     manifest = src.version(src.latest())
     if "dense" not in manifest.sides:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
+    check_block_len(block_len, src.blocks(manifest.blocks).config.max_len, src_path)
     if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
     rpath = index.root / manifest.retriever
@@ -184,7 +187,7 @@ class IndexInUse:
         if ctx.env.is_main and not (index.root / "LATEST").is_file():
             ctx.notify("building the starting index")
             if cfg.index:
-                _import_version(cfg.index, index, key)
+                _import_version(cfg.index, index, key, cfg.block_len)
             else:
                 publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
                                    show_progress=ctx.show_progress, dtype=ctx.dtype)

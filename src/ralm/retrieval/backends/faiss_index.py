@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ralm.atomic import atomic_path
+from ralm.defaults import FAISS_AUTO
 from ralm.errors import RalmError, RalmWarning
 from ralm.retrieval.backends.exact import RESCORE, check_k, rescore
 
@@ -33,7 +34,7 @@ def _faiss():
 POINTS_PER_CLUSTER = 39  # faiss's k-means warns below this many training points per centroid
 _IVF = re.compile(r"IVF(\d+)")
 FACTORY_DIMS = (64, 96, 128, 256, 384, 768, 1024)  # the usual embedding sizes, to parse a spec before the model loads
-AUTO = "auto"  # a spec chosen from the number of vectors (auto_spec)
+AUTO = FAISS_AUTO  # a spec chosen from the number of vectors (auto_spec)
 # Below this many blocks exact search answers within the latency target on 2 CPU cores (fp32 scan of
 # N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale.py), so small indexes stay exact.
 APPROX_MIN_BLOCKS = 250_000

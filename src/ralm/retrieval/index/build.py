@@ -14,6 +14,7 @@ from ralm.atomic import link_or_copy
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store
 from ralm.data.corpus import Document, save_documents
 from ralm.data.formats import EVERY_FILE, FileFilter
+from ralm.defaults import EMBED_BATCH
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.retrieval.backends.faiss_index import AUTO
@@ -47,7 +48,7 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> di
 
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
-                dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = 64,
+                dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = EMBED_BATCH,
                 device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
                 dtype: str | torch.dtype | None = None,
@@ -123,7 +124,7 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dic
     return ctx.index.publish(write)
 
 
-def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = 64,
+def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = EMBED_BATCH,
                   device: torch.device | None = None, show_progress: bool = True,
                   dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Publish a version of the index at `path` holding `kind`'s sides: those its latest version

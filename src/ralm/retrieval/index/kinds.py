@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import numpy as np
 import torch
 
+from ralm.defaults import INDEX_KIND
 from ralm.errors import RalmError
 
 if TYPE_CHECKING:  # store.py imports this registry
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # store.py imports this registry
 # side name -> "module:Class"; imported on first use, so naming a kind loads nothing heavy
 SIDES = {"dense": "ralm.retrieval.index.dense_side:DenseSide", "bm25": "ralm.retrieval.index.bm25_side:BM25Side"}
 KINDS = {"hybrid": ("dense", "bm25"), "dense": ("dense",), "bm25": ("bm25",)}
-DEFAULT_KIND = "hybrid"
+DEFAULT_KIND = INDEX_KIND
 
 
 def sides_of(kind: str) -> tuple[str, ...]:

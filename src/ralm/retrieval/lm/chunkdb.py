@@ -33,6 +33,7 @@ from ralm.data.blocks import tokenizer_fingerprint
 from ralm.data.chunks import TokenStream, chunk_values, exclude_same_document, separator_doc_starts, tokenize_text
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.resumable import PartialBuild, build_hint
+from ralm.defaults import CHUNK_LEN, EMBED_BATCH
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.towers.encoders import Retriever, Tower
@@ -63,8 +64,8 @@ def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int
     return keys
 
 
-def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None, chunk_len: int = 64,
-                   faiss_spec: str | None = None, batch_size: int = 64, device: torch.device | None = None,
+def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None, chunk_len: int = CHUNK_LEN,
+                   faiss_spec: str | None = None, batch_size: int = EMBED_BATCH, device: torch.device | None = None,
                    limit_tokens: int | None = None, block_rows: int = 4096, show_progress: bool = True,
                    dtype: torch.dtype | None = None) -> Path:
     """Tokenize, chunk and embed `corpus` into the chunk DB `out`. Resumable: a rerun after a

@@ -22,6 +22,7 @@ import numpy as np
 
 from ralm.atomic import read_manifest, read_npy
 from ralm.data.resumable import PartialBuild, build_hint
+from ralm.defaults import NPROBE
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.backends.faiss_index import FaissIndex, ivf_lists
@@ -76,7 +77,7 @@ def datastore_summary(path: str | os.PathLike) -> dict:
 
 
 class Datastore:
-    def __init__(self, path: str | os.PathLike, nprobe: int = 32):
+    def __init__(self, path: str | os.PathLike, nprobe: int = NPROBE):
         self.path = Path(path)
         self.manifest = read_datastore_manifest(self.path)
         self.keys = read_npy(self.path / "keys.npy")  # [N, D] float16

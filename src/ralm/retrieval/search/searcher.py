@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import BlockStore
+from ralm.defaults import SEARCH_K
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
@@ -183,7 +184,7 @@ class Searcher:
         ranked = self.rank(queries, k, snap, retriever)
         return ranked.scores, ranked.rows
 
-    def search(self, queries: Sequence[str], k: int = 5, retriever: str | None = None) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int = SEARCH_K, retriever: str | None = None) -> list[list[Hit]]:
         snap = self.current  # one version for the whole call, even if a swap happens meanwhile
         if not queries and not isinstance(queries, str):
             return []

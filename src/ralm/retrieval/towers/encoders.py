@@ -30,6 +30,7 @@ from torch import nn
 from ralm.atomic import read_json, read_weights, safetensors_metadata, write_model_dir
 from ralm.configs import config_from_file
 from ralm.data.corpus import Document
+from ralm.data.geometry import GEOMETRY
 from ralm.errors import RalmError
 from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder,
                                            sentence_transformers_pooling)
@@ -47,13 +48,13 @@ SCORE_SCALE = 20.0
 
 @dataclass
 class RetrieverConfig:
-    dim: int | None = 128  # None: no projection, keep the BERT hidden size
+    dim: int | None = GEOMETRY.dim  # None: no projection, keep the BERT hidden size
     pooling: str = "cls"  # "cls" (REALM), "mean" (sentence-transformers models) or "pooler" (tanh pooler over [CLS], HF-REALM)
     normalize: bool = False  # L2-normalise the pooled vector before projecting
     proj_layernorm: bool = False  # HF-REALM's projection is Linear followed by LayerNorm
     pair_sep_id: int | None = None  # HF-REALM: [SEP]'s id; tokens after the first get segment id 1 (BERT's title/body pair)
-    query_max_len: int = 64
-    block_max_len: int = 288
+    query_max_len: int = GEOMETRY.query_len
+    block_max_len: int = GEOMETRY.block_len
     projection_init: str = "pca"  # how a fresh projection is set: "pca" (of document vectors) or "random"
     projection_ready: bool = False  # False until the projection was initialised or trained
     # relevance = score_scale * <query, doc>, a fixed logit scale for p(z|x) applied to the query
