@@ -92,7 +92,7 @@ class VersionManifest:
         if raw["count"] < 0:
             fail("count", "positive")
         classes = {s: side_class(s).Section for s in held}
-        if "sections" in raw:
+        if raw.get("sections") is not None:
             if set(raw["sections"]) - set(held):
                 fail("sections", f"an object of the sides it holds ({', '.join(held)})")
             sections = {s: c.from_json(raw["sections"].get(s, {}), where, s) for s, c in classes.items()}
