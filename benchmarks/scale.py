@@ -272,11 +272,12 @@ def stage_build(args, n: int) -> dict:
         raise SystemExit(f"build {n} failed: see {Path(args.work) / 'logs'}")
     version = latest_version(idx)
     manifest = json.loads((version / "manifest.json").read_text())
+    dense = manifest.get("sections", {}).get("dense", manifest)  # ralm <= 0.4 kept its fields at the top level
     disk = {"blocks": du(idx / "blocks"), "embeddings": du(version / "embeddings.npy"), "faiss": du(version / "faiss.index"),
             "bm25": du(version / "bm25"), "retriever": du(idx / "retriever"), "total": du(idx)}
     return {"seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"], "peak_rss_mb": r["peak_rss_mb"],
             "build_seconds": manifest.get("build_seconds"),
-            "faiss": manifest.get("faiss"), "faiss_params": manifest.get("faiss_params"),
+            "faiss": dense.get("faiss"), "faiss_params": dense.get("faiss_params"),
             "disk_mb": {k: round(v / 2**20, 1) for k, v in disk.items()}, "blocks": manifest["count"]}
 
 

@@ -254,7 +254,7 @@ def test_the_status_line_follows_a_hot_swap(serve, browser, tmp_path):
         index = IndexDir(tmp_path / "index")
         corpus = tmp_path / "more.jsonl"
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [ZANZIBAR]))
-        build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["retriever"]),
+        build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["sections"]["dense"]["retriever"]),
                     show_progress=False)
         page.wait_for_function("document.querySelector('#status').textContent.includes('v000002')", timeout=20_000)
         status = page.inner_text("#status")  # without reloading the page

@@ -75,7 +75,7 @@ def test_sharded_build_equals_one_process_and_sharded_search_equals_exact(tmp_pa
     # one process first; its retriever (PCA projection) is then used by both builds
     # fp32: bf16 rounding depends on how rows are batched, which differs between the layouts
     single, _ = build_index(corpus, tmp_path / "one", model=str(tiny_bert), dim=16, show_progress=False, dtype="fp32")
-    model = str(single.root / single.version_manifest("v000001")["retriever"])
+    model = str(single.root / single.version_manifest("v000001")["sections"]["dense"]["retriever"])
     build_index(corpus, tmp_path / "one", model=model, show_progress=False, dtype="fp32")  # v000002 through the pieces path
     run_ranks(_build_and_search, corpus, tmp_path / "two", model, tmp_path / "sharded.npz")
     two = IndexDir(tmp_path / "two")

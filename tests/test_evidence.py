@@ -33,7 +33,7 @@ def run(tmp_path_factory, tiny_bert, tiny_dense_index):
     root = tmp_path_factory.mktemp("evidence")
     index = IndexDir(tiny_dense_index)
     (root / "final").mkdir()
-    shutil.copytree(index.root / index.version(index.latest()).retriever, root / "final" / "retriever")
+    shutil.copytree(index.root / index.version(index.latest()).sections["dense"].retriever, root / "final" / "retriever")
     torch.manual_seed(0)
     encoder = KnowledgeAugmentedEncoder.from_pretrained(str(tiny_bert))
     with torch.no_grad():  # larger weights: a random encoder then reads its evidence, and the losses differ by block

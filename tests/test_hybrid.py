@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,83 +154,13 @@ def test_an_index_of_the_first_format_opens_as_its_one_side(tiny_dense_index, tm
         IndexDir.create(old, "hybrid")
 
 
-# -- a new kind of side: one module (here, this file) and one registry entry ------------------
+# -- a new kind of side: one module (tests/toy_side.py) and one registry entry ---------------
 
-class TitleSide:
-    """A toy side: a block scores 1 when its title appears in the query."""
-
-    name = "title"
-
-    def __init__(self, titles):
-        self.titles = titles
-
-    @classmethod
-    def tokenizer(cls, model):
-        return kinds.side_class("bm25").tokenizer(model)
-
-    @classmethod
-    def builder(cls, ctx):
-        class Builder:
-            def write(self, tmp: Path) -> dict:
-                (tmp / "titles.json").write_text(json.dumps([ctx.blocks.record(i)["title"] for i in range(len(ctx.blocks))]))
-                return {}
-        return Builder()
-
-    @classmethod
-    def files(cls, version_dir):
-        return [version_dir / "titles.json"]
-
-    @classmethod
-    def query_model(cls, index, manifest, model, device):
-        return None
-
-    @classmethod
-    def load(cls, index, name, manifest, *, model, device, dtype, check_model):
-        return cls(json.loads((index.version_path(name) / "titles.json").read_text()))
-
-    def block_tokenizer(self):
-        return kinds.side_class("bm25").tokenizer(None)
-
-    def encode(self, queries):
-        return queries
-
-    def search(self, encoded, k):
-        scores = np.array([[float(t.lower() in q.lower()) for t in self.titles] for q in encoded], np.float32)
-        rows = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(scores, rows, 1), rows
-
-    def score_rows(self, encoded, i, rows):
-        return None
-
-    def is_result(self, scores):
-        return scores > 0
-
-    def live_state(self, tokens, records):
-        return [None] * len(records)  # scored from the records' titles: nothing to keep
-
-    def encode_state(self, states):
-        return b""
-
-    def decode_state(self, data, n):
-        return [None] * n
-
-    def write_compacted(self, tmp, ctx, *, keep, live):
-        return self.builder(ctx).write(tmp)
-
-    def overlay_scorer(self, states, records):
-        titles = [r["title"] for r in records]
-
-        class Scorer:
-            def scores(self, encoded):
-                return np.array([[float(t.lower() in q.lower()) for t in titles] for q in encoded], np.float32).reshape(len(encoded), -1)
-
-            def score_rows(self, encoded, i, rows):
-                return None
-        return Scorer()
+TOY = "toy_side:TitleSide"
 
 
 def test_a_new_side_is_a_module_and_a_registry_entry(monkeypatch, tmp_path, tiny_bert):
-    monkeypatch.setitem(kinds.SIDES, "title", f"{__name__}:TitleSide")
+    monkeypatch.setitem(kinds.SIDES, "title", TOY)
     monkeypatch.setitem(kinds.KINDS, "title+dense", ("dense", "title"))
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
@@ -248,7 +177,7 @@ def test_a_third_side_joins_the_hybrid_fused_with_weights_summing_to_one(monkeyp
     """Dense, BM25 and the toy side in one index: the fused scores are the convex combination of
     the three (weights 0.7, 0.3 and an equal share 1/3, normalised), and agreement is the mean
     over the three pairs of sides."""
-    monkeypatch.setitem(kinds.SIDES, "title", f"{__name__}:TitleSide")
+    monkeypatch.setitem(kinds.SIDES, "title", TOY)
     monkeypatch.setitem(kinds.KINDS, "hybrid+title", ("dense", "bm25", "title"))
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
@@ -268,3 +197,30 @@ def test_a_third_side_joins_the_hybrid_fused_with_weights_summing_to_one(monkeyp
         tops = [set(c.listed[side][:k].tolist()) for side in s.sides]
         agreements.append(np.mean([len(a & b) / max(min(len(a), len(b)), 1) for a, b in itertools.combinations(tops, 2)]))
     assert np.allclose(ranked.agreement, agreements) and len(set(agreements)) > 1
+
+
+def test_a_third_side_in_the_default_hybrid_withholds_answers_by_the_fallback_map(monkeypatch, tmp_path, tiny_bert):
+    """The toy side joins the default kind: it is built and fused with dense and BM25, its own
+    section is in the manifest, its top score is a confidence feature (`top_title`), and the
+    fallback map ("*", the only one the reader has) withholds the answer to a question whose
+    blocks it does not find, but not to one it does."""
+    from ralm.models.confidence import Calibrations, SelectiveCalibration
+    from ralm.models.reader import Reader
+    from ralm.pipeline import OpenQA
+
+    monkeypatch.setitem(kinds.SIDES, "title", TOY)
+    monkeypatch.setitem(kinds.KINDS, "hybrid", ("dense", "bm25", "title"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    index, name = build_index(corpus, tmp_path / "idx", model=str(tiny_bert), dim=16, show_progress=False)
+    assert index.kind == "hybrid" and index.version_manifest(name)["sections"]["title"] == {"file": "titles.json"}
+    searcher = Searcher.open(tmp_path / "idx")
+    found = searcher.rank(["Where is Mount Everest?"], 3).found_by[0]
+    assert any("title" in f and len(f) > 1 for f in found)  # fused: the title side agrees with another on a block
+    # P(right) = sigmoid(6 (top_title - 0.5)): 0.95 when a title is in the question, 0.05 otherwise
+    cal = SelectiveCalibration(("top_title",), (0.5,), (1.0,), (6.0,), 0.0, 100)
+    qa = OpenQA(Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16), searcher, k=3, min_confidence=0.5)
+    qa.calibrations = Calibrations({"*": cal})
+    named, unnamed = qa.answer(["Where is Mount Everest?", "Which river flows north?"])
+    assert named.confidence == pytest.approx(1 / (1 + np.exp(-3))) and not named.no_answer
+    assert unnamed.confidence == pytest.approx(1 / (1 + np.exp(3))) and unnamed.no_answer and unnamed.answer == ""

@@ -251,7 +251,7 @@ def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
 def test_open_searcher_loads_a_run_retriever_once(tmp_path, tiny_bert, other_tiny_bert, tiny_dense_index, monkeypatch):
     """A run's query tower searches when it shares the index's document tower, else the index's own."""
     index = IndexDir(tiny_dense_index)
-    built_with = tiny_dense_index / index.version_manifest(index.latest())["retriever"]
+    built_with = tiny_dense_index / index.version_manifest(index.latest())["sections"]["dense"]["retriever"]
     shutil.copytree(built_with, tmp_path / "same" / "final" / "retriever")
     Retriever.from_pretrained(other_tiny_bert, dim=16).save_pretrained(tmp_path / "other" / "final" / "retriever")
     loads = []

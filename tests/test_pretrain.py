@@ -110,8 +110,9 @@ def test_starting_from_an_existing_index(tiny_bert, tiny_dense_index, corpus_fil
     manifest = index.version_manifest(index.latest())
     src = IndexDir(tiny_dense_index)
     assert manifest["step"] == 0 and manifest["source"] == str(src.root)
-    assert manifest["doc_fingerprint"] == src.version_manifest(src.latest())["doc_fingerprint"]
-    assert (index.root / manifest["retriever"] / "config.json").is_file()
+    dense = manifest["sections"]["dense"]
+    assert dense["doc_fingerprint"] == src.version_manifest(src.latest())["sections"]["dense"]["doc_fingerprint"]
+    assert (index.root / dense["retriever"] / "config.json").is_file() and "faiss" not in dense
     with pytest.raises(RalmError, match=r"block_len is 64 but index .* holds blocks of 288 wordpieces"):
         pretrain(_cfg(corpus_file, tiny_bert, steps=1, refresh="none", index=str(tiny_dense_index), block_len=64),
                  tmp_path / "other", torch.device("cpu"), show_progress=False)
@@ -127,7 +128,7 @@ def test_retriever_warmup_trains_the_encoder_alone_first(tiny_bert, corpus_file,
     cpu = torch.device("cpu")
     pretrain(_cfg(corpus_file, tiny_bert, steps=2, refresh="none", retriever_warmup=2), run, cpu, show_progress=False)
     index = IndexDir(run / "index")
-    start = weights(index.root / index.version_manifest(index.latest())["retriever"])  # the towers at step 0
+    start = weights(index.root / index.version_manifest(index.latest())["sections"]["dense"]["retriever"])  # the towers at step 0
     frozen = weights(run / "final" / "retriever")
     assert all(torch.equal(start[k], frozen[k]) for k in start)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

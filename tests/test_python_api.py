@@ -32,7 +32,7 @@ def test_every_export_resolves_and_import_ralm_loads_no_torch():
 def test_encode_documents_gives_the_vectors_the_index_stores(tiny_dense_index):
     index = ralm.IndexDir(tiny_dense_index)
     version = index.latest()
-    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(version)["retriever"])
+    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(version)["sections"]["dense"]["retriever"])
     stored = np.load(index.version_path(version) / "embeddings.npy")  # one block per document, in order
     vectors = retriever.encode_documents([Document(**d) for d in DOCS], batch_size=4, dtype="fp32")
     assert vectors.dtype == np.float32 and vectors.shape == stored.shape

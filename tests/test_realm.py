@@ -31,7 +31,7 @@ from ralm.retrieval.index.store import IndexDir
 def realm(tiny_bert, tiny_dense_index):
     torch.manual_seed(0)
     index = IndexDir(tiny_dense_index)
-    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(index.latest())["retriever"])
+    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(index.latest())["sections"]["dense"]["retriever"])
     model = Realm(retriever, KnowledgeAugmentedEncoder.from_pretrained(str(tiny_bert)), RealmConfig(k=3, max_len=96))
     return model.eval(), load_version(index, index.latest())
 
@@ -224,7 +224,7 @@ def test_mismatched_vocabularies_are_refused(tiny_bert, tiny_dense_index, tmp_pa
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     index = IndexDir(tiny_dense_index)
-    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(index.latest())["retriever"])
+    retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(index.latest())["sections"]["dense"]["retriever"])
     other = tmp_path / "other"
     (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
     tok = AutoTokenizer.from_pretrained(str(tiny_bert)).__class__(vocab_file=str(tmp_path / "vocab.txt"))

@@ -29,7 +29,7 @@ def index(tiny_dense_index, tmp_path) -> IndexDir:
 
 
 def _retriever(index: IndexDir) -> Retriever:
-    return Retriever.from_pretrained(index.root / index.version_manifest(index.latest())["retriever"]).eval()
+    return Retriever.from_pretrained(index.root / index.version_manifest(index.latest())["sections"]["dense"]["retriever"]).eval()
 
 
 def _expected(retriever: Retriever, index: IndexDir, tmp_path) -> np.ndarray:
@@ -64,7 +64,7 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
     assert searcher.refresh() and searcher.current.name != before
     manifest = searcher.current.manifest
     assert manifest.step == 7 and manifest.seconds > 0
-    assert manifest.doc_fingerprint == retriever.doc_fingerprint()
+    assert manifest.sections["dense"].doc_fingerprint == retriever.doc_fingerprint()
     _assert_embeddings(searcher.current, _expected(retriever, index, tmp_path))
     # the published version is searchable on its own, with the retriever saved beside it
     hits = Searcher.open(index.root).search(["capital of Japan"], 2)[0]
@@ -87,7 +87,7 @@ WRITER = textwrap.dedent("""
     build.encode_rows = slow
     index = IndexDir(sys.argv[1])
     manifest = index.version_manifest(index.latest())
-    retriever = Retriever.from_pretrained(index.root / manifest["retriever"])
+    retriever = Retriever.from_pretrained(index.root / manifest["sections"]["dense"]["retriever"])
     print("ready", flush=True)
     for step in range(1, int(sys.argv[2]) + 1):
         publish_embeddings(index, retriever, blocks_key=manifest["blocks"], blocks=index.blocks(manifest["blocks"]), step=step,
@@ -146,5 +146,5 @@ def test_sync_publish_records_step_and_prunes_old_retrievers(index, tmp_path):
                            keep=2)
     assert [index.version_manifest(v)["step"] for v in index.versions()] == [3, 4]
     saved = {p.name for p in (index.root / "retriever").iterdir()}
-    assert saved == {index.version_manifest(v)["retriever"].split("/")[-1] for v in index.versions()}
+    assert saved == {index.version_manifest(v)["sections"]["dense"]["retriever"].split("/")[-1] for v in index.versions()}
     assert retriever.training  # embedding ran in eval mode, then training mode came back

@@ -42,7 +42,7 @@ def test_index_rejects_a_mismatched_model(tiny_dense_index, other_tiny_bert, tmp
 
 def test_fine_tuned_query_tower_is_accepted(tiny_dense_index, tmp_path):
     version = IndexDir(tiny_dense_index).version_manifest(IndexDir(tiny_dense_index).latest())
-    r = Retriever.from_pretrained(tiny_dense_index / version["retriever"])
+    r = Retriever.from_pretrained(tiny_dense_index / version["sections"]["dense"]["retriever"])
     for p in r.query.parameters():
         p.data.add_(0.01)  # the document tower (what built the index) is unchanged
     r.save_pretrained(tmp_path / "tuned")
@@ -68,7 +68,7 @@ def test_rebuilding_adds_a_version_and_the_searcher_swaps_to_it(tiny_bert, corpu
     more = DOCS + [{"id": "oslo", "title": "Oslo", "text": "Oslo is the capital of Norway."}]
     corpus_file.write_text("".join(json.dumps(d) + "\n" for d in more))
     # the retriever the first version was built with is reused for the new corpus
-    model = str(tmp_path / "idx" / IndexDir(tmp_path / "idx").version_manifest("v000001")["retriever"])
+    model = str(tmp_path / "idx" / IndexDir(tmp_path / "idx").version_manifest("v000001")["sections"]["dense"]["retriever"])
     _, name = build_index(corpus_file, tmp_path / "idx", model=model, show_progress=False)
     old = s.current
     assert name == "v000002" and s.refresh() and len(s) == 7 and len(old.blocks) == 6
@@ -92,7 +92,7 @@ def test_faiss_flat_version_matches_exact(tiny_bert, corpus_file, tmp_path):
 def test_ivf_version_is_searched_with_its_recorded_nprobe(tiny_bert, corpus_file, tmp_path):
     index, name = build_index(corpus_file, tmp_path / "ivf", model=str(tiny_bert), dim=16, faiss_spec="IVF2,Flat",
                               show_progress=False)
-    assert index.version_manifest(name)["faiss_params"] == {"nprobe": 2}
+    assert index.version_manifest(name)["sections"]["dense"]["faiss_params"] == {"nprobe": 2}
     import faiss
 
     assert faiss.extract_index_ivf(Searcher.open(tmp_path / "ivf").current.index.index).nprobe == 2
@@ -165,11 +165,11 @@ def test_large_indexes_get_ivf_by_default_and_small_ones_stay_exact(tiny_bert, c
     from ralm.retrieval.backends import faiss_index
 
     index, name = build_index(corpus_file, tmp_path / "small", model=str(tiny_bert), show_progress=False)
-    assert index.version(name).faiss is None
+    assert index.version(name).sections["dense"].faiss is None
     monkeypatch.setattr(faiss_index, "APPROX_MIN_BLOCKS", len(DOCS))  # this corpus counts as large
     with pytest.warns(RalmWarning, match="cannot train 8 clusters"):
         index, name = build_index(corpus_file, tmp_path / "large", model=str(tiny_bert), show_progress=False)
-    assert index.version(name).faiss == "IVF1,SQ8"
+    assert index.version(name).sections["dense"].faiss == "IVF1,SQ8"
     queries = ["river in Africa", "capital of Japan", "programming language"]
     large = Searcher.open(tmp_path / "large")
     scores, rows = large.search_rows(queries, 6, retriever="dense")

@@ -117,7 +117,7 @@ def test_hot_swap_under_concurrent_requests_has_zero_failures(dirs, tiny_bert):
         for t in threads:
             t.start()
         index = IndexDir(root / "index")
-        model = str(index.root / index.version_manifest("v000001")["retriever"])
+        model = str(index.root / index.version_manifest("v000001")["sections"]["dense"]["retriever"])
         corpus = root / "more.jsonl"
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [NEW]))
         build_index(corpus, root / "index", model=model, show_progress=False)

@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,53 @@ def test_versions_are_numbered_and_latest_moves(tmp_path):
     assert index.version_manifest("v000001")["value"] == 1.0
 
 
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_a_manifest_of_ralm_04_is_read_into_the_sides_sections():
+    """versions/v000001/manifest.json of a real hybrid build by ralm 0.4 (benchmarks/same_behaviour.py's
+    index, before sections): the dense side's fields at the top level, BM25's nowhere."""
+    from ralm.retrieval.index.bm25_side import BM25Section
+    from ralm.retrieval.index.dense_side import DenseSection
+    from ralm.retrieval.index.store import VersionManifest
+
+    raw = json.loads((FIXTURES / "version_manifest_0.4_hybrid.json").read_text())
+    m = VersionManifest.from_json(raw, "fixture")
+    assert m.sides == ("dense", "bm25") and m.kind == "hybrid" and m.count == raw["count"] == 326
+    assert m.sections == {"dense": DenseSection(dim=384, retriever="retriever/a754b78b8705d4c4",
+                                                doc_fingerprint="a754b78b8705d4c4", dtype="fp32"),
+                          "bm25": BM25Section()}
+    assert set(m.extra) == {"kind", "build_seconds"} and m.files == raw["files"]  # nothing of a side left untyped
+    new = m.to_json()
+    assert new["sections"]["dense"] == {k: raw[k] for k in ("dim", "retriever", "doc_fingerprint", "dtype")}
+    assert not {"dim", "retriever", "doc_fingerprint", "dtype"} & set(new) and VersionManifest.from_json(new, "again") == m
+    with pytest.raises(RalmError, match="fixture: 'sections.dense.doc_fingerprint' must be present"):
+        VersionManifest.from_json({k: v for k, v in raw.items() if k != "doc_fingerprint"}, "fixture")
+
+
+def test_an_index_of_ralm_04_opens_searches_and_checks_as_before(tiny_hybrid_index, tmp_path, ralm):
+    """A hybrid index whose version manifest is laid out as ralm 0.4 wrote it (the fixture's keys)
+    searches as the index it came from, and `ralm index check` verifies it."""
+    import shutil
+
+    from ralm.retrieval.search.searcher import Searcher
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_hybrid_index, old)
+    path = old / "versions" / "v000001" / "manifest.json"
+    new = json.loads(path.read_text())
+    legacy = {**{k: v for k, v in new.items() if k != "sections"}, **new["sections"]["dense"], **new["sections"]["bm25"]}
+    fixture = json.loads((FIXTURES / "version_manifest_0.4_hybrid.json").read_text())
+    assert set(legacy) == set(fixture)  # the layout of a real ralm 0.4 build
+    path.write_text(json.dumps(legacy))
+    assert IndexDir(old).version("v000001") == IndexDir(tiny_hybrid_index).version("v000001")
+    queries = ["capital of France", "highest mountain"]
+    a, b = Searcher.open(old).search(queries, 3), Searcher.open(tiny_hybrid_index).search(queries, 3)
+    assert [[(h.id, h.score, h.found_by) for h in q] for q in a] == [[(h.id, h.score, h.found_by) for h in q] for q in b]
+    rc, out, err = ralm("index", "check", old, "--json")
+    assert rc == 0 and json.loads(out)["sound"] and json.loads(out)["versions"][0]["verified"], err
+
+
 def test_old_versions_are_pruned_but_latest_kept(tmp_path):
     index = IndexDir.create(tmp_path / "idx", "dense")
     for v in range(5):
@@ -39,22 +88,33 @@ def test_old_versions_are_pruned_but_latest_kept(tmp_path):
 
 
 def test_a_version_manifest_is_typed_validated_and_an_older_one_still_loads(tmp_path):
+    from ralm.retrieval.index.dense_side import DenseSection
     from ralm.retrieval.index.store import VersionManifest
 
     index = IndexDir.create(tmp_path / "idx", "dense")
-    index.publish(_write_version(1.0, n=3))
+    index.publish(_write_version(1.0, n=3))  # the dense fields at the top level, as ralm 0.4 wrote them
     m = index.version("v000001")
-    assert (m.version, m.sides, m.count, m.blocks, m.dim, m.kind) == ("v000001", ("dense",), 3, "k", 4, "dense")
-    assert m.extra["value"] == 1.0 and set(m.files) == {"embeddings.npy"}  # a side's own field, the inventory
+    assert (m.version, m.sides, m.count, m.blocks, m.kind) == ("v000001", ("dense",), 3, "k", "dense")
+    assert m.sections == {"dense": DenseSection(dim=4, retriever="retriever/fp", doc_fingerprint="fp")}
+    assert m.extra["value"] == 1.0 and set(m.files) == {"embeddings.npy"}  # a field no one types, the inventory
     assert VersionManifest.from_json(m.to_json(), "here") == m
     path = index.version_path("v000001") / "manifest.json"
-    old = {k: v for k, v in json.loads(path.read_text()).items() if k != "sides"}  # from before "sides"
+    written = json.loads(path.read_text())
+    assert written["sections"] == {"dense": {"dim": 4, "retriever": "retriever/fp", "doc_fingerprint": "fp"}}
+    assert "dim" not in written  # published in the new layout
+    old = {k: v for k, v in written.items() if k != "sides"}  # from before "sides"
     path.write_text(json.dumps({**old, "kind": "dense"}))
     assert index.version("v000001").sides == ("dense",)
+    dense = written["sections"]["dense"]
     for broken, message in (({"count": -1}, "'count' must be positive, got -1"), ({"count": "3"}, "'count' must be int"),
-                            ({"dim": None}, "'dim' must be present"), ({"version": "latest"}, "'version' must be a version name")):
+                            ({"sections": {"dense": {**dense, "dim": None}}}, "'sections.dense.dim' must be present"),
+                            ({"sections": {"dense": {**dense, "dim": 0}}}, "'sections.dense.dim' must be positive"),
+                            ({"sections": {"dense": {**dense, "faiss": 3}}}, "'sections.dense.faiss' must be str"),
+                            ({"sections": {"dense": {**dense, "nprobe": 3}}}, "'sections.dense.nprobe' is no field of the dense side"),
+                            ({"sections": {"dense": dense, "bm25": {}}}, "'sections' must be an object of the sides it holds"),
+                            ({"version": "latest"}, "'version' must be a version name")):
         path.write_text(json.dumps({**old, **broken}))
-        with pytest.raises(RalmError, match=f"manifest.json: {message}.*rebuild it"):
+        with pytest.raises(RalmError, match=f"manifest.json: {message}.*rebuild"):
             index.version("v000001")
     with pytest.raises(RalmError, match="'blocks' must be present"):  # a build that forgets a field publishes nothing
         index.publish(lambda tmp: {"sides": ["bm25"], "count": 3})

@@ -39,7 +39,7 @@ from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher, pick_sides
-from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
+from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.rundir import find_model
 from ralm.runtime import autocast, resolve_dtype
 
@@ -277,9 +277,4 @@ def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = No
     device = device or torch.device("cpu")
     idx = IndexDir(index)
     candidate = find_model(model, "retriever", is_retriever_dir) if model is not None else None
-    tuned = None
-    if "dense" in idx.sides and candidate is not None:
-        tuned = Retriever.from_pretrained(candidate)  # loaded once: fingerprinted, then searched with
-        if tuned.doc_fingerprint() != idx.version(idx.latest()).doc_fingerprint:
-            tuned = None
-    return LiveSearcher(Searcher(idx, tuned.to(device).eval() if tuned is not None else None, device=device, dtype=dtype))
+    return LiveSearcher(Searcher(idx, candidate, device=device, dtype=dtype, own_if_other=True))

@@ -21,7 +21,7 @@ and RUN/final/encoder, a Hugging Face BertForMaskedLM):
 from __future__ import annotations
 
 import shutil
-from dataclasses import KW_ONLY, asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,7 +38,8 @@ from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, spa
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
 from ralm.retrieval.index.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.search.searcher import load_version
-from ralm.retrieval.index.store import IndexDir, embeddings_file
+from ralm.retrieval.index.dense_side import DenseSide, embeddings_file, section_of
+from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model, is_model_dir
 from ralm.runtime import dtype_name
 from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
@@ -121,9 +122,9 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
     if cfg.index:
         src = IndexDir(cfg.index)
         manifest = src.version(src.latest())
-        if manifest.retriever is None:  # checked before any work: the run would start from its retriever
+        if DenseSide.name not in manifest.sides:  # checked before any work: the run would start from its retriever
             raise RalmError(f"index {cfg.index} is a {src.kind} index with no dense embeddings; pre-training needs a dense one")
-        return str(src.root / manifest.retriever)
+        return str(src.root / section_of(manifest).retriever)
     return None
 
 
@@ -132,20 +133,23 @@ def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) ->
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
     manifest = src.version(src.latest())
-    if "dense" not in manifest.sides:
+    if DenseSide.name not in manifest.sides:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
     check_block_len(block_len, src.blocks(manifest.blocks).config.max_len, src_path)
     if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
-    rpath = index.root / manifest.retriever
+    dense = section_of(manifest)
+    rpath = index.root / dense.retriever
     if not rpath.is_dir():
-        shutil.copytree(src.root / manifest.retriever, rpath)
+        shutil.copytree(src.root / dense.retriever, rpath)
 
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
         # the embeddings only: pre-training searches them exactly (a faiss index of them is left behind)
-        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "faiss", "faiss_params", "build_seconds")},
-                "kind": "dense", "sides": ["dense"], "step": 0, "source": str(src.root)}
+        section = replace(dense, faiss=None, faiss_params={}).to_json()
+        return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "build_seconds")},
+                "kind": DenseSide.name, "sides": [DenseSide.name], "sections": {DenseSide.name: section}, "step": 0,
+                "source": str(src.root)}
 
     return index.publish(write)
 

@@ -1,6 +1,9 @@
 """The BM25 side of an index: bm25s over each block's `title text`.
 
   VERSION/bm25/   bm25s's npy/json files, memory-mapped, + ralm.json (the average length)
+
+Its manifest section (`BM25Section`) is empty: the index's files describe it. Queries need no
+model: the index splits them into terms itself (backends/bm25.py `tokens_of`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.progress import track
 from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, tokens_of
-from ralm.retrieval.index.kinds import BuildContext
+from ralm.retrieval.index.kinds import BuildContext, Section
 from ralm.retrieval.index.store import IndexDir, VersionManifest
 
 FOLDER = "bm25"
@@ -26,6 +29,11 @@ log = logging.getLogger("ralm.live")
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
     """Title + body of every block: what BM25 indexes."""
     return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
+
+
+@dataclass(frozen=True)
+class BM25Section(Section):
+    """What a version's manifest records of its BM25 side: nothing yet (bm25/ describes itself)."""
 
 
 @dataclass
@@ -40,6 +48,7 @@ class _BM25Builder:
 
 class BM25Side:
     name = "bm25"
+    Section = BM25Section
     calibrated_scores = False  # IDFs grow with the number of documents: a score's scale is the corpus's own
 
     def __init__(self, index: BM25Index, blocks: BlockStore):
@@ -65,8 +74,9 @@ class BM25Side:
         return sorted(p for p in (version_dir / FOLDER).rglob("*") if p.is_file())
 
     @classmethod
-    def query_model(cls, index: IndexDir, manifest: VersionManifest, model: str | None, device: torch.device) -> None:
-        return None
+    def query_model(cls, index: IndexDir, manifest: VersionManifest, model, device: torch.device, *,
+                    own_if_other: bool = False) -> None:
+        return None  # queries are split into terms by the index
 
     @classmethod
     def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: None, device: torch.device, dtype: torch.dtype,

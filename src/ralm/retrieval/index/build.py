@@ -41,10 +41,11 @@ def _corpus_file(corpus: Corpus, out: str | os.PathLike, kind: str, env: DistEnv
     return env.broadcast_object(path)
 
 
-def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...]) -> dict:
-    """What every version's manifest.json records (publishing adds its name and time; each
-    side adds its own fields)."""
-    return {"kind": kind_of(sides), "sides": list(sides), "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"]}
+def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...], sections: dict | None = None) -> dict:
+    """What every version's manifest.json records (publishing adds its name and time), with
+    each side's section (side -> its JSON object)."""
+    return {"kind": kind_of(sides), "sides": list(sides), "count": len(blocks), "blocks": key, "corpus": blocks.manifest["corpus"],
+            "sections": dict(sections or {})}
 
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
@@ -97,10 +98,11 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     return index, env.broadcast_object(name)
 
 
-def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dict | None = None) -> str:
-    """Prepare each side missing from `kept` (side -> a version folder to link its files
-    from), then publish one version with all of them. `seconds`: what the build took before
-    (the block store), recorded with each side's time."""
+def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dict | None = None, *, carried: dict | None = None) -> str:
+    """Prepare each side missing from `kept` (side -> (a version folder to link its files
+    from, its section)), then publish one version with all of them. `seconds`: what the build
+    took before (the block store), recorded with each side's time. `carried`: fields of the version it
+    replaces that stay (an upgrade keeps the update log position a compaction recorded)."""
     seconds = dict(seconds or {})
     builders = {}
     for s in sides:
@@ -110,14 +112,14 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dic
             seconds[s] = time.perf_counter() - start
 
     def write(tmp: Path) -> dict:
-        manifest = version_manifest(ctx.key, ctx.blocks, sides)
-        for side, (folder, fields) in kept.items():
+        manifest = {**(carried or {}), **version_manifest(ctx.key, ctx.blocks, sides)}
+        for side, (folder, section) in kept.items():
             for f in side_class(side).files(folder):
                 link_or_copy(f, tmp / f.relative_to(folder))
-            manifest.update(fields)
+            manifest["sections"][side] = section
         for side, b in builders.items():
             start = time.perf_counter()
-            manifest.update(b.write(tmp))
+            manifest["sections"][side] = b.write(tmp)
             seconds[side] += time.perf_counter() - start
         return {**manifest, "build_seconds": {k: round(v, 2) for k, v in seconds.items()}}
 
@@ -145,5 +147,7 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
     ctx = BuildContext(index=index, key=manifest.blocks, blocks=index.blocks(manifest.blocks), model=model, dim=None,
                        faiss_spec=AUTO, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
-    fields = {k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus")}
-    return index, _publish(ctx, want, {s: (index.version_path(latest), fields) for s in have})
+    carried = {k: v for k, v in manifest.to_json().items()
+               if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus", "sections")}
+    return index, _publish(ctx, want, {s: (index.version_path(latest), manifest.sections[s].to_json()) for s in have},
+                           carried=carried)

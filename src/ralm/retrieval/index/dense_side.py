@@ -4,14 +4,18 @@ inner product (exact torch search, sharded under torchrun, or a faiss index).
   VERSION/embeddings.npy   float32 [N, D], memory-mapped (embedded here, or imported: --embeddings)
   VERSION/faiss.index      with `--faiss SPEC`, or `auto` (the default) on a large index
   DIR/retriever/<fp>/      the retriever that built it (its document tower's fingerprint)
+
+Its manifest section (`DenseSection`, "sections": {"dense": {...}}) records the dimension, that
+retriever and its fingerprint, the compute dtype it embedded in, and the faiss index, if any.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -22,12 +26,54 @@ from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import ExactIndex
 from ralm.retrieval.backends.faiss_index import AUTO, FaissIndex, auto_spec
 from ralm.retrieval.backends.sharded import ShardedExactIndex, assemble_pieces, encode_pieces
-from ralm.retrieval.index.kinds import BuildContext
-from ralm.retrieval.index.store import IndexDir, VersionManifest, embeddings_file
+from ralm.retrieval.index.kinds import BuildContext, Section
+from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.towers.projection import init_projection
 from ralm.runtime import dtype_name
+
+
+@dataclass(frozen=True)
+class DenseSection(Section):
+    """What a version's manifest records of its dense side."""
+
+    dim: int  # embedding dimension
+    retriever: str  # the retriever that embedded it (DIR-relative)
+    doc_fingerprint: str  # its document tower
+    dtype: str | None = None  # the compute dtype it embedded in
+    faiss: str | None = None  # its faiss index spec; None: exact search
+    faiss_params: dict = field(default_factory=dict)
+
+    TYPES: ClassVar[dict[str, tuple[type, ...]]] = {"dim": (int,), "retriever": (str,), "doc_fingerprint": (str,),
+                                                    "dtype": (str,), "faiss": (str,), "faiss_params": (dict,)}
+    REQUIRED: ClassVar[tuple[str, ...]] = ("dim", "retriever", "doc_fingerprint")
+
+    def check(self, where: str | os.PathLike, prefix: str) -> None:
+        if self.dim <= 0:
+            raise RalmError(f"{where}: {prefix + 'dim'!r} must be positive, got {self.dim!r}; the index is damaged: rebuild it")
+
+    def summary(self) -> dict:
+        return {"dim": self.dim, "faiss": self.faiss, "dtype": self.dtype}
+
+
+def section_of(manifest: VersionManifest) -> DenseSection:
+    """The dense side's section of a version manifest."""
+    return manifest.sections[DenseSide.name]
+
+
+def embeddings_file(version_dir: Path) -> Path:
+    """Where a dense version keeps its float32 block embeddings [N, D], also while it is written."""
+    return version_dir / "embeddings.npy"
+
+
+def read_embeddings(index: IndexDir, name: str, manifest: VersionManifest, mmap_mode: str = "r") -> np.ndarray:
+    """Version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
+    emb = read_npy(embeddings_file(index.version_path(name)), mmap_mode)
+    if emb.shape != (manifest.count, section_of(manifest).dim):
+        raise RalmError(f"{index.version_path(name)}: embeddings have shape {emb.shape}, "
+                        f"manifest says {(manifest.count, section_of(manifest).dim)}")
+    return emb
 
 
 def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device, *,
@@ -49,18 +95,18 @@ def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: to
 
 
 def dense_manifest(index: IndexDir, retriever_path: Path, dim: int, dtype: torch.dtype) -> dict:
-    """What a version's manifest records of its dense side."""
+    """The dense section of a version embedded with the retriever saved at `retriever_path`."""
     return {"dim": dim, "doc_fingerprint": retriever_path.name, "retriever": str(retriever_path.relative_to(index.root)),
             "dtype": dtype_name(dtype)}
 
 
-def check_retriever(retriever: Retriever, manifest: VersionManifest, where: str) -> None:
+def check_retriever(retriever: Retriever, section: DenseSection, where: str) -> None:
     """An index only answers queries from the model family whose document tower built it."""
-    if retriever.dim != manifest.dim:
-        raise RalmError(f"{where} was built with dimension {manifest.dim}, but the model produces {retriever.dim}")
+    if retriever.dim != section.dim:
+        raise RalmError(f"{where} was built with dimension {section.dim}, but the model produces {retriever.dim}")
     fp = retriever.doc_fingerprint()
-    if fp != manifest.doc_fingerprint:
-        raise RalmError(f"{where} was built with another model (document tower {manifest.doc_fingerprint}, "
+    if fp != section.doc_fingerprint:
+        raise RalmError(f"{where} was built with another model (document tower {section.doc_fingerprint}, "
                         f"this model {fp}); rebuild the index with this model or pass the model it was built with")
 
 
@@ -115,14 +161,15 @@ class _DenseBuilder:
 
 class DenseSide:
     name = "dense"
+    Section = DenseSection
     calibrated_scores = True  # inner products of unit or trained vectors: one scale on any corpus
 
-    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, dtype: torch.dtype, manifest: VersionManifest):
+    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, dtype: torch.dtype, section: DenseSection):
         self.retriever = retriever
         self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
         self.dtype = dtype
-        self.manifest = manifest
+        self.section = section
 
     # -- building ------------------------------------------------------------------------
     @classmethod
@@ -167,29 +214,38 @@ class DenseSide:
 
     # -- loading -------------------------------------------------------------------------
     @classmethod
-    def query_model(cls, index: IndexDir, manifest: VersionManifest, model: str | None, device: torch.device) -> Retriever:
-        """The retriever given as `model` (it must share the index's document tower), else the
-        one the version was built with."""
-        return Retriever.from_pretrained(model or str(index.root / manifest.retriever)).to(device).eval()
+    def query_model(cls, index: IndexDir, manifest: VersionManifest, model: Retriever | str | os.PathLike | None,
+                    device: torch.device, *, own_if_other: bool = False) -> Retriever:
+        """The query tower: `model` (a loaded Retriever, used as it is, or a checkpoint; it must
+        share the version's document tower), else the retriever the version was built with.
+        `own_if_other`: a checkpoint of another document tower gives way to the version's own."""
+        if isinstance(model, Retriever):
+            return model
+        section = section_of(manifest)
+        given = Retriever.from_pretrained(model) if model is not None else None
+        if given is None or (own_if_other and given.doc_fingerprint() != section.doc_fingerprint):
+            given = Retriever.from_pretrained(str(index.root / section.retriever))
+        return given.to(device).eval()
 
     @classmethod
     def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: Retriever, device: torch.device,
              dtype: torch.dtype, check_model: bool) -> "DenseSide":
         from ralm.distributed import dist_env
 
+        section = section_of(manifest)
         if check_model:
-            check_retriever(model, manifest, f"index {index.root} ({name})")
+            check_retriever(model, section, f"index {index.root} ({name})")
         path = index.version_path(name)
         # Copy-on-write: pages load lazily as with "r", but torch can view them without a copy.
-        emb = index.embeddings(name, manifest, mmap_mode="c")
-        if manifest.faiss:
-            ann = FaissIndex.load(path / "faiss.index", manifest.faiss, source=emb)
-            ann.set_search_params(**manifest.faiss_params)
-            return cls(model, ann, emb, dtype=dtype, manifest=manifest)
+        emb = read_embeddings(index, name, manifest, mmap_mode="c")
+        if section.faiss:
+            ann = FaissIndex.load(path / "faiss.index", section.faiss, source=emb)
+            ann.set_search_params(**section.faiss_params)
+            return cls(model, ann, emb, dtype=dtype, section=section)
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows
-            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype=dtype, manifest=manifest)
-        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype=dtype, manifest=manifest)
+            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype=dtype, section=section)
+        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype=dtype, section=section)
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""
@@ -222,21 +278,21 @@ class DenseSide:
 
     def encode_state(self, states: Sequence[np.ndarray]) -> bytes:
         """The document tower's fingerprint, a NUL, then the embeddings as float32 [n, D]."""
-        return self.manifest.doc_fingerprint.encode() + b"\0" + np.asarray(states, np.float32).tobytes()
+        return self.section.doc_fingerprint.encode() + b"\0" + np.asarray(states, np.float32).tobytes()
 
     def decode_state(self, data: bytes, n: int) -> list[np.ndarray] | None:
         tower, _, vectors = bytes(data).partition(b"\0")
-        if tower.decode(errors="replace") != self.manifest.doc_fingerprint or len(vectors) != 4 * n * self.manifest.dim:
+        if tower.decode(errors="replace") != self.section.doc_fingerprint or len(vectors) != 4 * n * self.section.dim:
             return None  # embedded by another document tower (or damaged): embedded again
-        return list(np.frombuffer(vectors, np.float32).reshape(n, self.manifest.dim))
+        return list(np.frombuffer(vectors, np.float32).reshape(n, self.section.dim))
 
     def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_DenseOverlay":
-        return _DenseOverlay(np.stack(states) if len(states) else np.zeros((0, self.manifest.dim), np.float32))
+        return _DenseOverlay(np.stack(states) if len(states) else np.zeros((0, self.section.dim), np.float32))
 
     def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[np.ndarray]) -> dict:
         """The kept rows' embeddings and the live blocks', as stored: nothing is embedded again."""
         out = embeddings_file(tmp)
-        emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(keep) + len(live), self.manifest.dim))
+        emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(keep) + len(live), self.section.dim))
         step = 1 << 16
         for i in range(0, len(keep), step):
             rows = keep[i:i + step]
@@ -244,9 +300,9 @@ class DenseSide:
         if len(live):
             emb[len(keep):] = np.stack(live)
         emb.flush()
-        if not self.manifest.faiss:
+        if not self.section.faiss:
             return {}
-        ann = FaissIndex.build(read_npy(out), self.manifest.faiss)
+        ann = FaissIndex.build(read_npy(out), self.section.faiss)
         ann.save(tmp / "faiss.index")
         return {"faiss": ann.spec, "faiss_params": ann.default_search_params()}
 

@@ -7,21 +7,29 @@ log serve both and no crash can leave them apart. A new retrieval method (say, l
 interaction) is a module with a class that keeps the `Side` contract below and an entry in
 SIDES; searching, fusion, live updates and serving then use it with no other change.
 
+A side owns its part of a version's manifest: a `Section` dataclass of its module, kept under
+"sections" in versions/vN/manifest.json (store.py `VersionManifest`), read, validated and
+written by itself, e.g. {"dense": {"dim", "retriever", "doc_fingerprint", "dtype", "faiss",
+"faiss_params"}, "bm25": {}}. A side also owns its query model (`query_model`: the dense side's
+query tower; None for BM25, whose index splits queries into terms itself).
+
 Shapes: Q queries, k results, C candidate rows, M live (overlay) blocks, N version rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from ralm.defaults import INDEX_KIND
 from ralm.errors import RalmError
+from ralm.retrieval.index.manifest import check_fields
 
 if TYPE_CHECKING:  # store.py imports this registry
     from ralm.retrieval.index.store import VersionManifest
@@ -55,6 +63,46 @@ def side_class(name: str) -> type["Side"]:
 
 
 @dataclass(frozen=True)
+class Section:
+    """A side's typed section of a version manifest. A side's module subclasses it with its
+    fields (their JSON types in TYPES, those every version of the side records in REQUIRED);
+    a manifest written before sections existed kept them at its top level under the same names."""
+
+    TYPES: ClassVar[dict[str, tuple[type, ...]]] = {}
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_json(cls, raw: dict, where: str | os.PathLike, side: str) -> "Section":
+        """The section of side `side` in `raw`, validated."""
+        prefix = f"sections.{side}."
+        if not isinstance(raw, dict):
+            raise RalmError(f"{where}: {prefix[:-1]!r} must be an object, got {raw!r}; the index is damaged: rebuild it")
+        unknown = sorted(set(raw) - set(cls.names()))
+        if unknown:
+            raise RalmError(f"{where}: {prefix + unknown[0]!r} is no field of the {side} side (written by a newer ralm, "
+                            "or damaged); rebuild the index")
+        check_fields(raw, cls.TYPES, required=cls.REQUIRED, where=where, prefix=prefix)
+        section = cls(**raw)
+        section.check(where, prefix)
+        return section
+
+    def check(self, where: str | os.PathLike, prefix: str) -> None:
+        """What the field types cannot say (a side overrides it)."""
+
+    def to_json(self) -> dict:
+        """The section's JSON object (unset fields left out)."""
+        return {name: value for name in self.names() if (value := getattr(self, name)) not in (None, {})}
+
+    def summary(self) -> dict:
+        """What a build reports of this side (`IndexDir.summary`)."""
+        return {}
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """What every side's builder may use to write its part of a new version."""
     index: Any  # IndexDir
@@ -76,13 +124,14 @@ class BuildContext:
 class SideBuilder(Protocol):
     def write(self, tmp: Path) -> dict:
         """Write this side's files into the version folder `tmp` (rank 0 only, inside
-        IndexDir.publish); returns the fields it adds to the version's manifest."""
+        IndexDir.publish); returns its manifest section (`Side.Section`'s JSON object)."""
 
 
 class Side(Protocol):
     """One retrieval method of a loaded index version. Rows are the version's block rows."""
 
     name: str
+    Section: type[Section]  # its part of a version manifest, under "sections": {name: ...}
     # whether a score means the same on any corpus (a confidence map may then read this side's
     # best score, `top_<name>`, as a feature; models/confidence.py)
     calibrated_scores: bool
@@ -100,9 +149,12 @@ class Side(Protocol):
         """This side's files in a version folder (an upgrade links them into the next one)."""
 
     @classmethod
-    def query_model(cls, index, manifest: "VersionManifest", model: str | None, device: torch.device):
-        """What encodes queries for this side (the retriever's query tower), loaded once per
-        searcher; None for a side that needs none."""
+    def query_model(cls, index, manifest: "VersionManifest", model: Any, device: torch.device, *, own_if_other: bool):
+        """What encodes queries for this side, loaded once per searcher, from `model` (a
+        checkpoint path or a loaded model the caller offers every side; a side with no use for
+        it ignores it) or else the version's own (the dense side: the query tower it was built
+        with); None for a side that needs none. A `model` that does not fit the version raises
+        when it is loaded (`check_model`), or, with `own_if_other`, gives way to the version's own."""
 
     @classmethod
     def load(cls, index, name: str, manifest: "VersionManifest", *, model, device: torch.device, dtype: torch.dtype,
@@ -144,7 +196,7 @@ class Side(Protocol):
     def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence) -> dict:
         """Write this side's files for a compacted version (search/compaction.py) into `tmp`:
         its blocks (ctx.blocks) are this version's rows `keep`, in order, then live blocks with
-        states `live`. Returns the manifest fields it changes; a side can always rebuild
+        states `live`. Returns the section fields it changes; a side can always rebuild
         (`builder(ctx).write(tmp)`), one that keeps rows may carry them over."""
 
 

@@ -32,9 +32,9 @@ from ralm.configs import DTYPES
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.build import version_manifest
-from ralm.retrieval.index.dense_side import dense_manifest, embed_blocks
+from ralm.retrieval.index.dense_side import DenseSide, dense_manifest, embed_blocks, embeddings_file, section_of
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir, embeddings_file
+from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir
 from ralm.runtime import resolve_dtype
 
 
@@ -53,8 +53,9 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str
 
     def write(tmp: Path) -> dict:
         embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
-        return {**version_manifest(blocks_key, blocks, ("dense",)), **dense_manifest(index, rpath, retriever.dim, resolve_dtype(dtype, device)),
-                "faiss": None, "step": step, "seconds": round(time.perf_counter() - start, 3)}
+        section = dense_manifest(index, rpath, retriever.dim, resolve_dtype(dtype, device))
+        return {**version_manifest(blocks_key, blocks, (DenseSide.name,), {DenseSide.name: section}), "step": step,
+                "seconds": round(time.perf_counter() - start, 3)}
 
     try:
         name = index.publish(write, keep=keep)
@@ -69,11 +70,11 @@ def _prune_retrievers(index: IndexDir) -> None:
     used = set()
     for name in index.versions():
         try:
-            retriever = index.version(name).retriever
+            manifest = index.version(name)
         except (OSError, RalmError):
             continue  # pruned by a concurrent publisher meanwhile
-        if retriever is not None:
-            used.add(Path(retriever).name)
+        if DenseSide.name in manifest.sides:
+            used.add(Path(section_of(manifest).retriever).name)
     root = index.root / "retriever"
     for path in root.iterdir() if root.is_dir() else []:
         if path.is_dir() and not path.name.startswith(".") and path.name not in used:

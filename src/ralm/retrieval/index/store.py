@@ -9,7 +9,8 @@ version is being written (by `ralm index build` or the pre-training refresher).
   DIR/corpus/<sha>.jsonl    documents given in memory to build_index, saved as a corpus file
   DIR/versions/v000007/     manifest.json (`VersionManifest`, validated when read and when
                             published) + each side's files: embeddings.npy [+ faiss.index]
-                            (dense), bm25/ (BM25); retrieval/index/kinds.py lists the sides
+                            (dense), bm25/ (BM25); retrieval/index/kinds.py lists the sides;
+                            each side's fields are its section of the manifest
   DIR/LATEST                name of the newest complete version (replaced atomically)
   DIR/updates.jsonl         live document updates, replayed over every side (search/update_log.py),
   DIR/updates-<id>.bin      with what each side keeps of their blocks
@@ -32,13 +33,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
-import numpy as np
-
-from ralm.atomic import file_lock, fsync_tree, manifest_file, read_json, read_npy, remove_stale_temps, temp_dir, write_json, write_text
+from ralm.atomic import file_lock, fsync_tree, manifest_file, read_json, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
-from ralm.retrieval.index.kinds import KINDS, kind_of, sides_of
-from ralm.retrieval.index.manifest import FORMAT, read_index_manifest
+from ralm.retrieval.index.kinds import KINDS, kind_of, side_class, sides_of
+from ralm.retrieval.index.manifest import FORMAT, check_fields, read_index_manifest
 from ralm.retrieval.index.verify import FILES, inventory, used_folders
 
 _VERSION = re.compile(r"^v(\d{6})$")
@@ -49,21 +48,22 @@ KEEP_VERSIONS = 3  # the newest versions a publish leaves; older ones are remove
 class VersionManifest:
     """versions/vN/manifest.json: what one published version holds, read, validated and written
     by itself (`IndexDir.version`, `IndexDir.publish`). The build records the common fields,
-    the dense side its own, `publish` the file inventory (verify.py); whatever else a side
-    records is kept in `extra`. A version written before `sides` existed holds its index's kind."""
+    each side its own section (retrieval/index/kinds.py `Section`), `publish` the file
+    inventory (verify.py); keys this ralm does not know are kept in `extra`:
+
+      {"version", "sides": ["dense", "bm25"], "count", "blocks", "created", "corpus", "files", ...,
+       "sections": {"dense": {"dim", "retriever", "doc_fingerprint", "dtype", "faiss", ...}, "bm25": {}}}
+
+    Compatibility: a version written before "sides" holds its index's kind; one written before
+    "sections" (ralm <= 0.4: the dense side's fields at the top level) is read into them."""
 
     version: str
     sides: tuple[str, ...]  # retrieval/index/kinds.py
     count: int  # blocks
     blocks: str  # the key of its block store, DIR/blocks/<key>
+    sections: dict = field(default_factory=dict)  # side -> its Section
     created: float | None = None  # time.time() at publishing
     corpus: str | None = None  # the fingerprint of the corpus its blocks came from
-    dim: int | None = None  # the dense side: embedding dimension,
-    retriever: str | None = None  # the retriever that embedded it (DIR-relative),
-    doc_fingerprint: str | None = None  # its document tower,
-    dtype: str | None = None  # the compute dtype it embedded in,
-    faiss: str | None = None  # and its faiss index spec, if any
-    faiss_params: dict = field(default_factory=dict)
     step: int | None = None  # a pre-training refresh: the step of the towers
     seconds: float | None = None  # and how long it took
     files: dict | None = None  # verify.py's inventory; None: published before inventories existed
@@ -71,10 +71,8 @@ class VersionManifest:
     extra: dict = field(default_factory=dict)
 
     TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
-        "version": (str,), "count": (int,), "blocks": (str,), "created": (int, float), "corpus": (str,), "dim": (int,),
-        "retriever": (str,), "doc_fingerprint": (str,), "dtype": (str,), "faiss": (str,), "faiss_params": (dict,),
+        "version": (str,), "count": (int,), "blocks": (str,), "sections": (dict,), "created": (int, float), "corpus": (str,),
         "step": (int,), "seconds": (int, float), "files": (dict,), "log": (dict,)}
-    DENSE: ClassVar[tuple[str, ...]] = ("dim", "retriever", "doc_fingerprint")  # what a dense side must record
 
     @classmethod
     def from_json(cls, raw: dict, where: str | os.PathLike, sides: tuple[str, ...] = ()) -> VersionManifest:
@@ -85,28 +83,32 @@ class VersionManifest:
         held = raw.get("sides", list(sides))
         if not isinstance(held, list) or not held or not all(isinstance(s, str) for s in held):
             fail("sides", "a list of side names")
-        for name in ("version", "count", "blocks", *(cls.DENSE if "dense" in held else ())):
-            if raw.get(name) is None:
-                fail(name, "present")
-        for name, types in cls.TYPES.items():
-            value = raw.get(name)
-            if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-                fail(name, " or ".join(t.__name__ for t in types))
+        check_fields(raw, cls.TYPES, required=("version", "count", "blocks"), where=where)
         if not _VERSION.match(raw["version"]):
             fail("version", "a version name like v000001")
         log = raw.get("log")
         if log is not None and not (isinstance(log.get("id"), str) and isinstance(log.get("offset"), int) and log["offset"] >= 0):
             fail("log", 'an object {"id": str, "offset": int}')
-        if raw["count"] < 0 or (raw.get("dim") is not None and raw["dim"] <= 0):
-            fail("count" if raw["count"] < 0 else "dim", "positive")
-        known = {f.name for f in fields(cls)} - {"sides", "extra"}
-        return cls(sides=tuple(held), **{k: v for k, v in raw.items() if k in known},
-                   extra={k: v for k, v in raw.items() if k not in known and k != "sides"})
+        if raw["count"] < 0:
+            fail("count", "positive")
+        classes = {s: side_class(s).Section for s in held}
+        if raw.get("sections") is not None:
+            if set(raw["sections"]) - set(held):
+                fail("sections", f"an object of the sides it holds ({', '.join(held)})")
+            sections = {s: c.from_json(raw["sections"].get(s, {}), where, s) for s, c in classes.items()}
+            legacy = set()
+        else:  # written before sections: each side's fields at the top level
+            legacy = {name for c in classes.values() for name in c.names()}
+            sections = {s: c.from_json({k: raw[k] for k in c.names() if k in raw}, where, s) for s, c in classes.items()}
+        known = {f.name for f in fields(cls)} - {"sides", "sections", "extra"}
+        return cls(sides=tuple(held), sections=sections, **{k: v for k, v in raw.items() if k in known},
+                   extra={k: v for k, v in raw.items() if k not in known | legacy | {"sides", "sections"}})
 
     def to_json(self) -> dict:
         """The manifest.json object (unset fields left out)."""
-        typed = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sides", "extra")}
-        return {**self.extra, **{k: v for k, v in typed.items() if v not in (None, {})}, "sides": list(self.sides)}
+        typed = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sides", "sections", "extra")}
+        return {**self.extra, **{k: v for k, v in typed.items() if v not in (None, {})}, "sides": list(self.sides),
+                "sections": {s: section.to_json() for s, section in self.sections.items()}}
 
     @classmethod
     def read(cls, version_dir: Path, sides: tuple[str, ...] = ()) -> VersionManifest:
@@ -115,11 +117,6 @@ class VersionManifest:
     @property
     def kind(self) -> str:
         return kind_of(self.sides)
-
-
-def embeddings_file(version_dir: Path) -> Path:
-    """Where a dense version keeps its float32 block embeddings [N, D], also while it is written."""
-    return version_dir / "embeddings.npy"
 
 
 class IndexDir:
@@ -205,18 +202,14 @@ class IndexDir:
         return self.version(name).to_json()
 
     def summary(self, name: str) -> dict:
-        """What a build reports of version `name`."""
+        """What a build reports of version `name`: the common fields, then each side's (the keys
+        builds have always reported are there, null where no side sets them)."""
         m = self.version(name)
-        return {"index": str(self.root), "version": name, "retriever": m.kind, "blocks": m.count, "dim": m.dim,
-                "faiss": m.faiss, "dtype": m.dtype}
-
-    def embeddings(self, name: str, manifest: VersionManifest, mmap_mode: str = "r") -> np.ndarray:
-        """Dense version `name`'s embeddings [N, D], memory-mapped, checked against its manifest."""
-        emb = read_npy(embeddings_file(self.version_path(name)), mmap_mode)
-        if emb.shape != (manifest.count, manifest.dim):
-            raise RalmError(f"{self.version_path(name)}: embeddings have shape {emb.shape}, "
-                            f"manifest says {(manifest.count, manifest.dim)}")
-        return emb
+        out = {"index": str(self.root), "version": name, "retriever": m.kind, "blocks": m.count, "dim": None, "faiss": None,
+               "dtype": None}
+        for section in m.sections.values():
+            out.update(section.summary())
+        return out
 
     def publish(self, write: Callable[[Path], dict], keep: int = KEEP_VERSIONS, *, expect: str | None = None,
                 then: Callable[[str], None] | None = None) -> str | None:

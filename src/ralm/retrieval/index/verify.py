@@ -47,9 +47,13 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
 
 def used_folders(root: Path, manifest: dict) -> list[Path]:
     """The index directory's shared folders a version manifest names: its block store
-    ("blocks": key) and any value that is a folder path inside the index (a retriever)."""
+    ("blocks": key) and any value, at its top level or in a side's section, that is a folder
+    path inside the index (the dense side's retriever)."""
     names = [Path("blocks") / v for k, v in manifest.items() if k == "blocks" and isinstance(v, str)]
-    names += [Path(v) for v in manifest.values() if isinstance(v, str) and "/" in v and not os.path.isabs(v)]
+    sections = manifest.get("sections")
+    values = [*manifest.values(), *(v for s in (sections.values() if isinstance(sections, dict) else ()) if isinstance(s, dict)
+                                    for v in s.values())]
+    names += [Path(v) for v in values if isinstance(v, str) and "/" in v and not os.path.isabs(v)]
     found = []
     for name in names:
         path = (root / name).resolve()

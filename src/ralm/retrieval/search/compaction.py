@@ -36,7 +36,7 @@ from ralm.retrieval.search.live import LiveSearcher, Snapshot
 from ralm.retrieval.search.overlay import split_docs
 
 PREFIX = "compacted-"  # the block stores compactions write, removed once no version uses them
-_COMMON = ("version", "created", "kind", "sides", "count", "blocks", "corpus", "files", "log", "step", "seconds")
+_COMMON = ("version", "created", "kind", "sides", "count", "blocks", "corpus", "files", "log", "step", "seconds", "sections")
 
 
 @dataclass(frozen=True)
@@ -89,16 +89,16 @@ def _publish(live: LiveSearcher, snap: Snapshot, *, show_progress: bool) -> str 
     key = PREFIX + hashlib.sha256(f"{version.manifest.blocks} {held}".encode()).hexdigest()[:16]
     blocks = compact_block_store(version.blocks, keep, split, index.blocks_dir / key,
                                  origin={"blocks": version.manifest.blocks, "log": held})
-    ctx = BuildContext(index=index, key=key, blocks=blocks, model=None, dim=version.manifest.dim, faiss_spec=version.manifest.faiss,
-                       batch_size=64, device=live.device, dtype=live.dtype, env=dist_env(), show_progress=show_progress,
-                       piece_rows=1 << 20, retriever=live.models.get("dense"))
-    carried = {k: v for k, v in version.manifest.to_json().items() if k not in _COMMON}  # the dense side's model, dim, faiss ...
+    # each side compacts from its own loaded version and section: the context holds nothing side-specific
+    ctx = BuildContext(index=index, key=key, blocks=blocks, model=None, dim=None, faiss_spec=None, batch_size=64,
+                       device=live.device, dtype=live.dtype, env=dist_env(), show_progress=show_progress, piece_rows=1 << 20)
+    carried = {k: v for k, v in version.manifest.to_json().items() if k not in _COMMON}
 
     def write(tmp) -> dict:
-        manifest = {**carried, **version_manifest(key, blocks, version.manifest.sides), "log": held}
-        for name, side in version.sides.items():
-            manifest.update(side.write_compacted(tmp, ctx, keep=keep, live=[s for d in docs for s in d.states[name]]))
-        return manifest
+        sections = {name: {**version.manifest.sections[name].to_json(),
+                           **side.write_compacted(tmp, ctx, keep=keep, live=[s for d in docs for s in d.states[name]])}
+                    for name, side in version.sides.items()}
+        return {**carried, **version_manifest(key, blocks, version.manifest.sides, sections), "log": held}
 
     name = index.publish(write, expect=version.name, then=lambda _: live.updates.restart(snap.log.id, after=snap.log.end))
     if name is None:

@@ -82,10 +82,12 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
 
 
 class Searcher:
-    def __init__(self, index: IndexDir, retriever=None, *, device: torch.device | None = None,
-                 check_model: bool = True, dtype: str | torch.dtype | None = None):
-        """`retriever`: the dense side's query model, if not the one the index was built with
-        (it must share the index's document tower)."""
+    def __init__(self, index: IndexDir, model=None, *, device: torch.device | None = None, check_model: bool = True,
+                 dtype: str | torch.dtype | None = None, own_if_other: bool = False):
+        """`model`: offered to every side as its query model (`Side.query_model`: the dense side
+        takes a retriever, loaded or a checkpoint, that shares the index's document tower);
+        each side otherwise uses the one the index was built with. `own_if_other`: a model
+        that does not fit a side gives way to the side's own instead of being refused."""
         self.index = index
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
@@ -93,24 +95,17 @@ class Searcher:
         self.fusion = Fusion()  # how the sides' lists are fused (search/fusion.py)
         latest = index.latest()
         manifest = index.version(latest)
-        self.models = {s: retriever if s == "dense" and retriever is not None
-                       else side_class(s).query_model(index, manifest, None, self.device) for s in manifest.sides}
+        self.models = {s: side_class(s).query_model(index, manifest, model, self.device, own_if_other=own_if_other)
+                       for s in manifest.sides}
         self.current = self._load(latest)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, model: str | None = None, *, device: torch.device | None = None,
+    def open(cls, path: str | os.PathLike, model: str | os.PathLike | None = None, *, device: torch.device | None = None,
              check_model: bool = True, dtype: str | torch.dtype | None = None) -> "Searcher":
         """Open the index at `path`. Its dense side, if any, uses the retriever it was built
         with unless `model` (a retriever checkpoint) is given; that model must share its
         document tower."""
-        index = IndexDir(path)
-        device = device or torch.device("cpu")
-        retriever = None
-        if model is not None:
-            from ralm.retrieval.towers.encoders import Retriever
-
-            retriever = Retriever.from_pretrained(model).to(device).eval()
-        return cls(index, retriever, device=device, check_model=check_model, dtype=dtype)
+        return cls(IndexDir(path), model, device=device, check_model=check_model, dtype=dtype)
 
     @property
     def retriever(self):
