@@ -281,10 +281,10 @@ class DenseSide:
         return self.section.doc_fingerprint.encode() + b"\0" + np.asarray(states, np.float32).tobytes()
 
     def decode_state(self, data: bytes, n: int) -> list[np.ndarray] | None:
-        tower, _, vectors = bytes(data).partition(b"\0")
-        if tower.decode(errors="replace") != self.section.doc_fingerprint or len(vectors) != 4 * n * self.section.dim:
+        data, head = bytes(data), self.section.doc_fingerprint.encode() + b"\0"
+        if not data.startswith(head) or len(data) - len(head) != 4 * n * self.section.dim:
             return None  # embedded by another document tower (or damaged): embedded again
-        return list(np.frombuffer(vectors, np.float32).reshape(n, self.section.dim))
+        return list(np.frombuffer(data, np.float32, offset=len(head)).reshape(n, self.section.dim))
 
     def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_DenseOverlay":
         return _DenseOverlay(np.stack(states) if len(states) else np.zeros((0, self.section.dim), np.float32))

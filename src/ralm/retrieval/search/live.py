@@ -225,9 +225,8 @@ class LiveSearcher(Searcher):
         return LogPosition(log_id, size, 1 + len(gone + docs), len(gone + docs))
 
     def _snapshot(self, version: LoadedVersion, delta: Delta, position: LogPosition) -> Snapshot:
-        rows_of = self._rows_by_doc(version) if delta.hidden_docs else {}
-        hidden = sorted(r for d in delta.hidden_docs for r in rows_of.get(d, ()))
-        return Snapshot(version, delta, np.array(hidden, dtype=np.int64), position)
+        hidden = self._rows_by_doc(version).rows_of(delta.hidden_docs) if delta.hidden_docs else np.zeros(0, np.int64)
+        return Snapshot(version, delta, hidden, position)
 
     def _rows_by_doc(self, version: LoadedVersion) -> DocumentRows:
         """Main-index rows of each document (doc id -> range), once per version: a lookup in the
