@@ -285,7 +285,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.stage == "all":
         if args.vocab is None:
-            from ralm.retrieval.towers.loading import default_model_path
+            from ralm.encoders.loading import default_model_path
 
             args.vocab = Path(default_model_path()) / "vocab.txt"
         subprocess.run([args.hf_python, __file__, "--stage", "hf", "--work", str(args.work), "--vocab", str(args.vocab),

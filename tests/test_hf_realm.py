@@ -120,7 +120,7 @@ def test_blocks_are_encoded_as_realm_tokenizer_pairs(tiny_bert, tmp_path, gen):
     encoding; with segment id 0 throughout they would not."""
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
-    from ralm.retrieval.towers.encoding import pad_rows
+    from ralm.encoders.padding import pad_rows
 
     state = embedder("embedder.", gen) | embedder("query_embedder.", gen)
     convert_hf_realm(write_dir(tmp_path / "scorer", "RealmScorer", state, tiny_bert), tmp_path / "run")

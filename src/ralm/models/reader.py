@@ -35,10 +35,9 @@ from ralm.atomic import atomic_path, link_or_copy, read_json, read_weights, writ
 from ralm.configs import config_from_file
 from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.data.qa import normalize_answer
+from ralm.encoders.loading import assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder
+from ralm.encoders.padding import by_length, length_group, pad_rows
 from ralm.errors import RalmError
-from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
-from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer,
-                                           load_hf_encoder)
 
 FORMAT = "ralm.reader/1"
 # Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.
