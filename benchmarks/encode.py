@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = ap.parse_args()
 
-    from ralm.encoders.padding import pad_rows
+    from ralm.data.padding import pad_rows
     from ralm.retrieval.towers.encoders import RetrieverConfig, Tower, pool
     from ralm.retrieval.towers.encoding import encode_rows
     from ralm.runtime import autocast, dtype_name, resolve_device, resolve_dtype

@@ -27,9 +27,10 @@ from torch.nn import functional as F
 from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.masking import MaskedSentence
+from ralm.data.padding import pad_rows
 from ralm.configs import ConfigError
+from ralm.encoders.length_groups import by_length, length_group
 from ralm.encoders.loading import ENCODER_OVERRIDES, default_model_path
-from ralm.encoders.padding import by_length, length_group, pad_rows
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.runtime import full_precision

@@ -22,8 +22,8 @@ import torch
 from ralm.atomic import atomic_path
 from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
+from ralm.data.padding import pad_rows
 from ralm.data.qa import Question, has_answer
-from ralm.encoders.padding import pad_rows
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.index.build import build_index

@@ -17,7 +17,7 @@ import numpy as np
 from ralm.configs import CORPUS_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.masking import SentenceTable, corpus_sentences
-from ralm.encoders.padding import pad_rows
+from ralm.data.padding import pad_rows
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import IndexDir

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import torch
 
-from ralm.encoders.padding import pad_rows
+from ralm.data.padding import pad_rows
 from ralm.progress import progress_bar
 from ralm.runtime import autocast, resolve_dtype
 

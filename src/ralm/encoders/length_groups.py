@@ -1,8 +1,5 @@
-"""Padding token rows into batches: right-padded id and mask tensors, and running a model over
-groups of rows of similar length so little work goes to padding.
-
-Shapes: B batch, L length.
-"""
+"""Running an encoder over groups of rows of similar length, each padded only to its own longest
+row, so little attention and FFN work goes to padding (the padding itself: data/padding.py)."""
 
 from __future__ import annotations
 
@@ -10,17 +7,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-
-
-def pad_rows(rows: Sequence[np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad int rows -> input_ids [B, L], attention_mask [B, L]."""
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def length_group(device: torch.device) -> int:
