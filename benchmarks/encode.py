@@ -36,8 +36,8 @@ def load_bert(name: str):
     if name == "bert-base":  # BERT-base shape with random weights: speed does not depend on values
         torch.manual_seed(0)
         return BertModel(BertConfig(attn_implementation="sdpa"), add_pooling_layer=False), "cls"
+    from ralm.encoders.loading import default_model_path
     from ralm.retrieval.towers.encoders import Retriever
-    from ralm.retrieval.towers.loading import default_model_path
 
     path = default_model_path() if name == "default" else name
     r = Retriever.from_pretrained(path, dim=None)
@@ -57,8 +57,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = ap.parse_args()
 
+    from ralm.data.padding import pad_rows
     from ralm.retrieval.towers.encoders import RetrieverConfig, Tower, pool
-    from ralm.retrieval.towers.encoding import encode_rows, pad_rows
+    from ralm.retrieval.towers.encoding import encode_rows
     from ralm.runtime import autocast, dtype_name, resolve_device, resolve_dtype
 
     if args.threads:

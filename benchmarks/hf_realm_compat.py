@@ -181,7 +181,8 @@ def stage_ralm(work: Path) -> dict:
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
     from ralm.convert.hf_realm import convert_hf_realm
-    from ralm.models.reader import Reader, ReaderBatch, best_spans, valid_spans
+    from ralm.data.reader_features import ReaderBatch, valid_spans
+    from ralm.models.reader import Reader, best_spans
     from ralm.models.realm import KnowledgeAugmentedEncoder, marginal_nll, masked_token_log_probs
     from ralm.retrieval.towers.encoders import Retriever
 
@@ -285,7 +286,7 @@ def main() -> None:
     start = time.perf_counter()
     if args.stage == "all":
         if args.vocab is None:
-            from ralm.retrieval.towers.loading import default_model_path
+            from ralm.encoders.loading import default_model_path
 
             args.vocab = Path(default_model_path()) / "vocab.txt"
         subprocess.run([args.hf_python, __file__, "--stage", "hf", "--work", str(args.work), "--vocab", str(args.vocab),

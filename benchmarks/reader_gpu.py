@@ -219,8 +219,8 @@ def _featurize(job: tuple) -> list:
     question, answers, texts, stride = job
     near = without_answer(texts[0], answers)
     texts = [*texts, *([near] if near is not None else [])]
-    batch, owner = _READER.featurize_windows([question] * len(texts), texts, stride)
-    match = _READER.answer_match(batch, [answers] * len(owner))
+    batch, owner = _READER.featurizer.featurize_windows([question] * len(texts), texts, stride)
+    match = _READER.featurizer.answer_match(batch, [answers] * len(owner))
     lengths = batch.attention_mask.sum(1).tolist()
     holds = [has_answer(t, answers) for t in texts]
     out = []
@@ -251,7 +251,7 @@ def make_batch(windows: list, width: int, device):
     """A ReaderBatch (no texts: training needs none) and the match tensor of `windows`."""
     import torch
 
-    from ralm.models.reader import ReaderBatch
+    from ralm.data.reader_features import ReaderBatch
 
     n, length = len(windows), max(len(w[1]) for w in windows)
     ids = torch.zeros(n, length, dtype=torch.long)
@@ -310,7 +310,8 @@ def run_phase(name: str, models: list, *, features, teacher, cfg: dict, budget: 
     passes). Each model: {"reader", "distill"}; a teacher (eval mode) gives soft targets."""
     import torch
 
-    from ralm.models.reader import distill_kl, shared_nll, valid_spans
+    from ralm.data.reader_features import valid_spans
+    from ralm.models.reader import distill_kl, shared_nll
 
     batch_size, distractors = cfg["batch_size"], cfg["distractors"]
     per_epoch = math.ceil(len(features) / batch_size)
@@ -386,7 +387,8 @@ def keep_top_spans(store: dict, scores, batch, questions: np.ndarray, windows: l
     could train from, without the teacher."""
     import torch
 
-    from ralm.models.reader import NEG, valid_spans
+    from ralm.data.reader_features import valid_spans
+    from ralm.models.reader import NEG
 
     flat = scores.masked_fill(~valid_spans(batch, width), NEG).flatten(1)  # [N, L*W]
     values, at = torch.topk(flat, top, dim=1)
@@ -453,7 +455,8 @@ def save_delta(reader, init_state: dict, out: Path, name: str) -> None:
 def train(args) -> None:
     import torch
 
-    from ralm.models.reader import Reader, wordpiece_map
+    from ralm.data.reader_features import wordpiece_map
+    from ralm.models.reader import Reader
 
     deadline = time.perf_counter() + args.budget
     out = Path(args.out)
@@ -525,7 +528,7 @@ def train(args) -> None:
     readers["shipped"] = Reader.from_pretrained(args.student, max_len=args.max_len, calibration=None).to(device).eval()
     if teacher is not None:
         readers["teacher"] = _TeacherView(teacher, to_teacher)
-    evals = evaluate(readers, eval_rows, readers["shipped"], device=device, log=log, deadline=deadline - 5)
+    evals = evaluate(readers, eval_rows, readers["shipped"].featurizer, device=device, log=log, deadline=deadline - 5)
     (out / "eval_per_question.json").write_text(json.dumps(
         {k: {"open": v.pop("per_question_open"), "closed": v.pop("per_question_closed")} for k, v in evals.items()}))
     log(phase="done", results=results, evals=evals)

@@ -50,8 +50,8 @@ from pathlib import Path
 import torch
 
 from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, generate_task, save_spacy_pipeline
+from ralm.encoders.loading import save_random_encoder
 from ralm.eval.knowledge import score_checkpoint
-from ralm.retrieval.towers.loading import save_random_encoder
 from ralm.train.ict import IctConfig, train_ict
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.pretrain import PretrainConfig, pretrain

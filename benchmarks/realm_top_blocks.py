@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from ralm.data.masking import MaskingConfig, corpus_sentences, masked_batch
+from ralm.data.padding import pad_rows
 from ralm.models.realm import RealmConfig, block_holds_span, select_candidates, trivial_margin
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.towers.encoding import encode_rows, pad_rows
+from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.index.store import IndexDir
 
 

@@ -249,8 +249,8 @@ def main() -> None:
     if args.role == "reader":
         return run_reader(index, work)
 
+    from ralm.encoders.loading import save_random_encoder
     from ralm.retrieval.index.build import build_index
-    from ralm.retrieval.towers.loading import save_random_encoder
 
     rng = random.Random(args.seed)
     work.mkdir(parents=True, exist_ok=True)

@@ -107,10 +107,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from ralm.data.qa import read_questions
+    from ralm.encoders.loading import default_model_path
     from ralm.eval.metrics import recall_at_k
     from ralm.eval.retrieval import evaluate_retrieval
     from ralm.retrieval.index.build import build_index
-    from ralm.retrieval.towers.loading import default_model_path
     from ralm.retrieval.search.searcher import Searcher
 
     work = Path(args.work)

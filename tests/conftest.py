@@ -41,7 +41,7 @@ DOCS = [
 def make_tiny_bert(path: Path, seed: int = 0, arch: str = "bert") -> Path:
     """Save a random 2-layer, hidden-32 BERT (or another encoder `arch`, e.g. "mpnet") with the
     MiniLM tokenizer as an HF directory."""
-    from ralm.retrieval.towers.loading import save_random_encoder
+    from ralm.encoders.loading import save_random_encoder
 
     return save_random_encoder(path, hidden_size=32, layers=2, heads=2, intermediate_size=64, seed=seed, arch=arch)
 

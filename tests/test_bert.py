@@ -1,4 +1,4 @@
-"""ralm's own BERT and tokenizer (retrieval/towers/bert.py, data/tokenizer.py) against
+"""ralm's own BERT and tokenizer (encoders/bert.py, data/tokenizer.py) against
 transformers, on the same weights and tokenizer files; copy-free safetensors loading."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from ralm.atomic import load_safetensors, read_weights
 from ralm.data.tokenizer import WordpieceTokenizer
-from ralm.retrieval.towers.loading import assign_weights, bert_from_config
+from ralm.encoders.loading import assign_weights, bert_from_config
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,8 @@ def test_bm25_side_splits_blocks_into_transformers_wordpieces():
     """The BM25 side reads the bundled MiniLM's tokenizer.json itself (no transformers import on
     a one-shot search): blocks, block-store key and queries come out as transformers' would."""
     from ralm.data.blocks import BlockConfig, Document, iter_blocks, tokenizer_fingerprint
+    from ralm.encoders.loading import load_tokenizer
     from ralm.retrieval.index.bm25_side import BM25Side
-    from ralm.retrieval.towers.loading import load_tokenizer
 
     hf, ours = load_tokenizer(), BM25Side.tokenizer(None)
     assert isinstance(ours, WordpieceTokenizer)

@@ -6,8 +6,8 @@ from transformers import AutoTokenizer
 
 from ralm.data.blocks import BlockConfig, BlockStore, build_block_store, iter_blocks, join_query_evidence, wordpiece_tokenizer
 from ralm.data.corpus import Document
+from ralm.encoders.loading import default_model_path
 from ralm.errors import RalmError, RalmWarning
-from ralm.retrieval.towers.loading import default_model_path
 
 
 @pytest.fixture(scope="module")

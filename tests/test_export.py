@@ -95,7 +95,7 @@ def test_reader_export_loads_in_transformers(tmp_path, tiny_bert):
     reader.save_pretrained(tmp_path / "reader")
     export_model(tmp_path / "reader", tmp_path / "out", "hf")
     bert = AutoModel.from_pretrained(str(tmp_path / "out")).eval()
-    batch = reader.featurize(["where is paris"], ["Paris is in France."])
+    batch = reader.featurizer.featurize(["where is paris"], ["Paris is in France."])
     with torch.no_grad():
         ours = reader.eval().bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                   token_type_ids=batch.token_type_ids).last_hidden_state

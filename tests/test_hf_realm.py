@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 from conftest import DOCS
 from ralm.convert.hf_realm import convert_hf_realm
+from ralm.data.reader_features import valid_spans
 from ralm.errors import RalmError
-from ralm.models.reader import Reader, ReaderConfig, valid_spans
+from ralm.models.reader import Reader, ReaderConfig
 from ralm.models.realm import KnowledgeAugmentedEncoder
 from ralm.retrieval.towers.encoders import Retriever
 
@@ -120,7 +121,7 @@ def test_blocks_are_encoded_as_realm_tokenizer_pairs(tiny_bert, tmp_path, gen):
     encoding; with segment id 0 throughout they would not."""
     from ralm.data.blocks import iter_blocks
     from ralm.data.corpus import Document
-    from ralm.retrieval.towers.encoding import pad_rows
+    from ralm.data.padding import pad_rows
 
     state = embedder("embedder.", gen) | embedder("query_embedder.", gen)
     convert_hf_realm(write_dir(tmp_path / "scorer", "RealmScorer", state, tiny_bert), tmp_path / "run")
@@ -166,7 +167,7 @@ def test_reader_span_scores_match_hf_reader_projection(tiny_bert, tmp_path, gen)
     convert_hf_realm(src, tmp_path / "run")
     model = Reader.from_pretrained(tmp_path / "run" / "final" / "reader").eval()
     assert model.cfg.span_layernorm_eps == 1e-3 and model.cfg.max_span_width == W and model.cfg.span_hidden == S
-    batch = model.featurize(["where is paris"], ["paris lies on the seine river in france"])
+    batch = model.featurizer.featurize(["where is paris"], ["paris lies on the seine river in france"])
     scores = model(batch)  # [1, L, W]
     # HF RealmReaderProjection, step by step: split dense_intermediate into start/end halves,
     # relu(start_i + end_j) -> LayerNorm(eps 1e-3) -> dense_output.
@@ -288,7 +289,7 @@ def test_checkpoints_from_before_the_hf_realm_options_load_and_score_unchanged(t
                                  span_layernorm_eps=None).eval()
     reader.save_pretrained(tmp_path / "reader")
     _drop_config_keys(tmp_path / "reader", "span_layernorm_eps")
-    batch = reader.featurize(["capital of france?"], [DOCS[0]["text"]])
+    batch = reader.featurizer.featurize(["capital of france?"], [DOCS[0]["text"]])
     torch.testing.assert_close(Reader.from_pretrained(tmp_path / "reader").eval()(batch), reader(batch))
 
     retriever = Retriever.from_pretrained(tiny_bert, dim=D, pooling="cls", proj_layernorm=False, pair_sep_id=None).eval()

@@ -1,4 +1,4 @@
-"""The layering: data -> retrieval -> models -> pipeline -> train / convert -> eval -> serve / demo -> cli.
+"""The layering: data -> encoders -> retrieval -> models -> pipeline -> train / convert -> eval -> serve / demo -> cli.
 A module imports only from its own layer or a lower one (lazy imports inside functions too)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 SRC = Path(__file__).parents[1] / "src" / "ralm"
 # shared helpers below everything; the package's __init__ (lazy exports) and __main__ on top
 LAYERS = {"errors": 0, "configs": 0, "atomic": 0, "runtime": 0, "progress": 0, "distributed": 0, "rundir": 0, "defaults": 0, "data": 1,
-          "retrieval": 2, "models": 3, "pipeline": 4, "train": 5, "convert": 5, "eval": 6, "serve": 7, "demo": 7,
-          "console": 8, "commands": 8, "cli": 8, "__main__": 9, "__init__": 9}
+          "encoders": 2, "retrieval": 3, "models": 4, "pipeline": 5, "train": 6, "convert": 6, "eval": 7, "serve": 8, "demo": 8,
+          "console": 9, "commands": 9, "cli": 9, "__main__": 10, "__init__": 10}
 
 
 def _layer(module: str) -> str:

@@ -9,9 +9,9 @@ from ralm.data.blocks import BlockStore, build_block_store
 from ralm.data.knowledge import (CITIES, FOUNDERS, MORE_FIRST, MORE_SECOND, NAME_FIRST, NAME_SECOND, KnowledgeConfig, generate_task,
                                  save_spacy_pipeline)
 from ralm.data.masking import SentenceConfig, find_sentences, load_spacy
+from ralm.encoders.loading import load_tokenizer
 from ralm.errors import RalmError
 from ralm.eval.knowledge import fact_examples
-from ralm.retrieval.towers.loading import load_tokenizer
 
 
 def test_the_task_is_seeded_and_states_each_fact_in_one_place():

@@ -27,9 +27,9 @@ import torch
 
 from ralm.data.corpus import Document, jsonl_lines
 from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, generate_task
+from ralm.encoders.loading import save_random_encoder
 from ralm.eval.knowledge import search_recall
 from ralm.retrieval.index.build import build_index
-from ralm.retrieval.towers.loading import save_random_encoder
 from ralm.train.dpr import DPRConfig, train_dpr
 from ralm.train.ict import IctConfig, train_ict
 

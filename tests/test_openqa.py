@@ -17,7 +17,8 @@ from ralm.data.qa import Question
 from ralm.errors import RalmError
 from ralm.eval.openqa import evaluate_qa
 from ralm.data.qa import normalize_answer
-from ralm.models.reader import Reader, default_reader_path, is_reader_dir, valid_spans, write_calibration
+from ralm.data.reader_features import valid_spans
+from ralm.models.reader import Reader, default_reader_path, is_reader_dir, write_calibration
 from ralm.pipeline import OpenQA, ReadBlock, Span, open_searcher, pick_answer, resolve_reader
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
@@ -42,7 +43,7 @@ def oracle_reader(tiny_bert) -> Reader:
     def forward(batch):
         questions = [reader.tokenizer.decode(ids[: int(s)]) for ids, s in zip(batch.input_ids, batch.evidence_start)]
         targets = [[t for w, t in TARGETS.items() if w in q] for q in questions]
-        match = reader.answer_match(batch, targets).float()  # [N, L, W]
+        match = reader.featurizer.answer_match(batch, targets).float()  # [N, L, W]
         return match * (10.0 - 0.01 * torch.arange(match.shape[-1]))
 
     reader.forward = forward
@@ -57,14 +58,14 @@ def test_answers_come_from_evidence_with_consistent_scores(oracle_reader, tiny_d
     start, end = best.span
     assert best.text[start:end] == a.answer == "Paris"
     # p(answer|x) by brute force: every valid span of every block read, one softmax, p(z|x) weights
-    batch = oracle_reader.featurize([a.question] * len(a.evidence), [e.text for e in a.evidence])
+    batch = oracle_reader.featurizer.featurize([a.question] * len(a.evidence), [e.text for e in a.evidence])
     scores, valid = oracle_reader(batch), valid_spans(batch, oracle_reader.cfg.max_span_width)
     num = den = 0.0
     for n, e in enumerate(a.evidence):
         for i, w in valid[n].nonzero().tolist():
             mass = e.retrieval_prob * math.exp(float(scores[n, i, w]))
             den += mass
-            num += mass if normalize_answer(oracle_reader.span_text(batch, n, i, w)[0]) == "paris" else 0.0
+            num += mass if normalize_answer(batch.span_text(n, i, w)[0]) == "paris" else 0.0
     assert a.score == pytest.approx(num / den, rel=1e-4)
     assert sum(e.retrieval_prob for e in a.evidence) == pytest.approx(1.0, abs=1e-5)
     assert json.loads(json.dumps(a.to_json()))["evidence"][a.best]["span"] == [start, end]
@@ -160,13 +161,13 @@ def test_a_block_is_read_whole_past_the_readers_training_window(oracle_reader, t
     text = "The capital of France, " + "an old city of many bridges and museums, " * 16 + "is Paris."
     build_index([{"id": "long", "title": "France", "text": text}], tmp_path / "bm25", kind="bm25", show_progress=False)
     searcher = Searcher.open(tmp_path / "bm25")
-    assert len(searcher) == 1 and len(oracle_reader._wordpieces.encode(text).ids) > 150
+    assert len(searcher) == 1 and len(oracle_reader.featurizer._wordpieces.encode(text).ids) > 150
     (a,) = OpenQA(oracle_reader, searcher, k=1).answer(["What is the capital of France?"])
     assert a.answer == "Paris" and a.evidence[0].text[slice(*a.evidence[0].span)] == "Paris"
-    assert oracle_reader.featurize(["q"], [text]).input_ids.shape[1] == 96  # training still reads its window
-    assert oracle_reader.max_read_len == 512
+    assert oracle_reader.featurizer.featurize(["q"], [text]).input_ids.shape[1] == 96  # training still reads its window
+    assert oracle_reader.featurizer.max_read_len == 512
     with pytest.raises(RalmError, match="exceeds the 512 wordpieces the encoder reads"):
-        oracle_reader.featurize(["q"], [text], max_len=513)
+        oracle_reader.featurizer.featurize(["q"], [text], max_len=513)
 
 
 def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_reader, tiny_dense_index, monkeypatch):

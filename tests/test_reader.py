@@ -1,5 +1,5 @@
-"""The span reader: span scores, the shared-normalisation likelihood against brute force, masking
-and word boundaries."""
+"""The span reader: span scores, the shared-normalisation likelihood against brute force, masking,
+saving and loading (its inputs from text: test_reader_features.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from ralm.data.reader_features import valid_spans
 from ralm.errors import RalmError
 from ralm.models.reader import (
     Reader,
@@ -18,10 +19,7 @@ from ralm.models.reader import (
     is_reader_dir,
     marginal_nll,
     shared_nll,
-    valid_spans,
-    wordpiece_map,
 )
-from ralm.data.qa import normalize_answer
 
 
 @pytest.fixture(scope="module")
@@ -205,12 +203,12 @@ def test_unanswerable_question_contributes_nothing_and_is_counted():
 
 def test_spans_never_start_in_the_question(reader):
     # the answer word appears in the question too; only the evidence copy may match
-    batch = reader.featurize(["where is paris located ?"], ["paris is in france , not in spain ."])
+    batch = reader.featurizer.featurize(["where is paris located ?"], ["paris is in france , not in spain ."])
     valid = valid_spans(batch, reader.cfg.max_span_width)
     ev = int(batch.evidence_start[0])
     assert not valid[0, :ev].any()  # no span starts in [CLS] question [SEP]
     assert not valid[0, int(batch.evidence_end[0]):].any()  # nor at/after the final [SEP]
-    match = reader.answer_match(batch, [["Paris"]])
+    match = reader.featurizer.answer_match(batch, [["Paris"]])
     starts = match[0].nonzero()[:, 0].tolist()
     assert starts == [ev]
     # even when the question wordpieces score highest, the best span lies in the evidence
@@ -220,102 +218,12 @@ def test_spans_never_start_in_the_question(reader):
     assert int(start) >= ev and int(start + width) < int(batch.evidence_end[0])
 
 
-def _tokens(reader, batch, n):
-    return reader.tokenizer.convert_ids_to_tokens(batch.input_ids[n].tolist())
-
-
-def test_spans_start_and_end_on_word_boundaries(reader):
-    # "eiffel" is e ##iff ##el, "rossum" ross ##um: no span may start or end inside them
-    batch = reader.featurize(["who ?"], ["eiffel met rossum in paris ."])
-    valid = valid_spans(batch, reader.cfg.max_span_width)
-    tokens = _tokens(reader, batch, 0)
-    spans = valid[0].nonzero().tolist()
-    assert spans and all(not tokens[i].startswith("##") and not tokens[i + w + 1].startswith("##") for i, w in spans)
-    words = {reader.span_text(batch, 0, i, w)[0] for i, w in spans}
-    assert {"eiffel", "rossum", "eiffel met rossum", "paris ."} <= words
-    assert not {"e", "eiff", "ross", "iffel", "el met"} & words
-    # without word information (HF-REALM parity inputs) every wordpiece is a boundary
-    batch.word_start = None
-    assert valid_spans(batch, reader.cfg.max_span_width).sum() > valid.sum()
-
-
-def test_a_window_cut_mid_word_ends_no_span_there(reader):
-    text = "one two three four five six seven eight nine ten eleven twelve kilimanjaro thirteen"
-    batch, _ = reader.featurize_windows(["q ?"], [text], stride=4, max_len=18)  # 13 evidence wordpieces
-    valid = valid_spans(batch, reader.cfg.max_span_width)
-    tokens = _tokens(reader, batch, 0)
-    last = int(batch.evidence_end[0]) - 1
-    assert tokens[last] == "ki" and tokens[last + 1] == "[SEP]"  # window 0 ends inside "kilimanjaro"
-    assert not any(i + w == last for i, w in valid[0].nonzero().tolist())  # "twelve ki" would cut the word
-    assert any(i + w == last - 1 for i, w in valid[0].nonzero().tolist())  # "twelve" itself is fine
-
-
-def test_answer_match_respects_word_boundaries_and_width(reader):
-    batch = reader.featurize(["when ?"], ["built in 1889s and finished in 1889 ."])
-    match = reader.answer_match(batch, [["1889"]])
-    hits = match[0].nonzero().tolist()
-    assert len(hits) == 2  # "1889" and "1889 ." (equal once normalised); "1889s" is not "1889"
-    text, (a, b) = reader.span_text(batch, 0, hits[0][0], hits[0][1])
-    assert text == "1889" and batch.texts[0][a:b] == "1889" and a == batch.texts[0].index("1889 ")
-    long_answer = " ".join(["word"] * (reader.cfg.max_span_width + 1))
-    assert not reader.answer_match(batch, [[long_answer]]).any()
-
-
-def test_answer_match_is_the_answer_rule_every_normalised_equal_span(reader):
-    """Gold spans are exactly the valid spans whose SQuAD-normalised text equals a normalised
-    answer (what EM and pick_answer count right), not only verbatim copies: "photons." and
-    "The Photons" are gold for "photons"; "photon" and "photonsx" are not."""
-    texts = ["light is made of photons . the photons move ; photons , they say , photon photonsx labs .",
-             "a standard measurement scale was used : the standard measurement scale ( scale )"]
-    answers = [["Photons"], ["a standard measurement scale", "scale"]]
-    batch = reader.featurize(["what ?", "which ?"], texts)
-    match = reader.answer_match(batch, answers)
-    valid = valid_spans(batch, reader.cfg.max_span_width)
-    for n in range(2):
-        gold = {normalize_answer(a) for a in answers[n]}
-        brute = {(i, w) for i, w in valid[n].nonzero().tolist() if normalize_answer(reader.span_text(batch, n, i, w)[0]) in gold}
-        assert {tuple(x) for x in match[n].nonzero().tolist()} == brute
-    got = {reader.span_text(batch, 0, i, w)[0] for i, w in match[0].nonzero().tolist()}
-    assert {"photons", "photons .", "the photons", "; photons ,"} <= got and not {"photon", "photonsx"} & got
-
-
-def test_wordpiece_map_reads_a_student_batch_in_a_shifted_vocabulary(reader):
-    """A teacher whose vocabulary holds the same wordpieces at other ids (MPNet's: BERT's, after
-    <s> <pad> </s> <unk>) reads the student's inputs token for token, specials by role."""
-    class Shifted:
-        def __init__(self, base):
-            self.vocab = {t: i + 4 for t, i in base.get_vocab().items()}
-            self.vocab.update({"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3})
-            self.cls_token_id, self.pad_token_id, self.sep_token_id, self.unk_token_id = 0, 1, 2, 3
-            self.mask_token_id = None
-
-        def get_vocab(self):
-            return self.vocab
-
-    student = reader.tokenizer
-    mapped = wordpiece_map(student, Shifted(student))
-    batch = reader.featurize(["who built it ?"], ["eiffel built the tower ."])
-    ids = batch.input_ids[0].tolist()
-    got = mapped[batch.input_ids][0].tolist()
-    assert got[0] == 0 and got[ids.index(student.sep_token_id)] == 2
-    inner = [i for i in ids if i not in (student.cls_token_id, student.sep_token_id, student.pad_token_id)]
-    assert [mapped[i].item() for i in inner] == [i + 4 for i in inner]
-
-    class Other(Shifted):
-        def __init__(self, base):
-            super().__init__(base)
-            self.vocab = {f"x{t}": i for t, i in self.vocab.items()}
-
-    with pytest.raises(RalmError, match="not the student's"):
-        wordpiece_map(student, Other(student))
-
-
 def test_gradients_reach_the_encoder_and_scorer(reader):
-    batch = reader.featurize(["who built it ?", "who built it ?"], ["eiffel built the tower .", "nobody knows ."])
+    batch = reader.featurizer.featurize(["who built it ?", "who built it ?"], ["eiffel built the tower .", "nobody knows ."])
     reader.train()
     scores = reader(batch)
     valid = valid_spans(batch, reader.cfg.max_span_width)
-    match = reader.answer_match(batch, [["Eiffel"], ["Eiffel"]])
+    match = reader.featurizer.answer_match(batch, [["Eiffel"], ["Eiffel"]])
     L, W = scores.shape[1:]
     scores.retain_grad()
     loss, answerable = marginal_nll(scores.view(1, 2, L, W), valid.view(1, 2, L, W), match.view(1, 2, L, W), torch.zeros(1, 2))
@@ -333,9 +241,9 @@ def test_reading_in_length_groups_equals_one_padded_batch(reader):
     gradient must equal those of the whole batch read at full padding."""
     torch.manual_seed(0)
     texts = [" ".join(["word"] * n) + " eiffel built it ." for n in (3, 40, 7, 25, 1, 33) * 3]  # 18 inputs > one group
-    batch = reader.featurize(["who built it ?"] * len(texts), texts)
+    batch = reader.featurizer.featurize(["who built it ?"] * len(texts), texts)
     valid = valid_spans(batch, reader.cfg.max_span_width)
-    match = reader.answer_match(batch, [["eiffel"]] * len(texts))
+    match = reader.featurizer.answer_match(batch, [["eiffel"]] * len(texts))
 
     def loss_and_grads(read):
         reader.zero_grad()
@@ -360,7 +268,7 @@ def test_save_and_load_round_trip(reader, tmp_path):
     reader.save_pretrained(tmp_path / "r")
     assert is_reader_dir(tmp_path / "r")
     again = Reader.from_pretrained(tmp_path / "r").eval()
-    batch = reader.featurize(["q ?"], ["some evidence text ."])
+    batch = reader.featurizer.featurize(["q ?"], ["some evidence text ."])
     with torch.no_grad():  # same weights; one or two threads sum in another order (1e-7 apart)
         torch.testing.assert_close(reader(batch), again(batch), rtol=1e-5, atol=1e-6)
     assert (again.cfg.max_span_width, again.cfg.span_hidden, again.cfg.max_len) == (reader.cfg.max_span_width, reader.cfg.span_hidden, reader.cfg.max_len)
@@ -379,7 +287,7 @@ def test_a_reader_split_into_shards_loads_the_same(reader, tmp_path):
         save_file({k: state[k] for k in part}, str(tmp_path / "r" / f"model-0000{i}-of-00002.safetensors"))
     again = Reader.from_pretrained(tmp_path / "r").eval()
     assert all(torch.equal(v, state[k]) for k, v in again.state_dict().items())
-    batch = reader.featurize(["q ?"], ["some evidence text ."])
+    batch = reader.featurizer.featurize(["q ?"], ["some evidence text ."])
     with torch.no_grad():  # the fixture's encoder is transformers' BERT, the loaded one ralm's: same maths
         assert torch.allclose(reader.eval()(batch), again(batch), atol=1e-5)
     for f in (tmp_path / "r").glob("model-*.safetensors"):
@@ -409,7 +317,7 @@ def test_a_reader_checkpoint_is_trained_at_the_length_asked_for(reader, tmp_path
     again = load_reader(str(tmp_path / "r"), 96)
     assert (again.cfg.max_len, again.cfg.calibration) == (96, None)
     long_text = " ".join(["word"] * 200)
-    assert again.featurize(["q ?"], [long_text]).input_ids.shape[1] == 96  # reads 96, not the saved 64
+    assert again.featurizer.featurize(["q ?"], [long_text]).input_ids.shape[1] == 96  # reads 96, not the saved 64
     with pytest.raises(RalmError, match="positions"):
         load_reader(str(tmp_path / "r"), 600)
 
@@ -427,29 +335,8 @@ def test_partial_reader_trains_and_saves_only_its_top_layers(tiny_bert, tmp_path
     saved = load_file(str(tmp_path / "r" / "model.safetensors"))
     assert set(saved) == {n for n in reader.state_dict() if n.startswith(("spans.", "bert.encoder.layer.1."))}
     again = Reader.from_pretrained(tmp_path / "r").eval()
-    batch = reader.eval().featurize(["q ?"], ["some evidence text ."])
+    batch = reader.eval().featurizer.featurize(["q ?"], ["some evidence text ."])
     with torch.no_grad():
         assert torch.allclose(reader(batch), again(batch), atol=1e-6)
     with pytest.raises(RalmError, match="exceeds"):
         Reader.from_encoder(tiny_bert, trainable_layers=3)
-
-
-def test_windows_cover_the_text_stride_apart(reader):
-    text = " ".join(f"word{i}" for i in range(60))  # about 120 wordpieces: several 64-wordpiece inputs
-    batch, owner = reader.featurize_windows(["which word ?", "short ?"], [text, "one two ."], stride=20)
-    pieces = reader._wordpieces.encode(text, add_special_tokens=False).offsets
-    windows = [n for n in range(len(owner)) if owner[n] == 0]
-    assert owner[-1] == 1 and owner.count(1) == 1 and len(windows) > 2
-    firsts = [pieces.index(batch.offsets[n][0]) for n in windows]
-    assert firsts == [20 * j for j in range(len(windows))]
-    assert batch.offsets[windows[-1]][-1] == pieces[-1]  # the last window reaches the end
-    assert all(batch.offsets[n][-1] != pieces[-1] for n in windows[:-1])  # and no earlier one does
-    for n in windows:
-        ev, end = int(batch.evidence_start[n]), int(batch.evidence_end[n])
-        assert batch.input_ids[n, ev - 1] == reader.tokenizer.sep_token_id and end - ev == len(batch.offsets[n])
-        assert batch.texts[n] == text
-    first = reader.featurize(["which word ?"], [text])
-    assert torch.equal(first.input_ids[0], batch.input_ids[0, : first.input_ids.shape[1]])
-    assert reader.span_text(batch, windows[1], int(batch.evidence_start[windows[1]]), 0)[0] == text[slice(*pieces[20])]
-    with pytest.raises(RalmError, match="stride 100"):
-        reader.featurize_windows(["q ?"], [text], stride=100)

@@ -258,7 +258,7 @@ def test_length_buckets_change_no_number(realm, monkeypatch):
 
 
 def test_by_length_returns_results_in_input_order():
-    from ralm.retrieval.towers.encoding import by_length
+    from ralm.encoders.length_groups import by_length
 
     lengths = [5, 1, 4, 1, 3]
     calls = []

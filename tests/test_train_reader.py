@@ -55,8 +55,8 @@ def words(small_reader) -> list[str]:
 
 
 def _labelled(reader, text, answer, stride):
-    batch, owner = reader.featurize_windows(["q ?"], [text], stride)
-    return batch, reader.answer_match(batch, [[answer]] * len(owner))
+    batch, owner = reader.featurizer.featurize_windows(["q ?"], [text], stride)
+    return batch, reader.featurizer.answer_match(batch, [[answer]] * len(owner))
 
 
 def test_an_answer_is_labelled_in_every_window_holding_it_whole(small_reader, words):
@@ -68,7 +68,7 @@ def test_an_answer_is_labelled_in_every_window_holding_it_whole(small_reader, wo
         small_reader.tokenizer.convert_tokens_to_ids([words[0], words[5]])
     assert match.flatten(1).sum(1).tolist()[:4] == [0, 1, 1, 0]  # not in window 0 that cuts it; in 5-19 and 10-24
     for n, start, width in match.nonzero().tolist():
-        assert small_reader.span_text(batch, n, start, width)[0] == answer
+        assert batch.span_text(n, start, width)[0] == answer
 
 
 def test_answer_free_windows_and_distractors_are_read(small_reader, words):
@@ -76,7 +76,7 @@ def test_answer_free_windows_and_distractors_are_read(small_reader, words):
     qs = [Question("a", "q ?", (words[30],)), Question("b", "q ?", ("absent words",))]
     other = " ".join(words[:10])
     batch, match, question = read_inputs(small_reader, qs, [[text, other, words[30]], [text]], stride=5)
-    windows = len(small_reader.featurize_windows(["q ?"], [text], stride=5)[0].texts)
+    windows = len(small_reader.featurizer.featurize_windows(["q ?"], [text], stride=5)[0].texts)
     assert question.tolist() == [0] * (windows + 2) + [1] * windows  # every window, with the answer or not
     hits = match.flatten(1).any(1)
     assert hits[:windows].sum() >= 1 and not hits[windows] and hits[windows + 1]  # the distractor holding it is gold too

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from ralm.data.qa import normalize_answer
+from ralm.data.reader_features import ReaderBatch, valid_spans
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE, Calibrations, check_fitted_with
-from ralm.models.reader import NEG, Reader, ReaderBatch, default_reader_path, is_reader_dir, top_spans, valid_spans
+from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
@@ -204,7 +205,8 @@ def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], 
                 dtype: torch.dtype) -> list[ReadBlock]:
     """Read block texts[n] for questions[n] (N pairs), each block whole (up to the encoder's
     positions), not the training window, which would hide the tail of every long block."""
-    return read_batch(reader, reader.featurize(questions, texts, max_len=reader.max_read_len), device=device, dtype=dtype)
+    batch = reader.featurizer.featurize(questions, texts, max_len=reader.featurizer.max_read_len)
+    return read_batch(reader, batch, device=device, dtype=dtype)
 
 
 def read_batch(reader: Reader, batch: ReaderBatch, *, device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
@@ -220,7 +222,7 @@ def read_batch(reader: Reader, batch: ReaderBatch, *, device: torch.device, dtyp
     out = []
     for n in range(len(batch.texts)):
         has_evidence = batch.evidence_end[n] > batch.evidence_start[n]
-        spans = [Span(float(f[n, r]), *reader.span_text(batch, n, int(start[n, r]), int(width[n, r])))
+        spans = [Span(float(f[n, r]), *batch.span_text(n, int(start[n, r]), int(width[n, r])))
                  for r in range(f.shape[1]) if has_evidence and f[n, r] > NEG / 2]
         out.append(ReadBlock(spans, float(log_norm[n]), None if null is None else null[n]))
     return out

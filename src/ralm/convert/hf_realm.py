@@ -247,7 +247,7 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], where: st
 # -- building our modules ----------------------------------------------------------------------
 
 def _bert(config: dict):
-    from ralm.retrieval.towers.loading import bert_from_config
+    from ralm.encoders.loading import bert_from_config
 
     return bert_from_config(bert_config(config))
 

@@ -4,8 +4,8 @@ its training objective: the answer's probability under one softmax shared by eve
 block read, weighted by p(z|x) (`shared_nll`; `marginal_nll` over K retrieved blocks), which is
 how the pipeline answers.
 
-A long passage can also be read as overlapping windows (`featurize_windows`, BERT's doc stride),
-as gold-passage training does (train/reader.py).
+Its inputs are made from text by `reader.featurizer` (data/reader_features.py: the windows of a
+long passage, the valid and gold spans); this module scores them.
 
 Shapes: B questions, K retrieved blocks per question, N = B*K reader inputs, L input length,
 H BERT hidden size, S span-MLP hidden size, W maximum span width. A span is (start i, width w):
@@ -23,9 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -33,13 +31,11 @@ from torch import nn
 
 from ralm.atomic import atomic_path, link_or_copy, read_json, read_weights, write_model_dir, write_text
 from ralm.configs import config_from_file
-from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
 from ralm.data.geometry import GEOMETRY
-from ralm.data.qa import normalize_answer
+from ralm.data.reader_features import ReaderBatch, ReaderFeaturizer
+from ralm.encoders.length_groups import by_length, length_group
+from ralm.encoders.loading import assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder
 from ralm.errors import RalmError
-from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
-from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer,
-                                           load_hf_encoder)
 
 FORMAT = "ralm.reader/1"
 # Masked span scores: finite, so a question without any valid match yields zero gradients, not NaN.
@@ -92,54 +88,6 @@ class SpanScorer(nn.Module):
         end = F.pad(self.end(h), (0, 0, 0, self.max_width - 1))  # [N, L+W-1, S]
         end = rearrange(end.unfold(1, self.max_width, 1), "n l s w -> n l w s")  # [N, L, W, S]: end i+w
         return self.out(self.norm(torch.relu(start.unsqueeze(2) + end))).squeeze(-1)  # [N, L, W]
-
-
-@dataclass
-class ReaderBatch:
-    """Reader inputs for N (question, block) pairs; `offsets[n][j]` is the character span of
-    evidence wordpiece j in `texts[n]` (for turning a span back into text)."""
-
-    input_ids: torch.Tensor  # [N, L]
-    attention_mask: torch.Tensor  # [N, L]
-    token_type_ids: torch.Tensor  # [N, L]
-    evidence_start: torch.Tensor  # [N] first evidence wordpiece
-    evidence_end: torch.Tensor  # [N] one past the last evidence wordpiece (the final [SEP])
-    offsets: list[list[tuple[int, int]]]
-    texts: list[str]
-    # [N, L] bool: a word begins at this wordpiece (not a `##` continuation); at the final [SEP]:
-    # the text after the window does not continue the window's last word. None (inputs built
-    # without a tokenizer, e.g. HF-REALM parity): every wordpiece is a word boundary.
-    word_start: torch.Tensor | None = None
-
-    TENSORS = ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")
-
-    def _tensors(self, pick) -> dict:
-        out = {k: pick(getattr(self, k)) for k in self.TENSORS}
-        return {**out, "word_start": None if self.word_start is None else pick(self.word_start)}
-
-    def to(self, device: torch.device) -> "ReaderBatch":
-        return ReaderBatch(**self._tensors(lambda t: t.to(device)), offsets=self.offsets, texts=self.texts)
-
-    def take(self, rows: Sequence[int]) -> "ReaderBatch":
-        """The inputs `rows` only, in that order."""
-        index = torch.as_tensor(list(rows), dtype=torch.long)
-        return ReaderBatch(**self._tensors(lambda t: t[index.to(t.device)]), offsets=[self.offsets[r] for r in rows],
-                           texts=[self.texts[r] for r in rows])
-
-
-def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
-    """[N, L, W] bool: spans that start and end inside the evidence (never in the question) and
-    on word boundaries: a span neither starts on a `##` continuation nor ends right before one,
-    as gold answers never do."""
-    n, length = batch.input_ids.shape
-    start = torch.arange(length, device=batch.input_ids.device).view(1, length, 1)  # [1, L, 1]
-    end = start + torch.arange(width, device=start.device).view(1, 1, width)  # [1, L, W] last wordpiece
-    valid = (start >= batch.evidence_start.view(n, 1, 1)) & (end < batch.evidence_end.view(n, 1, 1))  # [N, L, W]
-    if batch.word_start is None:
-        return valid
-    begins = batch.word_start.to(valid.device)  # [N, L]
-    after = F.pad(begins, (0, width), value=True).unfold(1, width, 1)[:, 1 : length + 1]  # [N, L, W]: begins[i+w+1]
-    return valid & begins[:, :, None] & after
 
 
 def _per_question_lse(values: torch.Tensor, question: torch.Tensor, questions: int) -> torch.Tensor:
@@ -251,10 +199,8 @@ class Reader(nn.Module):
         positions = getattr(bert.config, "max_position_embeddings", None)
         if positions is not None and cfg.max_len > positions:
             raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {positions} positions")
-        self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
-        vocab = tokenizer.get_vocab()
-        self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
-        self._continuation[[i for t, i in vocab.items() if t.startswith("##")]] = True
+        self.featurizer = ReaderFeaturizer(tokenizer, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
+                                           max_span_width=cfg.max_span_width, max_positions=positions)
         if cfg.trainable_layers is not None:
             layers = bert.config.num_hidden_layers
             if cfg.trainable_layers > layers:
@@ -315,118 +261,6 @@ class Reader(nn.Module):
         [N, L, W], or None for a reader trained without one (cfg.null_span)."""
         return scores[:, 0, 0] if self.cfg.null_span else None
 
-    # -- featurisation ---------------------------------------------------------------------
-    @property
-    def max_read_len(self) -> int:
-        """The longest input the encoder reads: its position embeddings, or fewer where its tokenizer
-        says so (RoBERTa-style encoders reserve two); never below the training length cfg.max_len."""
-        limits = [getattr(self.bert.config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
-        return max(self.cfg.max_len, min([int(x) for x in limits if x] or [self.cfg.max_len]))
-
-    def featurize(self, questions: Sequence[str], texts: Sequence[str], max_len: int | None = None) -> ReaderBatch:
-        """One reader input per (question, evidence text) pair (both lists of length N); the
-        evidence is cut to what fits in `max_len` wordpieces (default: cfg.max_len, the training window)."""
-        return self.featurize_windows(questions, texts, stride=None, max_len=max_len)[0]
-
-    def featurize_windows(self, questions: Sequence[str], texts: Sequence[str],
-                          stride: int | None, max_len: int | None = None) -> tuple[ReaderBatch, list[int]]:
-        """`[CLS] question [SEP] window [SEP]` for windows of each text that start `stride`
-        wordpieces apart (BERT's doc stride) until the text is covered; `stride=None` reads the
-        first window only. Inputs are at most `max_len` wordpieces (default: cfg.max_len).
-        Returns (batch of every window, the pair index of each window)."""
-        if len(questions) != len(texts):
-            raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
-        max_len = max_len or self.cfg.max_len
-        if max_len > self.max_read_len:
-            raise RalmError(f"reader input length {max_len} exceeds the {self.max_read_len} wordpieces the encoder reads")
-        q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
-        z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
-        rows, types, starts, ends, offsets, window_texts, owner, begins = [], [], [], [], [], [], [], []
-        cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
-        for pair, (q, z) in enumerate(zip(q_enc, z_enc)):
-            room = max_len - min(len(q.ids), self.cfg.max_query_len) - 3
-            if stride is not None and not 0 < stride <= room:
-                raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {max_len}-wordpiece input)")
-            first = 0
-            while True:
-                ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id=cls_id, sep_id=sep_id, max_len=max_len,
-                                                        max_query_len=self.cfg.max_query_len)
-                after = first + len(ids) - 1 - ev_start  # the text's first wordpiece past this window
-                begin = [not c for c in self._is_continuation(ids).tolist()]
-                begin[-1] = after >= len(z.ids) or not self._is_continuation(z.ids[after : after + 1]).item()
-                rows.append(ids)
-                types.append(tt)
-                begins.append(begin)
-                starts.append(ev_start)
-                ends.append(len(ids) - 1)
-                offsets.append(list(z.offsets[first : first + len(ids) - 1 - ev_start]))
-                window_texts.append(texts[pair])  # the whole text: offsets index into it
-                owner.append(pair)
-                if stride is None or first + room >= len(z.ids):
-                    break
-                first += stride
-        input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
-        token_types, _ = pad_rows(types)
-        word_start = torch.ones_like(input_ids, dtype=torch.bool)
-        for n, begin in enumerate(begins):
-            word_start[n, : len(begin)] = torch.tensor(begin)
-        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, window_texts,
-                           word_start), owner
-
-    def _is_continuation(self, ids) -> torch.Tensor:
-        """Whether each wordpiece id continues the previous word (`##...`)."""
-        ids = torch.as_tensor(ids, dtype=torch.long)
-        return self._continuation[ids.clamp(max=len(self._continuation) - 1)]
-
-    def answer_match(self, batch: ReaderBatch, answers: Sequence[Sequence[str]]) -> torch.Tensor:
-        """[N, L, W] bool: every valid span (`valid_spans`) whose text, SQuAD-normalised, equals a
-        normalised gold answer of its input (`answers[n]`): the rule the pipeline answers by
-        (pick_answer pools the spans of equal normalised text) and EM scores by, so "photons.",
-        "the photons" and "Photons" are gold wherever "photons" is."""
-        n, length = batch.input_ids.shape
-        width = self.cfg.max_span_width
-        valid = valid_spans(batch, width).cpu().numpy()  # [N, L, W]
-        match = torch.zeros(n, length, width, dtype=torch.bool)
-        begins = None if batch.word_start is None else batch.word_start.cpu().numpy()
-        normalised: dict[str, str] = {}  # word text -> its normalised text, squeezed (words repeat)
-        for i in range(n):
-            gold = {normalize_answer(a) for a in answers[i]} - {""}
-            if not gold:
-                continue
-            squeezed = {g.replace(" ", "") for g in gold}  # a cheap filter; each candidate is checked exactly
-            prefixes = {g[:k] for g in squeezed for k in range(1, len(g) + 1)}
-            lo, hi = int(batch.evidence_start[i]), int(batch.evidence_end[i])
-            text, offs = batch.texts[i], batch.offsets[i]
-            # words (a wordpiece that begins one, then its `##` continuations) and their normalised text
-            firsts = list(range(lo, hi)) if begins is None else [lo, *(np.flatnonzero(begins[i, lo + 1 : hi]) + lo + 1).tolist()]
-            lasts = [*(f - 1 for f in firsts[1:]), hi - 1]
-            norms = []
-            for a, b in zip(firsts, lasts):
-                word = text[offs[a - lo][0] : offs[b - lo][1]]
-                if word not in normalised:
-                    normalised[word] = normalize_answer(word).replace(" ", "")
-                norms.append(normalised[word])
-            for s_word, first in enumerate(firsts):
-                joined = ""
-                for e_word in range(s_word, len(firsts)):
-                    w = lasts[e_word] - first
-                    if w >= width:
-                        break
-                    joined += norms[e_word]
-                    if joined and joined not in prefixes:
-                        break
-                    if (joined in squeezed and valid[i, first, w]
-                            and normalize_answer(text[offs[first - lo][0] : offs[lasts[e_word] - lo][1]]) in gold):
-                        match[i, first, w] = True
-        return match.to(batch.input_ids.device)
-
-    def span_text(self, batch: ReaderBatch, n: int, start: int, width: int) -> tuple[str, tuple[int, int]]:
-        """The evidence text of span (start, width) of input n and its character offsets."""
-        ev = int(batch.evidence_start[n])
-        offs = batch.offsets[n]
-        a, b = offs[start - ev][0], offs[start - ev + width][1]
-        return batch.texts[n][a:b], (a, b)
-
     # -- save / load -------------------------------------------------------------------------
     def save_pretrained(self, out: str | os.PathLike) -> None:
         state = {k: v for k, v in self.state_dict().items() if self._is_trained(k)}
@@ -463,28 +297,6 @@ class Reader(nn.Module):
         if missing or unexpected:
             raise RalmError(f"{path}: checkpoint does not match its config (missing {missing[:5]}, unexpected {unexpected[:5]})")
         return model
-
-
-SPECIAL_ROLES = ("cls", "sep", "pad", "unk", "mask")
-
-
-def wordpiece_map(source, target) -> torch.Tensor:
-    """[source vocabulary] the id in `target`'s vocabulary of each wordpiece of `source`'s
-    (special tokens by role: [CLS] -> <s>), so a teacher whose wordpieces are the student's under
-    other ids (MPNet's vocabulary is BERT's uncased one, shifted) reads the student's inputs as
-    they are: `replace(batch, input_ids=map[batch.input_ids])`."""
-    src, tgt = source.get_vocab(), target.get_vocab()
-    specials = {getattr(source, f"{r}_token_id", None): getattr(target, f"{r}_token_id", None) for r in SPECIAL_ROLES}
-    specials = {s: t for s, t in specials.items() if s is not None and t is not None}
-    missing = [tok for tok, i in src.items() if tok not in tgt and i not in specials]
-    if len(missing) > 0.001 * len(src):
-        raise RalmError(f"the teacher's wordpieces are not the student's ({len(missing)} of {len(src)} missing, e.g. "
-                        f"{missing[:3]}): distillation reads both on the same windows")
-    unk = getattr(target, "unk_token_id", None) or 0
-    out = torch.full((max(src.values()) + 1,), unk, dtype=torch.long)
-    for tok, i in src.items():
-        out[i] = specials.get(i, tgt.get(tok, unk))
-    return out
 
 
 def is_reader_dir(path: str | os.PathLike) -> bool:

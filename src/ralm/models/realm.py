@@ -28,11 +28,12 @@ from ralm.atomic import atomic_path
 from ralm.data.blocks import BlockStore, join_query_evidence, tokenizer_fingerprint
 from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import MaskedSentence
+from ralm.data.padding import pad_rows
 from ralm.configs import ConfigError
+from ralm.encoders.length_groups import by_length, length_group
+from ralm.encoders.loading import ENCODER_OVERRIDES, default_model_path
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.towers.encoding import by_length, length_group, pad_rows
-from ralm.retrieval.towers.loading import ENCODER_OVERRIDES, default_model_path
 from ralm.runtime import full_precision
 
 

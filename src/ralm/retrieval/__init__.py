@@ -1,1 +1,1 @@
-"""Retrieval: BERT towers, exact / faiss / BM25 indexes, versioned index directories, refresh."""
+"""Retrieval: the retriever's towers, exact / faiss / BM25 indexes, versioned index directories, refresh."""

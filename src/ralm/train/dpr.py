@@ -23,12 +23,12 @@ from ralm.atomic import atomic_path
 from ralm.configs import CORPUS_HELP, LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.blocks import BlockStore
 from ralm.data.geometry import GEOMETRY
+from ralm.data.padding import pad_rows
 from ralm.data.qa import Question, has_answer
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.towers.encoding import pad_rows
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay

@@ -28,9 +28,10 @@ import torch
 
 from ralm.configs import LIMIT_HELP, QUESTIONS_HELP, WARMUP_HELP, option
 from ralm.data.qa import Question, has_answer
+from ralm.data.reader_features import valid_spans
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
-from ralm.models.reader import Reader, is_reader_dir, marginal_nll, valid_spans
+from ralm.models.reader import Reader, is_reader_dir, marginal_nll
 from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir, find_model, is_model_dir, is_run
@@ -143,8 +144,8 @@ def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question
     blocks = searcher.current.blocks
     k = rows.shape[1]
     texts = [blocks.record(int(r))["text"] for r in rows.reshape(-1)]
-    batch = reader.featurize([q.question for q in questions for _ in range(k)], texts)
-    match = reader.answer_match(batch, [q.answers for q in questions for _ in range(k)])
+    batch = reader.featurizer.featurize([q.question for q in questions for _ in range(k)], texts)
+    match = reader.featurizer.answer_match(batch, [q.answers for q in questions for _ in range(k)])
     no_answer = torch.tensor([not any(has_answer(t, q.answers) for t in texts[b * k : (b + 1) * k]) for b, q in enumerate(questions)])
     batch = batch.to(device)
     return batch, valid_spans(batch, reader.cfg.max_span_width), match.to(device), no_answer.to(device)

@@ -18,9 +18,9 @@ from ralm.configs import CORPUS_HELP, ConfigError, option
 from ralm.data.blocks import BlockStore
 from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import SentenceTable, corpus_sentences
+from ralm.data.padding import pad_rows
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.towers.encoding import pad_rows
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir
 from ralm.train.loop import LoopConfig, TrainResult

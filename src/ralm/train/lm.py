@@ -28,10 +28,10 @@ import torch
 
 from ralm.configs import LIMIT_TOKENS_HELP, TEXT_HELP, ConfigError, option
 from ralm.data.chunks import TokenStream, tokenize_text
+from ralm.encoders.loading import default_model_path
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
-from ralm.retrieval.towers.loading import default_model_path
 from ralm.runtime import seed_everything
 from ralm.train.loop import LoopConfig, TrainResult, warmup_cosine
 from ralm.train.parallel import main_first, rank_batch

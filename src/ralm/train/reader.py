@@ -7,7 +7,7 @@ looked up in a corpus. With an index (`index`), the top `distractors` blocks ret
 question from other documents are read too, as the pipeline reads retrieved blocks. Every text
 is read as `[CLS] question [SEP] window [SEP]` windows that start `stride` wordpieces apart
 (BERT's doc stride). The gold spans are the answer rule's: every valid span whose SQuAD-normalised
-text equals a normalised answer, in the gold passage or a distractor (`Reader.answer_match`).
+text equals a normalised answer, in the gold passage or a distractor (`ReaderFeaturizer.answer_match`).
 
 The loss is the one the pipeline answers with: one softmax shared by every span of every window
 read for the question (`shared_nll`, shared normalisation as in Clark & Gardner 2018), so
@@ -44,8 +44,9 @@ from ralm.configs import LIMIT_HELP, SAVE_EVERY_HELP, WARMUP_HELP, option
 from ralm.data.blocks import sentence_ends
 from ralm.data.corpus import read_corpus
 from ralm.data.qa import Question, has_answer
+from ralm.data.reader_features import ReaderBatch, valid_spans, wordpiece_map
 from ralm.errors import RalmError
-from ralm.models.reader import NEG, Reader, ReaderBatch, distill_kl, shared_nll, valid_spans, wordpiece_map
+from ralm.models.reader import NEG, Reader, distill_kl, shared_nll
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir
 from ralm.runtime import full_precision
@@ -133,9 +134,9 @@ def read_inputs(reader: Reader, questions: Sequence[Question], texts: Sequence[S
     """Every window of every text read for each question (`texts[b]`: its gold passage first,
     unless dropped, then its distractors): (batch, match [N, L, W], question [N]: which question a window is for)."""
     pairs = [(b, text) for b, qtexts in enumerate(texts) for text in qtexts]
-    batch, owner = reader.featurize_windows([questions[b].question for b, _ in pairs], [t for _, t in pairs], stride)
+    batch, owner = reader.featurizer.featurize_windows([questions[b].question for b, _ in pairs], [t for _, t in pairs], stride)
     question = [pairs[o][0] for o in owner]
-    match = reader.answer_match(batch, [questions[b].answers for b in question])
+    match = reader.featurizer.answer_match(batch, [questions[b].answers for b in question])
     return batch, match, torch.tensor(question)
 
 

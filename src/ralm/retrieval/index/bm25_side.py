@@ -60,7 +60,7 @@ class BM25Side:
     def tokenizer(cls, model: str | None):
         """`model`'s wordpieces; by default the bundled MiniLM's, read from its tokenizer.json
         without importing transformers (a one-shot search splits logged documents with it)."""
-        from ralm.retrieval.towers.loading import default_model_path, load_checkpoint_tokenizer, load_tokenizer
+        from ralm.encoders.loading import default_model_path, load_checkpoint_tokenizer, load_tokenizer
 
         return load_checkpoint_tokenizer(Path(default_model_path())) if model is None else load_tokenizer(model)
 

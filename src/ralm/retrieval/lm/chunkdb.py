@@ -40,7 +40,7 @@ from ralm.retrieval.towers.encoders import Retriever, Tower
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.backends.exact import ExactIndex
 from ralm.retrieval.backends.faiss_index import FaissIndex
-from ralm.retrieval.towers.loading import load_tokenizer
+from ralm.encoders.loading import load_tokenizer
 
 FORMAT = "ralm.chunkdb/1"
 

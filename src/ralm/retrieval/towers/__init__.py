@@ -1,2 +1,2 @@
-"""The BERT towers: loading encoders and tokenizers, the retriever's query and document towers
-with their projection, and batched encoding of token rows."""
+"""The retriever's towers: its query and document towers with their projection, and batched
+encoding of token rows (the BERT inside them and its loading are ralm.encoders)."""

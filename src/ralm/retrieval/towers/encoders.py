@@ -3,7 +3,7 @@ projection to `dim`. Relevance is the inner product of the two.
 
 Shapes: B batch, L sequence length, H BERT hidden size, D retrieval dim.
 
-Loading Hugging Face encoders is retrieval/towers/loading.py; the PCA start of the projection
+Loading Hugging Face encoders is encoders/loading.py; the PCA start of the projection
 retrieval/towers/projection.py; encoding a corpus retrieval/towers/encoding.py.
 
 Checkpoint directory (HF-style): config.json (our RetrieverConfig + the BERT config),
@@ -31,9 +31,9 @@ from ralm.atomic import read_json, read_weights, safetensors_metadata, write_mod
 from ralm.configs import config_from_file
 from ralm.data.corpus import Document
 from ralm.data.geometry import GEOMETRY
+from ralm.encoders.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder,
+                                   sentence_transformers_pooling)
 from ralm.errors import RalmError
-from ralm.retrieval.towers.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder,
-                                           sentence_transformers_pooling)
 from ralm.runtime import autocast, full_precision, resolve_dtype
 
 FORMAT = "ralm.retriever/1"

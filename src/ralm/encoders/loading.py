@@ -77,10 +77,10 @@ def load_hf_encoder(path: str):
 
 def bert_from_config(encoder: dict, device: str | None = None) -> nn.Module:
     """An untrained encoder of the architecture recorded in a checkpoint's config; its weights
-    come from the checkpoint. BERT is ralm's own (retrieval/towers/bert.py: no transformers
+    come from the checkpoint. BERT is ralm's own (encoders/bert.py: no transformers
     import, and `device="meta"` builds it without memory for the weights to be assigned);
     other architectures are transformers' (SDPA attention where they have it)."""
-    from ralm.retrieval.towers import bert
+    from ralm.encoders import bert
 
     if bert.supports(encoder):
         return bert.bert_from_config({**encoder, **ENCODER_OVERRIDES}, device)
