@@ -574,8 +574,9 @@ def child_dense(args) -> dict:
     dim = s["emb"].shape[1]
     index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     start = time.perf_counter()
-    # as FaissIndex.build trains: on 262,144 vectors (here the first: documents are drawn independently)
-    train = np.concatenate([vectors(c) for c in range(min(chunks, -(-262_144 // CHUNK)))])[:262_144]
+    # as FaissIndex.build trains, on fi.training_count vectors (here the first: documents are drawn independently)
+    size = fi.training_count(index)
+    train = np.concatenate([vectors(c) for c in range(min(chunks, -(-size // CHUNK)))])[:size]
     index.train(train)
     del train
     trained = time.perf_counter()
@@ -617,7 +618,8 @@ def child_dense(args) -> dict:
     index_bytes = path.stat().st_size
     path.unlink()
     f16_path.unlink()
-    return {"n": n, "spec": spec, "nprobe": faiss.extract_index_ivf(index).nprobe, "train_seconds": round(trained - start, 1),
+    return {"n": n, "spec": spec, "nprobe": faiss.extract_index_ivf(index).nprobe, "trained_on": min(size, n),
+            "train_seconds": round(trained - start, 1),
             "add_seconds": round(built - trained, 1), "index_mb": round(index_bytes / 2**20, 1),
             "bytes_per_block": round(index_bytes / n, 1), "rescore_source": "fp16 on disk (memory-mapped)",
             **default_lat, "recall@10": overlap(got, truth), "nprobe_sweep": sweep, "rss_mb": rss_mb()}

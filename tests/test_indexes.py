@@ -204,3 +204,13 @@ def test_auto_spec_keeps_small_indexes_exact_and_sizes_ivf_lists_from_n():
     assert auto_spec(1_000_000) == "IVF4096,SQ8" and auto_spec(10_000_000) == "IVF16384_HNSW32,SQ8"
     index = FaissIndex.build(np.random.default_rng(0).standard_normal((2000, 16), dtype=np.float32), "IVF16_HNSW32,SQ8")
     assert index.default_search_params() == {"nprobe": 16}  # the lists' graph is not the index's: no ef_search
+
+
+def test_an_ivf_of_many_lists_trains_on_enough_vectors_for_each_list():
+    from ralm.retrieval.backends.faiss_index import POINTS_PER_CLUSTER, TRAIN_VECTORS, _faiss, training_count
+
+    faiss = _faiss()
+    # 16,384 lists (what --faiss auto builds at 10M blocks) on the default sample would be 16 points a list
+    assert training_count(faiss.index_factory(8, "IVF16384_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)) == POINTS_PER_CLUSTER * 16_384
+    assert training_count(faiss.index_factory(8, "IVF4096,SQ8", faiss.METRIC_INNER_PRODUCT)) == TRAIN_VECTORS
+    assert training_count(faiss.index_factory(8, "HNSW32", faiss.METRIC_INNER_PRODUCT)) == TRAIN_VECTORS

@@ -32,6 +32,7 @@ def _faiss():
 
 
 POINTS_PER_CLUSTER = 39  # faiss's k-means warns below this many training points per centroid
+TRAIN_VECTORS = 262_144  # vectors a faiss index trains on, unless its lists need more
 _IVF = re.compile(r"IVF(\d+)")
 FACTORY_DIMS = (64, 96, 128, 256, 384, 768, 1024)  # the usual embedding sizes, to parse a spec before the model loads
 AUTO = FAISS_AUTO  # a spec chosen from the number of vectors (auto_spec)
@@ -44,6 +45,17 @@ HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer
 def ivf_lists(n: int) -> int:
     """The IVF list count for n vectors: the power of two nearest 4 sqrt(n) (faiss's advice: 4-16 sqrt(n))."""
     return 1 << round(math.log2(4 * math.sqrt(n)))
+
+
+def training_count(index) -> int:
+    """Vectors to train a faiss index on: TRAIN_VECTORS, or POINTS_PER_CLUSTER a list where an IVF
+    has more lists than that covers (16,384 lists at 10M blocks: 638,976; fewer leave lists poorly
+    placed, and faiss warns)."""
+    try:
+        lists = _faiss().extract_index_ivf(index).nlist
+    except RuntimeError:  # not an IVF index
+        lists = 0
+    return max(TRAIN_VECTORS, POINTS_PER_CLUSTER * lists)
 
 
 def auto_spec(n: int) -> str | None:
@@ -109,8 +121,9 @@ class FaissIndex:
 
     @classmethod
     def build(cls, embeddings: np.ndarray, spec: str = "Flat", *, metric: str = "ip",
-              train_size: int = 262_144, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":
-        """`spec` is a faiss index_factory string: "Flat", "IVF1024,Flat", "HNSW32", "IVF4096,PQ32"..."""
+              train_size: int | None = None, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":
+        """`spec` is a faiss index_factory string: "Flat", "IVF1024,Flat", "HNSW32", "IVF4096,PQ32"...
+        `train_size`: vectors sampled to train it (None: `training_count`)."""
         faiss = _faiss()
         metric_id = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}.get(metric)
         if metric_id is None:
@@ -123,7 +136,8 @@ class FaissIndex:
             raise RalmError(f"bad faiss spec {spec!r}: {_faiss_message(e)}") from None
         if not index.is_trained:
             rng = np.random.default_rng(seed)
-            sample = np.sort(rng.choice(n, size=min(n, train_size), replace=False))
+            size = training_count(index) if train_size is None else train_size
+            sample = np.sort(rng.choice(n, size=min(n, size), replace=False))
             try:
                 index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
             except RuntimeError as e:  # e.g. a PQ with more centroids than training points
