@@ -39,7 +39,7 @@ PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an 
 
 
 @dataclass(frozen=True)
-class Trainer:
+class TrainerCommand:
     """A trainer command: where its trainer class lives (imported when it runs; its `config` and
     `fit`, ralm.train.trainer), its help, and the line it prints at the end (`done(result, cfg)`)."""
 
@@ -187,7 +187,7 @@ def _resume_line(e) -> str:
 
 
 @functools.cache
-def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
+def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     """The click command of a trainer, its options generated from its config."""
     from ralm.train.loop import TrainingInterrupted
 
@@ -230,7 +230,7 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
     return typer.main.get_command(app)
 
 
-def lazy_trainer_group(trainers: dict[str, Trainer]) -> type[TyperGroup]:
+def lazy_trainer_group(trainers: dict[str, TrainerCommand]) -> type[TyperGroup]:
     """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands."""
 
     class TrainerGroup(TyperGroup):
