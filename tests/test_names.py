@@ -1,5 +1,4 @@
-"""One name, one meaning (STYLE.md habit 16): no two classes of ralm share a name, and a trainer is
-registered under the command that runs it."""
+"""One name, one meaning (STYLE.md habit 16): no two classes of ralm share a name."""
 
 from __future__ import annotations
 
@@ -18,3 +17,4 @@ def test_no_two_classes_share_a_name():
                 where[node.name].append(f"{path.relative_to(SRC)}:{node.lineno}")
     shared = {name: places for name, places in where.items() if len(places) > 1}
     assert not shared, f"classes sharing a name: {shared}"
+
