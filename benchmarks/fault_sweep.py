@@ -111,7 +111,7 @@ def make_data(tmp: Path) -> dict:
                                               {"id": "q2", "question": "Where is the Nile?", "answers": ["Africa"]}])
     for args in (["index", "build", corpus, "--out", tmp / "dense", "--model", bert, "--dim", 16],
                  ["index", "build", corpus, "--out", tmp / "dense-other", "--model", other, "--dim", 16],
-                 ["index", "build", corpus, "--out", tmp / "bm25", "--retriever", "bm25"],
+                 ["index", "build", corpus, "--out", tmp / "bm25", "--kind", "bm25"],
                  ["index", "build", corpus, "--out", tmp / "dense-faiss", "--model", bert, "--dim", 16, "--faiss", "Flat"],
                  ["retro", "build-db", corpus, "--out", tmp / "db", "--model", bert, "--chunk-len", 16]):
         proc = ralm(*args)
@@ -160,7 +160,7 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
     write_jsonl(bad / "q_no_answers.jsonl", [{"question": "x"}])
     write_jsonl(bad / "q_empty.jsonl", [{"question": " ", "answers": ["y"]}])
     write_jsonl(bad / "q_answers_int.jsonl", [{"question": "x", "answers": 3}])
-    proc = ralm("index", "build", bad / "other_corpus.jsonl", "--out", tmp / "other_bm25", "--retriever", "bm25")
+    proc = ralm("index", "build", bad / "other_corpus.jsonl", "--out", tmp / "other_bm25", "--kind", "bm25")
     assert proc.returncode == 0, proc.stderr
 
     dense, bm25, db = tmp / "dense", tmp / "bm25", tmp / "db"
@@ -169,21 +169,21 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
     tiny_lm = ["--dim", 32, "--layers", 1, "--heads", 2, "--seq-len", 32]
     tiny_ict = ["--model", bert, "--dim", 16, "--batch-size", 2, "--steps", 2]
     cases = [
-        Case("corpus: malformed JSON line", ["index", "build", bad / "malformed.jsonl", "--out", run("i1"), "--retriever", "bm25"], r"malformed\.jsonl:2"),
-        Case("corpus: missing field", ["index", "build", bad / "no_text.jsonl", "--out", run("i2"), "--retriever", "bm25"], r"no_text\.jsonl:1.*'text'"),
-        Case("corpus: not UTF-8", ["index", "build", bad / "latin1.jsonl", "--out", run("i3"), "--retriever", "bm25"], r"latin1\.jsonl:1.*UTF-8"),
-        Case("corpus: empty", ["index", "build", bad / "empty.jsonl", "--out", run("i4"), "--retriever", "bm25"], "empty"),
-        Case("corpus: missing file", ["index", "build", missing, "--out", run("i5"), "--retriever", "bm25"], "not found"),
-        Case("corpus: unknown format", ["index", "build", bad / "corpus.csv", "--out", run("i6"), "--retriever", "bm25"], "unknown corpus format"),
-        Case("corpus: TSV without text column", ["index", "build", bad / "no_text_col.tsv", "--out", run("i7"), "--retriever", "bm25"], r"no_text_col\.tsv:1"),
-        Case("corpus: TSV ragged row", ["index", "build", bad / "ragged.tsv", "--out", run("i8"), "--retriever", "bm25"], r"ragged\.tsv:2"),
-        Case("corpus: duplicate ids", ["index", "build", bad / "dup_ids.jsonl", "--out", run("i9"), "--retriever", "bm25"], "more than once"),
-        Case("corpus: a document with empty text", ["index", "build", bad / "empty_text.jsonl", "--out", run("i10"), "--retriever", "bm25"],
+        Case("corpus: malformed JSON line", ["index", "build", bad / "malformed.jsonl", "--out", run("i1"), "--kind", "bm25"], r"malformed\.jsonl:2"),
+        Case("corpus: missing field", ["index", "build", bad / "no_text.jsonl", "--out", run("i2"), "--kind", "bm25"], r"no_text\.jsonl:1.*'text'"),
+        Case("corpus: not UTF-8", ["index", "build", bad / "latin1.jsonl", "--out", run("i3"), "--kind", "bm25"], r"latin1\.jsonl:1.*UTF-8"),
+        Case("corpus: empty", ["index", "build", bad / "empty.jsonl", "--out", run("i4"), "--kind", "bm25"], "empty"),
+        Case("corpus: missing file", ["index", "build", missing, "--out", run("i5"), "--kind", "bm25"], "not found"),
+        Case("corpus: unknown format", ["index", "build", bad / "corpus.csv", "--out", run("i6"), "--kind", "bm25"], "unknown corpus format"),
+        Case("corpus: TSV without text column", ["index", "build", bad / "no_text_col.tsv", "--out", run("i7"), "--kind", "bm25"], r"no_text_col\.tsv:1"),
+        Case("corpus: TSV ragged row", ["index", "build", bad / "ragged.tsv", "--out", run("i8"), "--kind", "bm25"], r"ragged\.tsv:2"),
+        Case("corpus: duplicate ids", ["index", "build", bad / "dup_ids.jsonl", "--out", run("i9"), "--kind", "bm25"], "more than once"),
+        Case("corpus: a document with empty text", ["index", "build", bad / "empty_text.jsonl", "--out", run("i10"), "--kind", "bm25"],
              r"empty_text\.jsonl:7", warn=True),
         Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found"),
-        Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--retriever", "bm25"], "a_file"),
+        Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--kind", "bm25"], "a_file"),
         Case("index build: --out another kind", ["index", "build", corpus, "--out", bm25, "--model", bert, "--dim", 16], "bm25"),
-        Case("index build: unknown retriever", ["index", "build", corpus, "--out", run("i12"), "--retriever", "tfidf"], "retriever"),
+        Case("index build: unknown kind", ["index", "build", corpus, "--out", run("i12"), "--kind", "tfidf"], "unknown index kind"),
         Case("index build: --batch-size 0", ["index", "build", corpus, "--out", run("i13"), "--batch-size", 0], "--batch-size"),
         Case("index build: --dim -4", ["index", "build", corpus, "--out", run("i14"), "--model", bert, "--dim", -4], "dim"),
         Case("search: -k 0", ["search", bm25, "capital", "-k", 0], "-k"),
@@ -315,15 +315,15 @@ def boundary_cases(tmp: Path, d: dict) -> list[Case]:
     tiny_ict = ["ict", "--corpus", corpus, "--model", bert, "--dim", 16, "--batch-size", 2, "--steps", 2]
     pre = ["pretrain", "--corpus", corpus, "--model", bert, "--steps", 2, "--refresh", "none", "--masking", "random", "-k", 2]
     return [
-        Case("--out below a file", ["index", "build", corpus, "--out", afile / "sub", "--retriever", "bm25"], "a_file", cls=c),
-        Case("--out in /proc", ["index", "build", corpus, "--out", "/proc/ralm-sweep/x", "--retriever", "bm25"], "/proc/ralm-sweep", cls=c),
+        Case("--out below a file", ["index", "build", corpus, "--out", afile / "sub", "--kind", "bm25"], "a_file", cls=c),
+        Case("--out in /proc", ["index", "build", corpus, "--out", "/proc/ralm-sweep/x", "--kind", "bm25"], "/proc/ralm-sweep", cls=c),
         Case("--predictions is a folder", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", q, "--predictions", tmp / "bad"],
              "bad", cls=c),
-        Case("a FIFO as the corpus", ["index", "build", fifo, "--out", run("b1"), "--retriever", "bm25"], "not a regular file", cls=c,
+        Case("a FIFO as the corpus", ["index", "build", fifo, "--out", run("b1"), "--kind", "bm25"], "not a regular file", cls=c,
              timeout=60),
         Case("a FIFO as the questions", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", fifo], "not a regular file", cls=c,
              timeout=60),
-        Case("a failed build removes its --out", ["index", "build", stop, "--out", run("b2"), "--retriever", "bm25"], "stop word",
+        Case("a failed build removes its --out", ["index", "build", stop, "--out", run("b2"), "--kind", "bm25"], "stop word",
              cls=c, gone=run("b2")),
         Case("--device cuda without CUDA", ["index", "build", corpus, "--out", run("b3"), "--device", "cuda"], "CUDA", cls=c),
         Case("--device unknown", ["search", tmp / "bm25", "capital", "--device", "tpu7"], "--device", cls=c),
@@ -365,16 +365,16 @@ def text_cases(tmp: Path, d: dict) -> list[Case]:
     for i, (name, line) in enumerate(lines.items()):
         path = bad / f"text_{i}.jsonl"
         path.write_text(json.dumps(DOCS[0]) + "\n" + line + "\n")
-        cases.append(Case(f"corpus: {name}", ["index", "build", path, "--out", tmp / "runs" / f"x{i}", "--retriever", "bm25"],
+        cases.append(Case(f"corpus: {name}", ["index", "build", path, "--out", tmp / "runs" / f"x{i}", "--kind", "bm25"],
                           rf"text_{i}\.jsonl:2", cls=c, gone=tmp / "runs" / f"x{i}"))
     zw = write_jsonl(bad / "zero_width.jsonl", [{"id": "z", "text": "\u200b\u200b \ufeff"}])
     single = write_jsonl(bad / "single_letters.jsonl", [{"id": "s", "text": "a b c d e f g"}])
     qs = bad / "q_surrogate.jsonl"
     qs.write_text('{"question": "who \\ud800?", "answers": ["x"]}\n')
     cases += [
-        Case("corpus: text of only zero-width spaces", ["index", "build", zw, "--out", tmp / "runs" / "z1", "--retriever", "bm25"],
+        Case("corpus: text of only zero-width spaces", ["index", "build", zw, "--out", tmp / "runs" / "z1", "--kind", "bm25"],
              "empty", cls=c),
-        Case("bm25 corpus: single letters only", ["index", "build", single, "--out", tmp / "runs" / "z2", "--retriever", "bm25"],
+        Case("bm25 corpus: single letters only", ["index", "build", single, "--out", tmp / "runs" / "z2", "--kind", "bm25"],
              "single character", cls=c, gone=tmp / "runs" / "z2"),
         Case("questions: a lone surrogate", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", qs], r"q_surrogate\.jsonl:1",
              cls=c),
@@ -430,7 +430,7 @@ def kill_faults(tmp: Path, d: dict, timeout: float) -> list[tuple[str, str | Non
               lambda: (dense / "blocks").is_dir() and any((dense / "blocks").iterdir()))
     index_job("dense build killed while embedding", dense2, ["--model", bert, "--dim", 16],
               lambda: (dense2 / "versions").is_dir() and any((dense2 / "versions").iterdir()))
-    index_job("bm25 build killed while publishing its version", bm25, ["--retriever", "bm25"],
+    index_job("bm25 build killed while publishing its version", bm25, ["--kind", "bm25"],
               lambda: (bm25 / "versions").is_dir() and any((bm25 / "versions").iterdir()))
 
     def train_job(name: str, out: Path, args: list, steps: int):
@@ -503,7 +503,7 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             ("search: k -1", "POST", "/search", j({"query": "capital", "k": -1}), None),
             ("search: k 100000", "POST", "/search", j({"query": "capital", "k": 100000}), None),
             ("search: k a string", "POST", "/search", j({"query": "capital", "k": "five"}), None),
-            ("search: unknown retriever", "POST", "/search", j({"query": "capital", "retriever": "tfidf"}), None),
+            ("search: unknown side", "POST", "/search", j({"query": "capital", "side": "tfidf"}), None),
             ("search: dense on a BM25-only server", "POST", "/search", j({"query": "capital", "retriever": "dense"}), None),
             ("search: body a list", "POST", "/search", j(["capital"]), None),
             ("search: body declared too large", "POST", "/search", j({"query": "x"}), {"Content-Length": str(2 << 20)}),

@@ -53,7 +53,7 @@ def main() -> None:
         row = {k: round(v, 2) for k, v in recall_at_k(hits, (1, 5, 20, 100)).items()}
         row["retrieval_seconds"] = round(time.perf_counter() - start, 1)
         if args.em and method is not None:
-            qa = OpenQA(reader, searcher, min_confidence=0.0, retriever=side)
+            qa = OpenQA(reader, searcher, min_confidence=0.0, side=side)
             r = evaluate_qa(qa, questions[: args.em], show_progress=False)
             row.update(em=r["em"], f1=r["f1"], em_questions=r["questions"], em_seconds=r["seconds"])
         out[name] = row

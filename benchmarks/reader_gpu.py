@@ -72,7 +72,7 @@ def prepare(args) -> None:
     if not (data / "questions.jsonl.xz").is_file():
         bm25 = work / "squad-bm25"
         if not (bm25 / "LATEST").is_file():
-            subprocess.run(["ralm", "index", "build", str(DATA / "squad_corpus.jsonl"), "--out", str(bm25), "--retriever", "bm25",
+            subprocess.run(["ralm", "index", "build", str(DATA / "squad_corpus.jsonl"), "--out", str(bm25), "--kind", "bm25",
                             "--json"], check=True)
         _write_xz(data / "docs.jsonl.xz", ({"id": d["id"], "text": d["text"]} for d in docs))
         searcher = Searcher.open(bm25)

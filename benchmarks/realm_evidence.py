@@ -197,7 +197,7 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
             if measured.get("limit") != args.sentences:  # not yet measured, or with another sentence count
                 index = work / "indexes" / f"{weights_key(point / 'retriever')}{suffix}"
                 if not (index / "LATEST").is_file():
-                    run([*ralm, "index", "build", str(indexed), "--out", str(index), "--retriever", "dense",
+                    run([*ralm, "index", "build", str(indexed), "--out", str(index), "--kind", "dense",
                          "--model", str(point / "retriever"), "--device", args.device], work / "eval.log")
                 start = time.perf_counter()
                 cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,

@@ -138,7 +138,7 @@ def main() -> None:
             "questions get an answer, on confidences cross-fitted by article")
     titles = [q.extra["title"] for q in qs["calibration"]]
     for kind in args.kinds.split(","):
-        qa = OpenQA(reader, searcher, retriever=kind, min_confidence=0.0)
+        qa = OpenQA(reader, searcher, side=kind, min_confidence=0.0)
         rows = {name: answers(qa, qs[name], args.work / f"{name}-{kind}.predictions.jsonl") for name in qs}
         sig = {n: [r["signals"] for r in rows[n]] for n in rows}
         em = {n: np.array([r["em"] for r in rows[n]], dtype=float) for n in rows}

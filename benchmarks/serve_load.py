@@ -1,7 +1,7 @@
 """Bounded loopback load test of `ralm serve`: N requests at concurrency C, then stop.
 
   python benchmarks/serve_load.py --index runs/dev --questions ../shared/data/squad_dev.jsonl \
-      --requests 400 --concurrency 8 --endpoint search [--retriever dense]
+      --requests 400 --concurrency 8 --endpoint search [--side dense]
 
 Starts the server in this process on 127.0.0.1 (a free port), sends the questions of the file
 in turn, and prints throughput, client-side p50/p99 latency and the error count as JSON.
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a fine-tuning run or reader, for --endpoint ask (default: the package's reader)")
     ap.add_argument("--questions", required=True)
     ap.add_argument("--endpoint", choices=["search", "ask"], default="search")
-    ap.add_argument("--retriever", default=None)
+    ap.add_argument("--side", "--retriever", default=None, help="the side searched (--retriever: its old name)")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--k", type=int, default=5)
@@ -54,7 +54,7 @@ def main() -> None:
                     if time.perf_counter() > deadline:
                         return
                     q = questions[i % len(questions)]
-                    body = {"k": args.k, "retriever": args.retriever}
+                    body = {"k": args.k, "side": args.side}
                     body["query" if args.endpoint == "search" else "question"] = q
                     t = time.perf_counter()
                     try:
@@ -73,7 +73,7 @@ def main() -> None:
         wall = asyncio.run(run(url))
     lat = np.array(latencies) * 1000
     print(json.dumps({
-        "endpoint": args.endpoint, "index": args.index, "retriever": args.retriever or svc.default_retriever,
+        "endpoint": args.endpoint, "index": args.index, "side": args.side or svc.default_kind,
         "blocks": svc.stats()["corpus_blocks"],
         "requests": len(latencies), "concurrency": args.concurrency, "errors": errors,
         "seconds": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 1),

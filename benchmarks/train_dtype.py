@@ -86,7 +86,7 @@ def main() -> None:
         questions.write_text("".join(line + "\n" for line in qs))
     ralm = [sys.executable, "-m", "ralm"]
     if not (work / "bm25" / "LATEST").is_file():
-        run([*ralm, "index", "build", str(corpus), "--out", str(work / "bm25"), "--retriever", "bm25"], work / "bm25.log")
+        run([*ralm, "index", "build", str(corpus), "--out", str(work / "bm25"), "--kind", "bm25"], work / "bm25.log")
 
     jobs = {
         "finetune": lambda out, dt: [*ralm, "finetune", "--questions", str(questions), "--index", str(work / "bm25"),

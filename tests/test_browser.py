@@ -79,9 +79,9 @@ def open_page(browser, url, **kw):
     return page
 
 
-def ask(page, question: str, retriever: str = "bm25") -> dict:
+def ask(page, question: str, side: str = "bm25") -> dict:
     """Ask with the keyboard (Enter in the question box); the /ask JSON the page received."""
-    page.select_option("#retriever", retriever)
+    page.select_option("#side", side)
     page.fill("#question", question)
     with page.expect_response("**/ask") as response:
         page.press("#question", "Enter")
@@ -280,7 +280,7 @@ def test_keyboard_labels_no_external_assets_and_phone_width(serve, browser):
         for _ in range(2):
             page.keyboard.press("Tab")
             order.append(page.evaluate("document.activeElement.id"))
-        assert order == ["retriever", "ask-button"]
+        assert order == ["side", "ask-button"]
 
         page.fill("#question", PYTHON_Q)
         page.focus("#question")

@@ -25,10 +25,10 @@ SHARED = {"device": "auto", "dtype": "auto", "min_confidence": MIN_CONFIDENCE}
 # value as that parameter takes it)
 LIBRARY = {
     (SearchConfig, "k"): ("ralm.retrieval.search.searcher:Searcher.search", "k", None),
-    (IndexBuildConfig, "retriever"): ("ralm.retrieval.index.build:build_index", "kind", None),
+    (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", None),
     (IndexBuildConfig, "faiss"): ("ralm.retrieval.index.build:build_index", "faiss_spec", None),
     (IndexBuildConfig, "batch_size"): ("ralm.retrieval.index.build:build_index", "batch_size", None),
-    (IndexUpgradeConfig, "retriever"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
+    (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
     (IndexUpgradeConfig, "batch_size"): ("ralm.retrieval.index.build:upgrade_index", "batch_size", None),
     (EvalRetrievalConfig, "ks"): ("ralm.eval.retrieval:evaluate_retrieval", "ks", lambda v: tuple(int(x) for x in v.split(","))),
     (AskConfig, "k"): ("ralm.pipeline:OpenQA.open", "k", None),

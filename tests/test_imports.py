@@ -8,7 +8,7 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[1] / "src" / "ralm"
 # shared helpers below everything; the package's __init__ (lazy exports) and __main__ on top
-LAYERS = {"errors": 0, "configs": 0, "atomic": 0, "runtime": 0, "progress": 0, "distributed": 0, "rundir": 0, "defaults": 0, "data": 1,
+LAYERS = {"errors": 0, "renamed": 0, "configs": 0, "atomic": 0, "runtime": 0, "progress": 0, "distributed": 0, "rundir": 0, "defaults": 0, "data": 1,
           "encoders": 2, "retrieval": 3, "models": 4, "pipeline": 5, "train": 6, "convert": 6, "eval": 7, "serve": 8, "demo": 8,
           "console": 9, "commands": 9, "cli": 9, "__main__": 10, "__init__": 10}
 

@@ -86,14 +86,15 @@ def _required(config_cls) -> dict:
 
 
 def test_the_trainers_are_found_and_each_has_a_command():
-    """Every Trainer subclass in ralm.train registers itself; the command line runs each."""
+    """Every Trainer subclass in ralm.train registers itself, under the name of the command that
+    runs it (`ralm pretrain`; a group's trainer, `ralm lm train`, under the group's)."""
     from ralm.commands.lm import lm_app, retro_app
     from ralm.commands.train import TRAINERS
 
     found = discover()
-    assert set(found) == {"ict", "realm", "mlm", "reader", "finetune", "dpr", "lm", "retro"}
-    commands = [*TRAINERS.values(), lm_app.info.cls.registry["train"], retro_app.info.cls.registry["train"]]
-    assert sorted(c.trainer for c in commands) == sorted(cls.__name__ for cls in found.values())
+    assert set(found) == {"ict", "pretrain", "mlm", "train-reader", "finetune", "dpr", "lm", "retro"}
+    commands = {**TRAINERS, "lm": lm_app.info.cls.registry["train"], "retro": retro_app.info.cls.registry["train"]}
+    assert {name: c.trainer for name, c in commands.items()} == {name: cls.__name__ for name, cls in found.items()}
     for cls in found.values():
         assert issubclass(cls.config, LoopConfig) and cls.fit.__func__ is Trainer.fit.__func__
 
@@ -280,6 +281,14 @@ def test_a_run_manifest_from_before_parts_were_recorded_loads_and_a_bad_one_is_n
         RunExport.read(tmp_path)
     with pytest.raises(RalmError, match="no exported models"):
         RunExport.read(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("old, new", [("realm", "pretrain"), ("reader", "train-reader")])
+def test_a_run_exported_under_a_trainers_old_name_reads_as_its_command(tmp_path, old, new):
+    (tmp_path / "final" / "reader").mkdir(parents=True)
+    RunExport.file(tmp_path).write_text(json.dumps({"step": 5, "kind": old, "parts": ["reader"]}))
+    assert RunExport.read(tmp_path) == RunExport(new, 5, ("reader",))
+    assert new in discover()
 
 
 def _lm_args(text, run, steps, tokenizer) -> list[str]:

@@ -54,7 +54,7 @@ def test_exports_follow_the_contract(tiny_bert, corpus_file, tmp_path):
 
     run = tmp_path / "run"
     pretrain(_cfg(corpus_file, tiny_bert, steps=2, refresh="none"), run, torch.device("cpu"), show_progress=False)
-    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "realm", "parts": ["retriever", "encoder"]}
+    assert json.loads((run / "final" / "trainer.json").read_text()) == {"step": 2, "kind": "pretrain", "parts": ["retriever", "encoder"]}
     retriever = Retriever.from_pretrained(run / "final" / "retriever")
     assert retriever.dim == 16 and retriever.cfg.projection_ready
     mlm = BertForMaskedLM.from_pretrained(str(run / "final" / "encoder"))

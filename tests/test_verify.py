@@ -59,9 +59,10 @@ def _nan_embeddings(v, b, r):
     np.save(v / "embeddings.npy", emb)  # same size, shape and dtype: only the checksum and the scan see it
 
 
-def _drop_retriever_key(v, b, r):
+def _drop_kind(v, b, r):
+    """Neither "kind" nor "retriever", its older name, in the index's own manifest."""
     m = json.loads((r / "manifest.json").read_text())
-    del m["retriever"]
+    del m["kind"], m["retriever"]
     (r / "manifest.json").write_text(json.dumps(m))
 
 
@@ -93,7 +94,7 @@ DAMAGES = {
     "bm25 array flipped byte": ("bm25", lambda v, b, r: _flip_byte(next((v / "bm25").glob("*.npy"))), "bm25/", False),
     "model.safetensors truncated": ("dense", lambda v, b, r: _truncate(next((r / "retriever").glob("*/model.safetensors")), 300),
                                     "model.safetensors", True),
-    "index manifest without retriever": ("dense", _drop_retriever_key, "retriever", True),
+    "index manifest without kind": ("dense", _drop_kind, "kind", True),
     "NaN embeddings": ("dense", _nan_embeddings, "embeddings.npy", False),
     "token values flipped byte": ("dense", lambda v, b, r: _flip_byte(b / "tokens" / "values.bin"), "values.bin", False),
     "block offsets reshaped": ("bm25", lambda v, b, r: np.save(b / "tokens" / "offsets.npy", np.zeros((2, 7), np.int64)),

@@ -26,8 +26,8 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, RetrieverOpt, check_runtime, finite_floats, index_path,
-                                  os_error_line, positive, quiet_libraries, refuse_second_index, runtime)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, OldSideOpt, SideOpt, check_runtime, finite_floats,
+                                  index_path, os_error_line, positive, quiet_libraries, refuse_second_index, runtime, side_given)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError, option
@@ -130,13 +130,13 @@ def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optio
     check_runtime(device, dtype)
 
 
-def _open_qa(model: Optional[str], index_dir: Path, *, k: int, retriever: Optional[str], device: str, dtype: str,
+def _open_qa(model: Optional[str], index_dir: Path, *, k: int, side: Optional[str], device: str, dtype: str,
              min_confidence: float):
     from ralm.pipeline import OpenQA
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, k=k, retriever=retriever, device=rt.device, dtype=rt.dtype, min_confidence=min_confidence)
+    return OpenQA.open(index_dir, model, k=k, side=side, device=rt.device, dtype=rt.dtype, min_confidence=min_confidence)
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that
@@ -152,11 +152,12 @@ def eval_qa(
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
     cfg: EvalQaConfig,
-    retriever: Optional[str] = RetrieverOpt,
+    side: Optional[str] = SideOpt,
+    old_side: Optional[str] = OldSideOpt,
     hybrid: Optional[Path] = HybridOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: ./<questions>-<index>.predictions.jsonl)"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="fit the confidence map for this retriever kind on these held-back "
+    calibrate: bool = typer.Option(False, "--calibrate", help="fit the confidence map for the kind searched on these held-back "
                                    "questions (answerable ones and ones the corpus cannot answer); needs --out"),
     calibrated_out: Optional[Path] = typer.Option(None, "--out", help="with --calibrate: where to write the calibrated copy of the "
                                                   "reader (the reader given is never modified)"),
@@ -170,6 +171,7 @@ def eval_qa(
     from ralm.eval.calibration import check_question_count
 
     k, batch_size = cfg.k, cfg.batch_size
+    side = side_given(side, old_side)
     if calibrate and calibrated_out is None:
         raise RalmError("--calibrate writes a calibrated copy of the reader: give it a new directory with --out")
     if calibrated_out is not None and not calibrate:
@@ -187,7 +189,7 @@ def eval_qa(
     from ralm.models.reader import save_calibrated
     from ralm.pipeline import resolve_reader
 
-    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence)
+    qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
     predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
     result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=batch_size, predictions=predictions,
                          calibrate=calibrate)
@@ -219,7 +221,8 @@ def ask(
     model: Optional[str] = ModelOpt,
     index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
     cfg: AskConfig,
-    retriever: Optional[str] = RetrieverOpt,
+    side: Optional[str] = SideOpt,
+    old_side: Optional[str] = OldSideOpt,
     hybrid: Optional[Path] = HybridOpt,
     min_confidence: float = MinConfidenceOpt,
     device: str = DeviceOpt,
@@ -231,8 +234,9 @@ def ask(
     if question is not None and not question.strip():
         raise RalmError("the question is empty")
     k = cfg.k
+    side = side_given(side, old_side)
     _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
-    qa = _open_qa(model, index_dir, k=k, retriever=retriever, device=device, dtype=dtype, min_confidence=min_confidence)
+    qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
     for q in [question] if question is not None else _stdin_questions():
         answer = qa.answer([q])[0]
         if as_json:
@@ -295,7 +299,7 @@ def serve(
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, announce=lambda: err.print(
         f"serving on {url} ({index_dir}: {plural(svc.stats()['corpus_blocks'], 'block')}; "
-        f"retrievers: {', '.join(svc.retrievers())}; reader: {svc.cfg.model})", highlight=False))
+        f"kinds: {', '.join(svc.kinds())}; reader: {svc.cfg.model})", highlight=False))
 
 
 app.add_typer(convert_app, name="convert")

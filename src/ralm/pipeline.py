@@ -9,7 +9,7 @@ held-out SQuAD questions this beats the best span of the best single block by 5.
 (dense retrieval; benchmarks/RESULTS.md, issue 22). A calibrated reader (models/confidence.py)
 turns the answer's signals (p(a|x), the log-partition of that softmax, the retrieval scores of
 each side and their agreement) into a confidence, P(correct), with the map fitted for the
-retriever kind searched; below `min_confidence` the answer is withheld, "no answer found in the
+kind searched; below `min_confidence` the answer is withheld, "no answer found in the
 corpus" (the best guess and the evidence are kept).
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
@@ -36,6 +36,7 @@ from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.models.confidence import MIN_CONFIDENCE, Calibrations, check_fitted_with
 from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans
+from ralm.renamed import renamed_keywords
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
@@ -77,7 +78,7 @@ class Answer:
     retrieved_rows: list[int]  # all retrieved rows (may be more than the k read)
     retrieved_texts: list[str]
     guess: str = ""  # the most probable answer, also when withheld ("" when no block had a span)
-    retriever: str = ""  # the kind searched: hybrid, dense or bm25
+    kind: str = ""  # what was searched: hybrid, dense or bm25
     index_version: str = ""
     signals: dict = field(default_factory=dict)  # what the confidence is computed from (models/confidence.py)
 
@@ -89,16 +90,17 @@ class Answer:
         return {"question": self.question, "answer": self.answer, "no_answer": self.no_answer, "guess": self.guess,
                 "score": round(self.score, 6),
                 "confidence": None if self.confidence is None else round(self.confidence, 4),
-                "retriever": self.retriever, "index_version": self.index_version,
+                "kind": self.kind, "retriever": self.kind, "index_version": self.index_version,
                 "evidence": [e.to_json() for e in self.evidence], "best": self.best}
 
 
 class OpenQA:
     """A reader over a searcher: questions in, answers with evidence out. The searcher's every
-    side is searched (fused) unless `retriever` picks one ("dense", "bm25")."""
+    side is searched (fused) unless `side` picks one ("dense", "bm25")."""
 
+    @renamed_keywords(retriever="side")
     def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, device: torch.device | None = None,
-                 dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, retriever: str | None = None):
+                 dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, side: str | None = None):
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
         if not 0 <= min_confidence <= 1:
@@ -109,32 +111,33 @@ class OpenQA:
         self.device = device or torch.device("cpu")
         self.dtype = resolve_dtype(dtype, self.device)
         self.min_confidence = min_confidence
-        self.retriever = retriever
-        self.kind = kind_of(pick_sides(searcher.sides, retriever, searcher.index.root))  # checks `retriever` now
+        self.side = side
+        self.kind = kind_of(pick_sides(searcher.sides, side, searcher.index.root))  # checks `side` now
         self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
         if self.calibration is not None:
             check_fitted_with(self.calibration, kind=self.kind, reader=reader.fingerprint(), k=k)
 
     @property
     def calibration(self):
-        """The confidence map for the retriever kind searched (None: uncalibrated)."""
+        """The confidence map for the kind searched (None: uncalibrated)."""
         return self.calibrations.for_kind(self.kind)
 
     def __repr__(self) -> str:
-        return (f"OpenQA(k={self.k}, retriever={self.kind}, min_confidence={self.min_confidence}, calibrated="
+        return (f"OpenQA(k={self.k}, kind={self.kind}, min_confidence={self.min_confidence}, calibrated="
                 f"{self.calibration is not None}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})")
 
     @classmethod
+    @renamed_keywords(retriever="side")
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
-             retriever: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
+             side: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
              min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
         and its query tower where `open_searcher` says), a reader checkpoint, or None (the
-        package's general-purpose reader); `retriever`: one side instead of all, fused."""
+        package's general-purpose reader); `side`: one side instead of all, fused."""
         device = device or torch.device("cpu")
         reader = Reader.from_pretrained(resolve_reader(model)).to(device)
         return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k=k, device=device, dtype=dtype,
-                   min_confidence=min_confidence, retriever=retriever)
+                   min_confidence=min_confidence, side=side)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -145,7 +148,7 @@ class OpenQA:
             return []
         retrieve = max(retrieve or self.k, self.k)
         snap = self.searcher.current  # one version (and overlay) for retrieval and reading
-        ranked = self.searcher.rank(list(questions), retrieve, snap, self.retriever)
+        ranked = self.searcher.rank(list(questions), retrieve, snap, self.side)
         scores, rows = ranked.scores, ranked.rows  # [Q, R]
         blocks = snap.blocks
         log_blocks = math.log(max(len(blocks), 1))  # the corpus size, which the sides' top scores grow with

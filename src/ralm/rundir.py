@@ -46,11 +46,15 @@ def final_dir(run: str | os.PathLike, part: str = "") -> Path:
     return Path(run) / "final" / part if part else Path(run) / "final"
 
 
+# trainer names written before the registry used the command names
+RENAMED_TRAINERS = {"realm": "pretrain", "reader": "train-reader"}
+
+
 @dataclass(frozen=True)
 class RunExport:
     """RUN/final/trainer.json: which trainer exported RUN/final, at which step, and its parts."""
 
-    kind: str  # the trainer: "ict", "realm", "mlm", "dpr", "finetune", "reader", "lm", "retro" ...
+    kind: str  # the trainer's registry name, its command: "ict", "pretrain", "train-reader", "lm", "retro" ...
     step: int
     parts: tuple[str, ...]  # the folders of RUN/final, each one model
 
@@ -64,7 +68,7 @@ class RunExport:
     @classmethod
     def read(cls, run: str | os.PathLike) -> RunExport:
         """The manifest of RUN/final; one written before `parts` was recorded lists the
-        folders RUN/final holds."""
+        folders RUN/final holds, one naming a trainer by its old name gets its command's."""
         path = cls.file(run)
         if not path.is_file():
             raise RalmError(f"{run}: no exported models (no final/trainer.json); train the run, or name a model directory")
@@ -76,7 +80,7 @@ class RunExport:
             raise RalmError(f"{path}: 'step' must be a whole number >= 0, got {raw.get('step')!r}")
         if not isinstance(parts, list) or not all(isinstance(p, str) and p and "/" not in p for p in parts):
             raise RalmError(f"{path}: 'parts' must list the folder names of RUN/final, got {parts!r}")
-        return cls(raw["kind"], raw["step"], tuple(parts))
+        return cls(RENAMED_TRAINERS.get(raw["kind"], raw["kind"]), raw["step"], tuple(parts))
 
 
 def export_final(run: str | os.PathLike, step: int, kind: str, parts: Mapping[str, object]) -> None:

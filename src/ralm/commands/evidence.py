@@ -18,7 +18,7 @@ def eval_evidence(
                                "retriever directory (then give --encoder)"),
     encoder: Optional[Path] = typer.Option(None, "--encoder", help="the knowledge-augmented encoder (default: the run's)"),
     index: Path = typer.Option(..., "--index", help="dense index over the pre-training corpus, built with the run's "
-                               "document tower (`ralm index build CORPUS --model RUN/final/retriever --retriever dense`)"),
+                               "document tower (`ralm index build CORPUS --model RUN/final/retriever --kind dense`)"),
     corpus: Path = typer.Option(..., "--corpus", help="held-out corpus (JSONL {id, title, text}, TSV or a folder of .txt)"),
     k: Optional[int] = typer.Option(None, "-k", "--k", help=f"retrieved blocks per sentence (default {REALM_K}, as pre-training)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="masked sentences scored, spread over the corpus "

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, torch_device
+from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, torch_device
 from ralm.configs import ConfigError, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
@@ -39,7 +39,7 @@ PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an 
 
 
 @dataclass(frozen=True)
-class Trainer:
+class TrainerCommand:
     """A trainer command: where its trainer class lives (imported when it runs; its `config` and
     `fit`, ralm.train.trainer), its help, and the line it prints at the end (`done(result, cfg)`)."""
 
@@ -69,6 +69,7 @@ class ConfigOption:
     shown: str | None
     required: bool
     path: bool  # a file or folder: a Path on the command line, a str in the config
+    old: tuple[str, ...] = ()  # spellings from before a rename: still accepted, hidden from help
 
     @property
     def flag(self) -> str:
@@ -112,7 +113,8 @@ def config_options(config_cls: type) -> list[ConfigOption]:
             if meta.get("path"):
                 annotation = Optional[Path] if default is None else Path
             found.append(ConfigOption(f.name, parent, (flag, *meta.get("aliases", ())), annotation, default,
-                                      meta.get("help", ""), meta.get("shown"), required, bool(meta.get("path"))))
+                                      meta.get("help", ""), meta.get("shown"), required, bool(meta.get("path")),
+                                      meta.get("old", ())))
 
     walk(config_cls, None, None)
     names = [o.name for o in found]
@@ -145,24 +147,36 @@ def _typer_option(o: ConfigOption):
     return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
 
 
+def _old_name(o: ConfigOption) -> str:
+    return f"{o.name}__old"
+
+
 def config_command(fn: Callable) -> Callable:
     """A command function whose parameter `cfg`, annotated with a config dataclass, stands for
     that config's options (generated as a trainer's, in its place among the function's own
-    arguments and options); the function is called with the config built from them."""
+    arguments and options); the function is called with the config built from them. An
+    option's old spellings are one hidden option that sets the same field."""
     hints = typing.get_type_hints(fn)
     config_cls = hints["cfg"]
     options = config_options(config_cls)
-    params = []
+    renamed = [o for o in options if o.old]
+    params = [inspect.Parameter("_ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)] if renamed else []
     for p in inspect.signature(fn).parameters.values():
         if p.name == "cfg":
             params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o), annotation=o.annotation)
                        for o in options]
+            params += [inspect.Parameter(_old_name(o), inspect.Parameter.KEYWORD_ONLY, annotation=Optional[o.annotation],
+                                         default=typer.Option(None, *o.old, hidden=True)) for o in renamed]
         else:
             params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
 
     @functools.wraps(fn)
     def command(*args, **values):
+        ctx = values.pop("_ctx", None)
         fields = {o.name: values.pop(o.name) for o in options}
+        for o in renamed:  # typer bundles its own click: its ParameterSource is compared by name
+            given = ctx.get_parameter_source(o.name).name not in ("DEFAULT", "DEFAULT_MAP")
+            fields[o.name] = renamed_option(o.flag, fields[o.name], o.old[0], values.pop(_old_name(o)), new_given=given)
         return fn(*args, cfg=build_config(config_cls, fields, set()), **values)
 
     command.__signature__ = inspect.Signature(params)
@@ -187,7 +201,7 @@ def _resume_line(e) -> str:
 
 
 @functools.cache
-def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
+def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     """The click command of a trainer, its options generated from its config."""
     from ralm.train.loop import TrainingInterrupted
 
@@ -230,7 +244,7 @@ def trainer_command(name: str, trainer: Trainer) -> TyperCommand:
     return typer.main.get_command(app)
 
 
-def lazy_trainer_group(trainers: dict[str, Trainer]) -> type[TyperGroup]:
+def lazy_trainer_group(trainers: dict[str, TrainerCommand]) -> type[TyperGroup]:
     """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands."""
 
     class TrainerGroup(TyperGroup):

@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from ralm.commands.from_config import config_command
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, RetrieverOpt, check_runtime, corpus_files,
-                                  index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, OldSideOpt, SideOpt, check_runtime, corpus_files,
+                                  index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime, side_given)
 from ralm.configs import CORPUS_HELP, option
 from ralm.data.geometry import GEOMETRY
 from ralm.console import out, print_hits, print_json, print_summary
@@ -27,7 +27,8 @@ BATCH_HELP = "blocks embedded per forward pass (memory against speed)"
 class IndexBuildConfig:
     """`ralm index build`'s settings (the library's: retrieval.index.build.build_index)."""
 
-    retriever: str = option(INDEX_KIND, "what each version holds: hybrid (a dense and a BM25 side, searched fused), dense or bm25")
+    kind: str = option(INDEX_KIND, "what each version holds: hybrid (a dense and a BM25 side, searched fused), dense or bm25",
+                       old=("--retriever",))
     faiss: str = option(FAISS_AUTO, "the dense side's search: auto (exact below 250,000 blocks, else IVF-SQ8 with lists chosen "
                         "from N), exact, or a faiss index: Flat, IVF1024,Flat, HNSW32 ...")
     dim: int = option(0, "0: the encoder's own vectors, no projection (keeps its recall); N: a fresh PCA-initialised "
@@ -39,7 +40,7 @@ class IndexBuildConfig:
 class IndexUpgradeConfig:
     """`ralm index upgrade`'s settings (retrieval.index.build.upgrade_index)."""
 
-    retriever: str = option(INDEX_KIND, "the kind to upgrade to (hybrid: add the missing side)")
+    kind: str = option(INDEX_KIND, "the kind to upgrade to (hybrid: add the missing side)", old=("--retriever",))
     batch_size: int = option(EMBED_BATCH, BATCH_HELP)
 
 
@@ -74,7 +75,7 @@ def index_build(
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     start = time.perf_counter()
     files = corpus_files(corpus, include, exclude)
-    retriever, faiss, dim, batch_size = cfg.retriever, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
+    kind, faiss, dim, batch_size = cfg.kind, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
     check_runtime(device, dtype)
     from ralm.retrieval.backends.faiss_index import AUTO, FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
@@ -87,20 +88,20 @@ def index_build(
     if spec not in (None, AUTO):
         check_spec(spec, (dim,) if dim > 0 else FACTORY_DIMS)
     if embeddings is not None:
-        if "dense" not in sides_of(retriever):
-            raise RalmError(f"--embeddings: a {retriever} index has no dense side to import them into")
+        if "dense" not in sides_of(kind):
+            raise RalmError(f"--embeddings: a {kind} index has no dense side to import them into")
         if dim > 0:
             raise RalmError("--embeddings keep the dimension of the model that made them; --dim adds an untrained projection")
         if not embeddings.is_file():
             raise RalmError(f"--embeddings {embeddings}: no such file")
     with removed_on_error(out_dir):
-        index, version = build_index(corpus, out_dir, kind=retriever, model=model, dim=dim or None, faiss_spec=spec, files=files,
+        index, version = build_index(corpus, out_dir, kind=kind, model=model, dim=dim or None, faiss_spec=spec, files=files,
                                      batch_size=batch_size, device=rt.device, show_progress=reports, dtype=rt.dtype,
                                      embeddings=embeddings)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
-    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {plural(summary['blocks'], 'block')}, {retriever}"
+    print_summary(summary, as_json, f"[green]built[/green] {out_dir} {version}: {plural(summary['blocks'], 'block')}, {kind}"
                   f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
 
 
@@ -134,10 +135,11 @@ def index_check(
             raise RalmError(f"{path}: {e}; the index is damaged: rebuild it") from None
         if missing is not None:
             raise RalmError(f"{path}: its manifest names a {missing} side, whose files are missing; the index is damaged: rebuild it")
-        versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "retriever": kind})
+        versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "kind": kind,
+                         "retriever": kind})
     log = UpdateLog(index.root).check()
     unverified = [v["version"] for v in versions if not v["verified"]]
-    summary = {"index": str(index_dir), "retriever": index.kind, "latest": latest, "versions": versions,
+    summary = {"index": str(index_dir), "kind": index.kind, "retriever": index.kind, "latest": latest, "versions": versions,
                "logged_updates": len(log.records), "sound": True}
     cut = f"; the log ends in {log.size - log.end} bytes of an append cut off by a crash (never acknowledged)" if log.size > log.end else ""
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {plural(len(versions), 'version')}, latest {latest}, "
@@ -152,7 +154,8 @@ def search(
     query: str = typer.Argument(..., help="free text"),
     *,
     cfg: SearchConfig,
-    retriever: Optional[str] = RetrieverOpt,
+    side: Optional[str] = SideOpt,
+    old_side: Optional[str] = OldSideOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -160,6 +163,7 @@ def search(
 ):
     """Search an index with a free-text query (every side it holds, fused, with its live documents)."""
     k = positive("-k", cfg.k)
+    side = side_given(side, old_side)
     if not query.strip():
         raise RalmError("the query is empty")
     index_path(index_dir)
@@ -168,7 +172,7 @@ def search(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    hits = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype).search([query], k, retriever)[0]
+    hits = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype).search([query], k, side)[0]
     if not main_rank():
         return
     if as_json:
@@ -185,7 +189,8 @@ def eval_retrieval(
     cfg: EvalRetrievalConfig,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
-    retriever: Optional[str] = RetrieverOpt,
+    side: Optional[str] = SideOpt,
+    old_side: Optional[str] = OldSideOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint for the dense side (default: the one the "
                                         "index was built with)"),
     device: str = DeviceOpt,
@@ -196,6 +201,7 @@ def eval_retrieval(
     from ralm.data.qa import read_questions
 
     ks = cfg.ks
+    side = side_given(side, old_side)
     try:
         cutoffs = sorted({positive("--ks", int(x)) for x in ks.split(",") if x.strip()})
     except ValueError:
@@ -215,13 +221,13 @@ def eval_retrieval(
     searcher = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype)
     reports = main_rank()
     result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports,
-                                retriever=retriever)
+                                side=side)
     if not reports:
         return
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"retrieval on {questions.name} ({result['questions']} questions, {result['retriever']})")
+    table = Table(title=f"retrieval on {questions.name} ({result['questions']} questions, {result['kind']})")
     for c in cutoffs:
         table.add_column(f"recall@{c}")
     table.add_row(*(f"{result[f'recall@{c}']:.1f}" for c in cutoffs))
@@ -243,7 +249,7 @@ def index_upgrade(
     """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
     start = time.perf_counter()
     index_path(index_dir)
-    retriever, batch_size = cfg.retriever, positive("--batch-size", cfg.batch_size)
+    kind, batch_size = cfg.kind, positive("--batch-size", cfg.batch_size)
     check_runtime(device, dtype)
     from ralm.retrieval.index.build import upgrade_index
     from ralm.retrieval.index.store import IndexDir
@@ -251,12 +257,12 @@ def index_upgrade(
     quiet_libraries()
     before = IndexDir(index_dir).latest()
     rt = runtime(device, dtype)
-    index, version = upgrade_index(index_dir, kind=retriever, model=model, batch_size=batch_size, device=rt.device, dtype=rt.dtype)
+    index, version = upgrade_index(index_dir, kind=kind, model=model, batch_size=batch_size, device=rt.device, dtype=rt.dtype)
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1), "upgraded": version != before}
     if summary["upgraded"]:
-        line = f"[green]upgraded[/green] {index_dir} to {summary['retriever']} ({version}) in {summary['seconds']} s"
+        line = f"[green]upgraded[/green] {index_dir} to {summary['kind']} ({version}) in {summary['seconds']} s"
     else:
-        line = f"nothing to do: {index_dir} ({version}) already holds every side of a {retriever} index ({summary['retriever']})"
+        line = f"nothing to do: {index_dir} ({version}) already holds every side of a {kind} index ({summary['kind']})"
     print_summary(summary, as_json, line)
 
 

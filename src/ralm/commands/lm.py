@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from ralm.commands.from_config import Trainer, config_command, config_options, lazy_trainer_group
+from ralm.commands.from_config import TrainerCommand, config_command, config_options, lazy_trainer_group
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries,
                                   removed_on_error, runtime, token_limit, torch_device)
 from ralm.configs import TEXT_HELP, option
@@ -82,10 +82,10 @@ def _retro_config(config_cls: type, values: dict, given: set):
                       model=training_config(values["db"], values["retrofit"] or None, **sizes))
 
 
-lm_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
+lm_app = typer.Typer(cls=lazy_trainer_group({"train": TrainerCommand(
     "ralm.train.lm", "LMTrainer", "Train a causal Transformer LM on a text (exports RUN/final/model).", _lm_done)}),
     no_args_is_help=True, help="Small causal Transformer LMs (the kNN-LM base model).")
-retro_app = typer.Typer(cls=lazy_trainer_group({"train": Trainer(
+retro_app = typer.Typer(cls=lazy_trainer_group({"train": TrainerCommand(
     "ralm.train.lm", "RetroTrainer",
     "Train RETRO on a text, with neighbours from the chunk DB looked up once and cached.", _lm_done, build=_retro_config)}),
     no_args_is_help=True, help="RETRO: chunk database, training, perplexity, generation.")

@@ -28,14 +28,30 @@ DtypeOpt = typer.Option("auto", "--dtype", help=DTYPE_HELP)
 JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
 OutOpt = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)")
 LimitOpt = typer.Option(None, "--limit-tokens", help=LIMIT_TOKENS_HELP)
-RetrieverOpt = typer.Option(None, "--retriever", help="search one side of the index: dense or bm25 (default: every side it "
-                            "holds, fused: hybrid)")
+SideOpt = typer.Option(None, "--side", help="search one side of the index: dense or bm25 (default: every side it "
+                       "holds, fused: hybrid)")
+OldSideOpt = typer.Option(None, "--retriever", hidden=True)  # --side's name before the rename (renamed_option)
 IncludeOpt = typer.Option([], "--include", metavar="GLOB", help="of a folder: read only the files matching (repeatable; "
                           "a pattern with '/' matches the path in the folder, one without the file name)")
 ExcludeOpt = typer.Option([], "--exclude", metavar="GLOB", help="of a folder: leave out the files matching (repeatable)")
 MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      "(0 always answers; an uncalibrated reader always answers)")
+
+
+def renamed_option(flag: str, value, old_flag: str, old_value, *, new_given: bool):
+    """The value of option `flag`, also spelled `old_flag`, its name before a rename (hidden from
+    help): the old spelling's value when given; both spellings given must agree."""
+    if old_value is None:
+        return value
+    if new_given and value != old_value:
+        raise RalmError(f"{flag} {value} and {old_flag} {old_value} disagree: give {flag} only ({old_flag} is its old name)")
+    return old_value
+
+
+def side_given(side: str | None, old_side: str | None) -> str | None:
+    """The side a query command searches: --side, or --retriever, its old name."""
+    return renamed_option("--side", side, "--retriever", old_side, new_given=side is not None)
 
 
 def refuse_second_index(option: str, given, index) -> None:

@@ -33,7 +33,7 @@ PATH_SEPARATOR = " › "  # between a document's title and its section headings
 
 
 @dataclass(frozen=True)
-class Section:
+class DocumentSection:
     anchor: str  # "" for the text before the first section, else "#slug" or "#page=N"
     title: str
     text: str
@@ -46,7 +46,7 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) -> list[Section]:
+def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) -> list[DocumentSection]:
     """Sections of a document given as (heading level 1-6, heading text) and (0, body text)
     parts. `title` is the document's own (may be empty); `fallback` names it otherwise."""
     parts = [(level, text.strip()) for level, text in parts if text.strip()]
@@ -70,7 +70,7 @@ def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) ->
         used.add(anchor)  # "Care", "Care", "Care 1": care, care-1, care-1-1 (ids are unique)
         sections.append((f"#{anchor}", [t for _, t in stack], []))
     # a heading with no text of its own lives on in its subsections' titles
-    return [Section(anchor, PATH_SEPARATOR.join([title, *path]), "\n".join(body)) for anchor, path, body in sections if body]
+    return [DocumentSection(anchor, PATH_SEPARATOR.join([title, *path]), "\n".join(body)) for anchor, path, body in sections if body]
 
 
 def decode_utf8(data: bytes, name: str) -> str:
@@ -83,7 +83,7 @@ def decode_utf8(data: bytes, name: str) -> str:
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
-def markdown_sections(data: bytes, name: str) -> list[Section]:
+def markdown_sections(data: bytes, name: str) -> list[DocumentSection]:
     """CommonMark (plus tables) rendered to plain text: markup, link targets and raw HTML
     tags dropped, list items one a line, code kept as written."""
     source = decode_utf8(data, name)
@@ -149,7 +149,7 @@ _BOILERPLATE = ["nav", "header", "footer", "aside", "form", "[role=navigation]",
 _HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.DOTALL)
 
 
-def html_sections(data: bytes, name: str) -> list[Section]:
+def html_sections(data: bytes, name: str) -> list[DocumentSection]:
     """The page's main content with its headings: the <main>, <article> or role=main element
     where the page marks one (its navigation, header, footer and asides dropped), else
     resiliparse's main-content heuristics (which also drop link lists)."""
@@ -177,7 +177,7 @@ def _html_text(markup: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def pdf_sections(data: bytes, name: str) -> list[Section]:
+def pdf_sections(data: bytes, name: str) -> list[DocumentSection]:
     """One section per page (empty for a page without a text layer: a scan, which the corpus
     reader counts and names)."""
     from pypdf import PdfReader
@@ -197,7 +197,7 @@ def pdf_sections(data: bytes, name: str) -> list[Section]:
     sections = []
     for i, text in enumerate(texts):
         chapter = next((t for page, t in reversed(chapters) if page <= i), None)
-        sections.append(Section(f"#page={i + 1}", title + (PATH_SEPARATOR + chapter if chapter else ""), text))
+        sections.append(DocumentSection(f"#page={i + 1}", title + (PATH_SEPARATOR + chapter if chapter else ""), text))
     return sections
 
 
@@ -226,7 +226,7 @@ def stem_title(name: str) -> str:
 
 
 # suffix -> the reader of a file's bytes (name: the file's name or path, for titles and errors)
-READERS: dict[str, Callable[[bytes, str], list[Section]]] = {
+READERS: dict[str, Callable[[bytes, str], list[DocumentSection]]] = {
     ".md": markdown_sections, ".markdown": markdown_sections,
     ".html": html_sections, ".htm": html_sections, ".xhtml": html_sections,
     ".pdf": pdf_sections,
@@ -234,7 +234,7 @@ READERS: dict[str, Callable[[bytes, str], list[Section]]] = {
 FOLDER_SUFFIXES = (".txt", *READERS)  # what a corpus folder's files are read as; anything else is skipped, named
 
 
-def reader_for(name: str) -> Callable[[bytes, str], list[Section]] | None:
+def reader_for(name: str) -> Callable[[bytes, str], list[DocumentSection]] | None:
     return READERS.get(Path(name).suffix.lower())
 
 

@@ -131,7 +131,7 @@ class DenseNorm(nn.Module):
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
 
-class Attention(nn.Module):
+class BertAttention(nn.Module):
     def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
         self.self = SelfAttention(cfg, device)
@@ -153,7 +153,7 @@ class Intermediate(nn.Module):
 class Layer(nn.Module):
     def __init__(self, cfg: BertConfig, device=None):
         super().__init__()
-        self.attention = Attention(cfg, device)
+        self.attention = BertAttention(cfg, device)
         self.intermediate = Intermediate(cfg, device)
         self.output = DenseNorm(cfg.intermediate_size, cfg, device)
 

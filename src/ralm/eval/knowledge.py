@@ -72,7 +72,7 @@ def search_recall(index: str | os.PathLike, queries: Sequence[str], sources: Seq
     """Share of `queries` whose top `k` blocks in the index's dense side include a block of
     their source document: a retriever's score without an encoder (ICT, DPR)."""
     searcher = Searcher.open(index)
-    rows = searcher.search_rows(list(queries), k, retriever="dense")[1]  # [Q, k]
+    rows = searcher.search_rows(list(queries), k, side="dense")[1]  # [Q, k]
     blocks = searcher.current.blocks
     return float(np.mean([any(blocks.record(int(r))["doc_id"] == s for r in ranked if r >= 0)
                           for ranked, s in zip(rows, sources)]))

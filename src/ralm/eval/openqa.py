@@ -1,7 +1,7 @@
 """Open-domain QA evaluation: answer a question file through the pipeline (ralm/pipeline.py),
 then EM/F1 (SQuAD v1.1, max over gold answers) of every question's best answer, withheld or
 not, the share answered at the pipeline's threshold and their EM, and retrieval recall@k;
-optionally fit the confidence map of the retriever kind searched on these questions (which may
+optionally fit the confidence map of the kind searched on these questions (which may
 mix answerable ones and ones the corpus cannot answer) and report its reliability, measured on
 questions each map was not fitted on."""
 
@@ -30,10 +30,10 @@ from ralm.pipeline import OpenQA
 from ralm.progress import progress_bar
 
 
-def default_predictions_path(questions: str | os.PathLike, index: str | os.PathLike, retriever: str) -> Path:
-    """./<questions>-<index>-<retriever>.predictions.jsonl: the current directory, never a
+def default_predictions_path(questions: str | os.PathLike, index: str | os.PathLike, kind: str) -> Path:
+    """./<questions>-<index>-<kind>.predictions.jsonl: the current directory, never a
     model's or an index's folder (a shared or read-only model must not be written into)."""
-    return Path(f"{Path(questions).stem}-{Path(index).name}-{retriever}.predictions.jsonl")
+    return Path(f"{Path(questions).stem}-{Path(index).name}-{kind}.predictions.jsonl")
 
 
 def found_features(qa: OpenQA, signals: Sequence[dict]) -> tuple[str, ...]:
@@ -48,7 +48,7 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
     """EM / F1 (percentages, max over gold answers) of the best answer (also when the threshold
     withholds it), `answered` (% of questions answered at `qa.min_confidence`) and
     `answered_em` (EM over those), and recall@k; per-question JSONL to `predictions`.
-    `calibrate` fits the confidence map of `qa`'s retriever kind on these questions; with a
+    `calibrate` fits the confidence map of `qa`'s kind on these questions; with a
     calibration the result holds reliability bins and each prediction its confidence."""
     if calibrate:
         check_question_count(len(questions))

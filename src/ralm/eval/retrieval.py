@@ -14,14 +14,16 @@ from ralm.defaults import RETRIEVAL_KS
 from ralm.errors import RalmWarning
 from ralm.eval.metrics import recall_at_k
 from ralm.progress import progress_bar
+from ralm.renamed import renamed_keywords
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 
 
+@renamed_keywords(retriever="side")
 def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks: Sequence[int] = RETRIEVAL_KS,
                        batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True,
-                       retriever: str | None = None) -> dict:
-    """recall@k for each k over every side of the index, fused (or the one `retriever` names);
+                       side: str | None = None) -> dict:
+    """recall@k for each k over every side of the index, fused (or the one `side` names);
     per-question top passages go to `predictions` (JSONL) if given."""
     k_max = max(ks)
     hits, rows = [], []
@@ -30,7 +32,7 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks:
         task = bar.add_task("retrieving", total=len(questions))
         for i in range(0, len(questions), batch_size):
             batch = questions[i : i + batch_size]
-            for q, ranked in zip(batch, searcher.search([q.question for q in batch], k_max, retriever)):
+            for q, ranked in zip(batch, searcher.search([q.question for q in batch], k_max, side)):
                 flags = [has_answer(h.text, q.answers) for h in ranked]
                 hits.append(flags)
                 rows.append({"id": q.id, "question": q.question, "answers": list(q.answers),
@@ -41,9 +43,9 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks:
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    kind = kind_of(pick_sides(searcher.sides, side, searcher.index.root))
     return {**recall_at_k(hits, ks), "questions": len(questions), "seconds": round(elapsed, 2),
-            "index": str(searcher.index.root), "version": searcher.current.name,
-            "retriever": kind_of(pick_sides(searcher.sides, retriever, searcher.index.root))}
+            "index": str(searcher.index.root), "version": searcher.current.name, "kind": kind, "retriever": kind}
 
 
 def warn_if_no_answer_retrieved(hits: Sequence[Sequence[bool]], searcher, k: int) -> None:

@@ -110,7 +110,7 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-class Block(nn.Module):
+class TransformerBlock(nn.Module):
     """Pre-norm self-attention + MLP; causal in the decoder, bidirectional in RETRO's encoder."""
 
     def __init__(self, dim: int, heads: int, *, mlp_ratio: int, dropout: float = 0.0, causal: bool = True):
@@ -137,7 +137,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout)
                                     for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(cfg.dim)
         self.apply(_init_weights)

@@ -40,7 +40,7 @@ from ralm.configs import ConfigError, option
 from ralm.defaults import MAX_NEW_TOKENS, SAMPLE_TEMPERATURE
 from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
-from ralm.models.lm import Attention, Block, LMConfig, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
+from ralm.models.lm import Attention, LMConfig, TransformerBlock, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 from ralm.retrieval.lm.chunkdb import read_chunk_db_manifest
 
 FORMAT = "ralm.retro/2"
@@ -84,7 +84,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: RetroConfig):
         super().__init__()
-        self.self_block = Block(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout, causal=False)
+        self.self_block = TransformerBlock(cfg.dim, cfg.heads, mlp_ratio=cfg.mlp_ratio, dropout=cfg.dropout, causal=False)
         self.ln_cross = nn.LayerNorm(cfg.dim)
         self.cross = Attention(cfg.dim, cfg.heads, cfg.dropout)
 

@@ -20,7 +20,7 @@ from fastapi_offline import FastAPIOffline
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ralm.data.corpus import Document, file_documents, id_problem
@@ -52,7 +52,7 @@ def _document_id(v: str) -> str:
 
 # Not only whitespace; the schema says so with a pattern (JSON Schema patterns search, unanchored).
 NonBlank = Annotated[str, AfterValidator(_not_blank), Field(json_schema_extra={"pattern": r"\S"})]
-Retriever = Literal["dense", "bm25", "hybrid"]
+SideName = Literal["dense", "bm25", "hybrid"]
 
 
 class Strict(BaseModel):
@@ -60,16 +60,30 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True)
 
 
-class AskRequest(Strict):
+class Searching(Strict):
+    """What a query searches: `side`, or `retriever`, its name in requests before the rename."""
+    side: SideName | None = Field(None, description="default: every side the index holds, fused (hybrid); dense or bm25: that side alone")
+    retriever: SideName | None = Field(None, description="the old name of `side`, still accepted")
+
+    @model_validator(mode="after")
+    def _one_side(self):
+        if self.side is not None and self.retriever is not None and self.side != self.retriever:
+            raise ValueError("give `side` only: `retriever` is its old name")
+        return self
+
+    @property
+    def searched(self) -> str | None:
+        return self.side or self.retriever
+
+
+class AskRequest(Searching):
     question: NonBlank = Field(..., max_length=2000, description="the question")
     k: int = Field(READ_K, ge=1, le=100, description="number of passages to read")
-    retriever: Retriever | None = Field(None, description="default: every side the index holds, fused (hybrid); dense or bm25: that side alone")
 
 
-class SearchRequest(Strict):
+class SearchRequest(Searching):
     query: NonBlank = Field(..., max_length=2000)
     k: int = Field(5, ge=1, le=100)
-    retriever: Retriever | None = Field(None, description="default: every side the index holds, fused (hybrid); dense or bm25: that side alone")
 
 
 class DocumentIn(Strict):
@@ -111,7 +125,8 @@ class AskResponse(BaseModel):
     guess: str = ""  # the most probable answer, also when withheld
     score: float
     confidence: float | None = None  # calibrated P(correct); None for an uncalibrated reader
-    retriever: str = ""  # the kind searched: hybrid, dense or bm25
+    kind: str = ""  # what was searched: hybrid, dense or bm25
+    retriever: str = ""  # the same, under its name before `kind`
     index_version: str = ""
     evidence: list[EvidenceOut]
     best: int | None = None
@@ -122,7 +137,7 @@ class ErrorOut(BaseModel):
 
 
 ERRORS = {
-    400: "a retriever this server has no index for, or a Host header it does not answer to",
+    400: "a side this server's index does not hold, or a Host header it does not answer to",
     401: "the API key is missing or wrong (writes, when the server has one)",
     404: "no document with that id",
     409: "no reader is loaded (start the server with --model)",
@@ -162,15 +177,15 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     lock = asyncio.Lock()
 
     def run_batch(key, items):
-        endpoint, k, retriever = key
-        return (service.search if endpoint == "search" else service.ask)(items, k, retriever)
+        endpoint, k, side = key
+        return (service.search if endpoint == "search" else service.ask)(items, k, side)
 
     batcher = MicroBatcher(run_batch)
 
-    async def batched(endpoint: str, text: str, k: int, retriever: str | None):
+    async def batched(endpoint: str, text: str, k: int, side: str | None):
         start = time.perf_counter()
         try:
-            return await batcher.submit((endpoint, k, retriever), text)
+            return await batcher.submit((endpoint, k, side), text)
         finally:
             service.record_latency(endpoint, time.perf_counter() - start)
 
@@ -209,13 +224,13 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     @app.post("/ask", response_model=AskResponse, summary="Answer a question with evidence", responses=_errors(409, 413, 422))
     async def ask(req: AskRequest):
         try:
-            return await batched("ask", req.question, req.k, req.retriever)
+            return await batched("ask", req.question, req.k, req.searched)
         except LookupError as e:
             raise HTTPException(409, str(e)) from None
 
     @app.post("/search", response_model=list[Passage], summary="Retrieve passages", responses=_errors(413, 422))
     async def search(req: SearchRequest):
-        hits = await batched("search", req.query, req.k, req.retriever)
+        hits = await batched("search", req.query, req.k, req.searched)
         return [h.to_json() for h in hits]
 
     async def index_after() -> dict:

@@ -112,32 +112,32 @@ class Service:
             return False
 
     # -- queries --------------------------------------------------------------------------
-    def retrievers(self) -> list[str]:
-        """What `retriever` may name: every kind whose sides the index holds, its own first."""
+    def kinds(self) -> list[str]:
+        """What a query's `side` may name: every kind whose sides the index holds, its own first."""
         have = set(self.live.sides)
         own = kind_of(self.live.sides)
         return [own] + [k for k, sides in KINDS.items() if set(sides) <= have and k != own]
 
     @property
-    def default_retriever(self) -> str:
+    def default_kind(self) -> str:
         return kind_of(self.live.sides)
 
-    def _check(self, retriever: str | None) -> str | None:
-        if retriever is not None and retriever not in self.retrievers():
-            raise RalmError(f"retriever '{retriever}' is not available on this server (available: {', '.join(self.retrievers())}); "
+    def _check(self, side: str | None) -> str | None:
+        if side is not None and side not in self.kinds():
+            raise RalmError(f"side '{side}' is not available on this server (available: {', '.join(self.kinds())}); "
                             f"`ralm index upgrade INDEX` adds the missing side")
-        return retriever
+        return side
 
-    def search(self, queries: Sequence[str], k: int, retriever: str | None = None) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int, side: str | None = None) -> list[list[Hit]]:
         """Top-k passages of each query (one batched model call)."""
-        return self.live.search(list(queries), k, self._check(retriever))
+        return self.live.search(list(queries), k, self._check(side))
 
-    def ask(self, questions: Sequence[str], k: int, retriever: str | None = None) -> list[dict]:
+    def ask(self, questions: Sequence[str], k: int, side: str | None = None) -> list[dict]:
         """Answers with evidence (one batched retrieval and reader call)."""
         if self.reader is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
         qa = OpenQA(self.reader, self.live, k=k, device=self.device, dtype=self.dtype,
-                    min_confidence=self.cfg.min_confidence, retriever=self._check(retriever))
+                    min_confidence=self.cfg.min_confidence, side=self._check(side))
         return [a.to_json() for a in qa.answer(list(questions))]
 
     def record_latency(self, endpoint: str, seconds: float) -> None:
@@ -169,7 +169,8 @@ class Service:
             "overlay_documents": len(snap.delta.docs),
             "index_version": snap.name,
             "index_swaps": self.swaps,
-            "retrievers": self.retrievers(),
+            "kinds": self.kinds(),
+            "retrievers": self.kinds(),  # the same, under its name before "kinds"
             "reader_loaded": self.reader is not None,
             "latency_ms": {name: {"count": len(v), "p50": pct(v, 50), "p99": pct(v, 99)} for name, v in self.latency.items()},
         }

@@ -252,7 +252,7 @@ class PretrainTrainer(Trainer):
     """Under torchrun every rank also searches its shard of the index; rank 0 refreshes the
     index and runs the async builder."""
 
-    name, config = "realm", PretrainConfig
+    name, config = "pretrain", PretrainConfig
     plots = ("loss", "retrieval_utility", "staleness", "steps_per_s", "p_null", "span_in_top")
     lr_names = ("lr", "retriever_lr")
     in_use: IndexInUse | None = None

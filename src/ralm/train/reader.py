@@ -171,7 +171,7 @@ def best_is_gold(scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor,
 
 
 class ReaderTrainer(QuestionTrainer):
-    name, config = "reader", ReaderTrainConfig
+    name, config = "train-reader", ReaderTrainConfig
     plots = ("loss", "span_accuracy")
 
     def __init__(self, cfg: ReaderTrainConfig):

@@ -32,7 +32,7 @@ from ralm.train.parallel import RunContext, start_run
 
 
 class Trainer:
-    """Subclass with `name` (the run's kind in RUN/final/trainer.json), `config` (its LoopConfig
+    """Subclass with `name` (the command that runs it: `pretrain`; RUN/final/trainer.json's kind), `config` (its LoopConfig
     subclass), `build` and `step`; override the other methods where the trainer differs."""
 
     name: ClassVar[str]

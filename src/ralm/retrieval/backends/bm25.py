@@ -44,7 +44,7 @@ class BM25Index:
         tokens = tokens_of(texts, show_progress)
         if not any(tokens):  # bm25s would fail on an empty vocabulary
             raise RalmError(f"the corpus has no word BM25 can index in its {len(texts)} block(s): every word is an English "
-                            "stop word or a single character; index it with --retriever dense")
+                            "stop word or a single character; index it with --kind dense")
         model = bm25s.BM25(k1=k1, b=b)
         model.index(tokens, show_progress=show_progress)
         return cls(model, len(texts), float(np.mean([len(t) for t in tokens])))

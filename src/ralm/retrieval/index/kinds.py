@@ -57,7 +57,7 @@ def kind_of(sides: Sequence[str]) -> str:
 
 def side_class(name: str) -> type["Side"]:
     if name not in SIDES:
-        raise RalmError(f"unknown retriever {name!r}; choose one of {', '.join(SIDES)}")
+        raise RalmError(f"unknown side {name!r}; choose one of {', '.join(SIDES)}")
     module, cls = SIDES[name].split(":")
     return getattr(import_module(module), cls)
 

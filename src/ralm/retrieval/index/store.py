@@ -1,8 +1,9 @@
 """Index directories: versioned, published by atomic rename, safe to read while a new
 version is being written (by `ralm index build` or the pre-training refresher).
 
-  DIR/manifest.json         {"format", "retriever": "hybrid" | "dense" | "bm25"}: the kind it was
-                            created as; what it holds now is its latest version's "sides"
+  DIR/manifest.json         {"format", "kind": "hybrid" | "dense" | "bm25"}: the kind it was
+                            created as (also written as "retriever", which older ralm reads and
+                            older indexes hold alone); what it holds now is its latest version's "sides"
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
   DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
@@ -123,8 +124,9 @@ class IndexDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.manifest = read_index_manifest(self.root)
-        if self.manifest.get("retriever") not in KINDS:
-            raise RalmError(f"{manifest_file(self.root)}: no valid \"retriever\" (the index kind: {', '.join(KINDS)}); "
+        self.created_as = self.manifest.get("kind", self.manifest.get("retriever"))  # "retriever": written before "kind"
+        if self.created_as not in KINDS:
+            raise RalmError(f"{manifest_file(self.root)}: no valid \"kind\" (the index kind: {', '.join(KINDS)}); "
                             "the index is damaged: rebuild it")
 
     @classmethod
@@ -143,7 +145,7 @@ class IndexDir:
         if root.exists() and any(root.iterdir()):
             raise RalmError(f"{root} exists and is not an index directory; choose an empty or new directory")
         root.mkdir(parents=True, exist_ok=True)
-        write_json(manifest_file(root), {"format": FORMAT, "retriever": kind})
+        write_json(manifest_file(root), {"format": FORMAT, "kind": kind, "retriever": kind})
         return cls(root)
 
     @property
@@ -154,7 +156,7 @@ class IndexDir:
         try:
             return self.version(self.latest()).kind
         except RalmError:  # no version yet, or LATEST damaged (a build into the directory repairs it)
-            return self.manifest["retriever"]
+            return self.created_as
 
     @property
     def sides(self) -> tuple[str, ...]:
@@ -195,7 +197,7 @@ class IndexDir:
         """Version `name`'s manifest, validated (one from before "sides": its kind's sides)."""
         path = self.version_path(name)
         raw = read_json(manifest_file(path))
-        return VersionManifest.from_json(raw, manifest_file(path), sides_of(raw.get("kind", self.manifest["retriever"])))
+        return VersionManifest.from_json(raw, manifest_file(path), sides_of(raw.get("kind", self.created_as)))
 
     def version_manifest(self, name: str) -> dict:
         """Version `name`'s manifest as its JSON object, validated; "sides" lists what it holds."""
@@ -205,7 +207,7 @@ class IndexDir:
         """What a build reports of version `name`: the common fields, then each side's (the keys
         builds have always reported are there, null where no side sets them)."""
         m = self.version(name)
-        out = {"index": str(self.root), "version": name, "retriever": m.kind, "blocks": m.count, "dim": None, "faiss": None,
+        out = {"index": str(self.root), "version": name, "kind": m.kind, "retriever": m.kind, "blocks": m.count, "dim": None, "faiss": None,
                "dtype": None}
         for section in m.sections.values():
             out.update(section.summary())
@@ -232,7 +234,7 @@ class IndexDir:
                     existing = self.versions()
                     name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
                     checked = VersionManifest.from_json({**manifest, "version": name, "created": time.time()}, tmp,
-                                                        sides_of(manifest.get("kind", self.manifest["retriever"])))
+                                                        sides_of(manifest.get("kind", self.created_as)))
                     manifest_file(tmp).write_text(json.dumps(checked.to_json(), indent=2) + "\n")
                     try:
                         os.rename(tmp, vdir / name)  # fails if a publisher of ralm <= 0.4 (no lock) took the name

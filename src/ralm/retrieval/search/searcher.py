@@ -7,7 +7,7 @@ with one reference assignment, so a search in flight finishes on the version it 
 What every searcher provides, the Searcher here and the LiveSearcher (search/live.py) alike:
   sides, current (a version or snapshot: .name, .manifest, .blocks, .sides), refresh(), len()
   encode(queries, side) / side_search(encoded, k, snap, side) / side_scores(...): one side
-  rank(queries, k, snap, retriever) -> Ranked; search_rows(...) -> (scores, rows); search(...) -> Hits
+  rank(queries, k, snap, side) -> Ranked; search_rows(...) -> (scores, rows); search(...) -> Hits
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.defaults import SEARCH_K
 from ralm.errors import RalmError
+from ralm.renamed import renamed_keywords
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir, VersionManifest
@@ -162,28 +163,31 @@ class Searcher:
         return snap.sides[side].is_result(scores)
 
     # -- every side, fused ------------------------------------------------------------------
-    def rank(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None) -> Ranked:
-        """The top k of each query: fused over every side (retriever None), or one side."""
+    @renamed_keywords(retriever="side")
+    def rank(self, queries: Sequence[str], k: int, snap=None, side: str | None = None) -> Ranked:
+        """The top k of each query: fused over every side (side None), or one side."""
         check_queries(queries)
         check_k(k)
         snap = snap or self.current
-        return rank(self, list(queries), k=k, snap=snap, sides=pick_sides(tuple(snap.sides), retriever, self.index.root),
+        return rank(self, list(queries), k=k, snap=snap, sides=pick_sides(tuple(snap.sides), side, self.index.root),
                     fusion=self.fusion)
 
-    def search_rows(self, queries: Sequence[str], k: int, snap=None, retriever: str | None = None
+    @renamed_keywords(retriever="side")
+    def search_rows(self, queries: Sequence[str], k: int, snap=None, side: str | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:
         """[Q] strings -> (scores [Q, k], block rows [Q, k])."""
         if not queries and not isinstance(queries, str):
             check_k(k)
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        ranked = self.rank(queries, k, snap, retriever)
+        ranked = self.rank(queries, k, snap, side)
         return ranked.scores, ranked.rows
 
-    def search(self, queries: Sequence[str], k: int = SEARCH_K, retriever: str | None = None) -> list[list[Hit]]:
+    @renamed_keywords(retriever="side")
+    def search(self, queries: Sequence[str], k: int = SEARCH_K, side: str | None = None) -> list[list[Hit]]:
         snap = self.current  # one version for the whole call, even if a swap happens meanwhile
         if not queries and not isinstance(queries, str):
             return []
-        return hits(snap.blocks, self.rank(queries, k, snap, retriever))
+        return hits(snap.blocks, self.rank(queries, k, snap, side))
 
 
 def check_queries(queries: Sequence[str]) -> None:
@@ -193,16 +197,16 @@ def check_queries(queries: Sequence[str]) -> None:
         raise RalmError("queries must be non-empty strings")
 
 
-def pick_sides(have: tuple[str, ...], retriever: str | None, where) -> tuple[str, ...]:
-    """The sides a search uses: all of them (None, or the index's kind), or those of the kind or
-    the one side `retriever` names."""
-    if retriever is None:
+def pick_sides(have: tuple[str, ...], side: str | None, where) -> tuple[str, ...]:
+    """The sides a search uses: all of them (None, or the index's kind), or the one `side` names
+    (or a kind's sides)."""
+    if side is None:
         return have
     from ralm.retrieval.index.kinds import SIDES, sides_of
 
-    want = (retriever,) if retriever in SIDES else sides_of(retriever)
+    want = (side,) if side in SIDES else sides_of(side)
     if not set(want) <= set(have):
-        raise RalmError(f"retriever {retriever!r} needs the {', '.join(want)} side(s), but {where} holds "
+        raise RalmError(f"searching {side!r} needs the {', '.join(want)} side(s), but {where} holds "
                         f"{', '.join(have)}; `ralm index upgrade {where}` adds the missing side")
     return want
 

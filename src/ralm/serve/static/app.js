@@ -16,7 +16,7 @@ const BANDS = [
 ];
 const SIDES = { dense: "dense", bm25: "BM25" };
 const SIDE_HELP = { dense: "found by meaning (dense retriever)", bm25: "found by shared words (BM25)" };
-const RETRIEVER_LABELS = { hybrid: "Meaning + keywords (hybrid)", dense: "Meaning (dense)", bm25: "Keywords (BM25)" };
+const KIND_LABELS = { hybrid: "Meaning + keywords (hybrid)", dense: "Meaning (dense)", bm25: "Keywords (BM25)" };
 
 function escapeHtml(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -163,18 +163,18 @@ async function ask(event) {
   event.preventDefault();
   const question = $("question").value.trim();
   if (!question) return;
-  const retriever = $("retriever").value || undefined;
+  const side = $("side").value || undefined;
   $("ask-button").disabled = true;
   $("ask-button").textContent = "Asking…";
   showError("");
   try {
     if (window.readerLoaded) {
-      const r = await api("/ask", { question, retriever });  // the server's default k, which the confidence is calibrated for
+      const r = await api("/ask", { question, side });  // the server's default k, which the confidence is calibrated for
       renderAnswer(r);
       renderEvidence(r.evidence, r.best ?? 0, r.no_answer ? "guess" : "answer");
       if (r.index_version) noteVersion(r.index_version);
     } else {
-      const hits = await api("/search", { query: question, k: 5, retriever });
+      const hits = await api("/search", { query: question, k: 5, side });
       $("answer").hidden = true;
       renderEvidence(hits, -1, null);
     }
@@ -313,9 +313,9 @@ async function refreshStats() {
     const text = `index ${s.index_version} · ${s.corpus_blocks} blocks${live}` +
       (s.reader_loaded ? "" : " · no reader: showing passages") + swappedAt;
     if ($("status").textContent !== text) $("status").textContent = text;  // a live region: speak changes only
-    const select = $("retriever");
-    if (select.options.length !== s.retrievers.length) {
-      select.innerHTML = s.retrievers.map((r) => `<option value="${r}">${escapeHtml(RETRIEVER_LABELS[r] || r)}</option>`).join("");
+    const select = $("side");
+    if (select.options.length !== s.kinds.length) {
+      select.innerHTML = s.kinds.map((r) => `<option value="${r}">${escapeHtml(KIND_LABELS[r] || r)}</option>`).join("");
     }
   } catch (e) {
     $("status").textContent = "server unreachable, retrying…";
