@@ -74,13 +74,13 @@ class Runtime:
 
     @classmethod
     def of(cls, runtime: Runtime | None = None, *, device: str | torch.device | None = None,
-           dtype: str | torch.dtype | None = None, show_progress: bool = True) -> Runtime:
+           dtype: str | torch.dtype | None = None) -> Runtime:
         """The Runtime a public entry point runs under, resolved there once and passed down:
         `runtime` as given, else one from the older `device=`/`dtype=` keywords, which library
         calls still accept (None: the CPU, as the library always defaulted; the CLI's `auto`
         picks CUDA)."""
         if runtime is None:
-            return cls.resolve(device or "cpu", dtype, show_progress)
+            return cls.resolve(device or "cpu", dtype)
         if device is not None or dtype is not None:
             raise RalmError("give runtime= or device=/dtype=, not both")
         return runtime

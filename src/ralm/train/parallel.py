@@ -87,8 +87,10 @@ def start_run(run, config, runtime: Runtime | None = None, *, device: torch.devi
     env = dist_env()
     if runtime is None:  # before any work: `bf16` on a CPU without it fails here
         runtime = Runtime.of(device=device, dtype=config.dtype)
-    elif config.dtype not in (None, "", "auto") and config.dtype != dtype_name(runtime.dtype):
-        raise ConfigError("dtype", f"{config.dtype}, but the runtime given computes in {dtype_name(runtime.dtype)}")
+    else:
+        runtime = Runtime.of(runtime, device=device)  # a device besides it is refused
+        if config.dtype not in (None, "", "auto") and config.dtype != dtype_name(runtime.dtype):
+            raise ConfigError("dtype", f"{config.dtype}, but the runtime given computes in {dtype_name(runtime.dtype)}")
     runtime = Runtime(env.device(runtime.device), runtime.dtype, show_progress and runtime.show_progress and env.is_main)
     seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
     _documents_to_file(config, run, env)
