@@ -14,6 +14,7 @@ from ralm.retrieval.backends.exact import ExactIndex
 from ralm.runtime import Runtime, autocast, cpu_has_bf16, resolve_dtype
 
 CPU = torch.device("cpu")
+FP32 = Runtime(CPU, torch.float32, show_progress=False)
 needs_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bf16")
 
 
@@ -53,6 +54,80 @@ def test_cli_bf16_on_a_cpu_without_it_is_a_one_line_error(monkeypatch, ralm, tin
     assert not (tmp_path / "i").exists()  # refused before any work
     code, _, err = ralm("ict", "--corpus", corpus_file, "--out", tmp_path / "r", "--model", tiny_bert, "--dtype", "bf16")
     assert code == 2 and "--dtype bf16: this CPU has no native bf16" in err
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """Count every device and dtype resolution, wherever a module of ralm holds the resolver
+    (`from ralm.runtime import resolve_dtype` binds a name of its own)."""
+    import sys
+
+    import ralm.runtime as runtime
+
+    counts = {"device": 0, "dtype": 0}
+
+    def counted(what, resolve):
+        def wrapper(*args, **kwargs):
+            counts[what] += 1
+            return resolve(*args, **kwargs)
+        return wrapper
+
+    for what, resolve in (("device", runtime.resolve_device), ("dtype", runtime.resolve_dtype)):
+        wrapper = counted(what, resolve)
+        for name, module in list(sys.modules.items()):
+            if (name == "ralm" or name.startswith("ralm.")) and getattr(module, resolve.__name__, None) is resolve:
+                monkeypatch.setattr(module, resolve.__name__, wrapper)
+    return counts
+
+
+def test_every_public_entry_resolves_its_runtime_once_and_nothing_below_it_again(resolutions, tiny_bert, tmp_path):
+    """`build_index`, `OpenQA.open(...).answer`, `Searcher.open(...).search` and a trainer's
+    `fit` each resolve the device and dtype once, at the entry; a Runtime given is not resolved
+    again anywhere below (a lower function re-resolving would count here)."""
+    import json
+
+    from conftest import DOCS
+    from ralm.models.reader import Reader
+    from ralm.pipeline import OpenQA
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.search.searcher import Searcher
+    from ralm.train.finetune import FinetuneConfig, finetune
+
+    def once(run) -> dict:
+        resolutions.update(device=0, dtype=0)
+        run()
+        return dict(resolutions)
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    index = tmp_path / "index"
+    assert once(lambda: build_index(corpus, index, model=str(tiny_bert), dim=16, show_progress=False)) == {"device": 1, "dtype": 1}
+    Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).save_pretrained(tmp_path / "reader")
+    ask = lambda **rt: OpenQA.open(index, tmp_path / "reader", k=2, **rt).answer(["What is the capital of France?"])  # noqa: E731
+    assert once(ask) == {"device": 1, "dtype": 1}
+    assert once(lambda: ask(device="cpu", dtype="fp32")) == {"device": 1, "dtype": 1}  # the older keywords: the same
+    assert once(lambda: Searcher.open(index).search(["capital of France"], k=2)) == {"device": 1, "dtype": 1}
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"id": "q1", "question": "What is the capital of France?", "answers": ["Paris"]}) + "\n")
+    cfg = FinetuneConfig(questions=str(questions), index=str(index), init=str(tiny_bert), steps=1, batch_size=1, k=2,
+                         max_len=96, save_every=1, log_every=1, warmup=0)
+    assert once(lambda: finetune(cfg, tmp_path / "run", show_progress=False)) == {"device": 1, "dtype": 1}
+
+    given = FP32
+    assert once(lambda: build_index(corpus, tmp_path / "again", model=str(tiny_bert), dim=16, runtime=given,
+                                    show_progress=False)) == {"device": 0, "dtype": 0}
+    assert once(lambda: ask(runtime=given)) == {"device": 0, "dtype": 0}
+    assert once(lambda: finetune(cfg, tmp_path / "run2", runtime=given, show_progress=False)) == {"device": 0, "dtype": 0}
+
+
+def test_a_runtime_given_with_the_older_keywords_or_against_the_run_config_is_refused(tmp_path):
+    from ralm.train.loop import LoopConfig
+    from ralm.train.parallel import start_run
+
+    with pytest.raises(RalmError, match="give runtime= or device=/dtype=, not both"):
+        Runtime.of(FP32, dtype="fp32")
+    with pytest.raises(RalmError, match="^dtype bf16, but the runtime given computes in fp32"):  # the run records its dtype
+        start_run(tmp_path / "run", LoopConfig(dtype="bf16"), FP32)
 
 
 @needs_bf16

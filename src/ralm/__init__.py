@@ -11,6 +11,7 @@ __version__ = "0.4.0"
 
 _EXPORTS = {
     "RalmError": "ralm.errors",
+    "Runtime": "ralm.runtime",  # device, compute dtype, progress: every entry point's `runtime=`
     # data: documents and question files
     "Document": "ralm.data.corpus",
     "read_corpus": "ralm.data.corpus",

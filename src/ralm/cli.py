@@ -136,7 +136,7 @@ def _open_qa(model: Optional[str], index_dir: Path, *, k: int, side: Optional[st
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, k=k, side=side, device=rt.device, dtype=rt.dtype, min_confidence=min_confidence)
+    return OpenQA.open(index_dir, model, k=k, side=side, runtime=rt, min_confidence=min_confidence)
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that

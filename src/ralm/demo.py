@@ -44,8 +44,7 @@ def demo_index(runtime: Runtime, rebuild: bool = False) -> tuple[Path, bool]:
             return path, False
         except (RalmError, OSError, ValueError):  # missing or half-built cache: build it again
             pass
-    build_index(demo_file("corpus.jsonl"), path, device=runtime.device, show_progress=runtime.show_progress,
-                dtype=runtime.dtype)
+    build_index(demo_file("corpus.jsonl"), path, runtime=runtime, show_progress=runtime.show_progress)
     return path, True
 
 
@@ -53,6 +52,6 @@ def run_demo(runtime: Runtime, *, k: int = READ_K, rebuild: bool = False,
              min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(runtime, rebuild)
-    qa = OpenQA.open(path, k=k, device=runtime.device, dtype=runtime.dtype, min_confidence=min_confidence)
+    qa = OpenQA.open(path, k=k, runtime=runtime, min_confidence=min_confidence)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

@@ -43,7 +43,7 @@ from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.rundir import find_model
-from ralm.runtime import autocast, resolve_dtype
+from ralm.runtime import Runtime, autocast
 
 N_BEST = 10  # spans per block that may add to an answer's probability
 
@@ -99,8 +99,11 @@ class OpenQA:
     side is searched (fused) unless `side` picks one ("dense", "bm25")."""
 
     @renamed_keywords(retriever="side")
-    def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, device: torch.device | None = None,
-                 dtype: str | torch.dtype | None = None, min_confidence: float = MIN_CONFIDENCE, side: str | None = None):
+    def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, runtime: Runtime | None = None,
+                 min_confidence: float = MIN_CONFIDENCE, side: str | None = None,
+                 device: torch.device | None = None, dtype: str | torch.dtype | None = None):
+        """`runtime`: where the reader reads (None: the searcher's); `device`/`dtype`: the
+        older spelling of it (`Runtime.of`)."""
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
         if not 0 <= min_confidence <= 1:
@@ -108,8 +111,10 @@ class OpenQA:
         self.reader = reader.eval()
         self.searcher = searcher
         self.k = k
-        self.device = device or torch.device("cpu")
-        self.dtype = resolve_dtype(dtype, self.device)
+        if runtime is None and device is None and dtype is None:
+            runtime = searcher.runtime
+        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
+        self.device, self.dtype = self.runtime.device, self.runtime.dtype
         self.min_confidence = min_confidence
         self.side = side
         self.kind = kind_of(pick_sides(searcher.sides, side, searcher.index.root))  # checks `side` now
@@ -129,15 +134,17 @@ class OpenQA:
     @classmethod
     @renamed_keywords(retriever="side")
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
-             side: str | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None,
-             min_confidence: float = MIN_CONFIDENCE) -> "OpenQA":
+             side: str | None = None, runtime: Runtime | None = None, min_confidence: float = MIN_CONFIDENCE,
+             device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
         and its query tower where `open_searcher` says), a reader checkpoint, or None (the
-        package's general-purpose reader); `side`: one side instead of all, fused."""
-        device = device or torch.device("cpu")
-        reader = Reader.from_pretrained(resolve_reader(model)).to(device)
-        return cls(reader, open_searcher(index, model, device=device, dtype=dtype), k=k, device=device, dtype=dtype,
-                   min_confidence=min_confidence, side=side)
+        package's general-purpose reader); `side`: one side instead of all, fused;
+        `runtime`: where and how it computes (None: the CPU, auto dtype; `device`/`dtype`, the
+        older spelling, still work), resolved here once for the reader and the searcher."""
+        rt = Runtime.of(runtime, device=device, dtype=dtype)
+        reader = Reader.from_pretrained(resolve_reader(model)).to(rt.device)
+        return cls(reader, open_searcher(index, model, runtime=rt), k=k, runtime=rt, min_confidence=min_confidence,
+                   side=side)
 
     @torch.inference_mode()
     def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
@@ -274,12 +281,12 @@ def resolve_reader(model: str | os.PathLike | None) -> Path:
                     "train one with `ralm finetune`")
 
 
-def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, *, device: torch.device | None = None,
-                  dtype: str | torch.dtype | None = None) -> LiveSearcher:
+def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, *, runtime: Runtime | None = None,
+                  device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> LiveSearcher:
     """The searcher for `index`, over every side it holds and its live updates (`ralm index
     add/delete`, the server's /documents). Its dense side uses the run's fine-tuned query tower
-    (RUN/final/retriever) when it was built with that run's document tower, else its own."""
-    device = device or torch.device("cpu")
+    (RUN/final/retriever) when it was built with that run's document tower, else its own.
+    `runtime` (or the older `device`/`dtype`): as `Searcher`'s."""
     idx = IndexDir(index)
     candidate = find_model(model, "retriever", is_retriever_dir) if model is not None else None
-    return LiveSearcher(Searcher(idx, candidate, device=device, dtype=dtype, own_if_other=True))
+    return LiveSearcher(Searcher(idx, candidate, runtime=Runtime.of(runtime, device=device, dtype=dtype), own_if_other=True))

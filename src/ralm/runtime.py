@@ -66,11 +66,31 @@ class Runtime:
     show_progress: bool = True
 
     @classmethod
-    def resolve(cls, device: str | None = None, dtype: str | torch.dtype | None = None,
+    def resolve(cls, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                 show_progress: bool = True) -> Runtime:
         """From --device and --dtype spellings (None: auto); `bf16` on a CPU without it fails here."""
-        resolved = resolve_device(device)
+        resolved = resolve_device(str(device) if isinstance(device, torch.device) else device)
         return cls(resolved, resolve_dtype(dtype, resolved), show_progress)
+
+    @classmethod
+    def of(cls, runtime: Runtime | None = None, *, device: str | torch.device | None = None,
+           dtype: str | torch.dtype | None = None) -> Runtime:
+        """The Runtime a public entry point runs under, resolved there once and passed down:
+        `runtime` as given, else one from the older `device=`/`dtype=` keywords, which library
+        calls still accept (None: the CPU, as the library always defaulted; the CLI's `auto`
+        picks CUDA)."""
+        if runtime is None:
+            return cls.resolve(device or "cpu", dtype)
+        if device is not None or dtype is not None:
+            raise RalmError("give runtime= or device=/dtype=, not both")
+        return runtime
+
+
+def compute_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A torch.dtype (a Runtime's, resolved at the entry point) as it is; a spelling ("auto",
+    "fp32", "bf16", None) resolved for `device`, for the public classes used on their own
+    (`Retriever.encode_queries`, `ExactIndex`)."""
+    return dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, device)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

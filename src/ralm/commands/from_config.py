@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, torch_device
+from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime
 from ralm.configs import ConfigError, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
@@ -51,7 +51,7 @@ class TrainerCommand:
     build: Callable[[type, dict, set], Any] | None = None
 
     def load(self) -> tuple[type, Callable]:
-        """(the config class, fit(cfg, run, device, notify=, on_metrics=) -> a TrainResult)."""
+        """(the config class, fit(cfg, run, runtime=, notify=, on_metrics=) -> a TrainResult)."""
         trainer = getattr(importlib.import_module(self.module), self.trainer)
         return trainer.config, trainer.fit
 
@@ -225,10 +225,10 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
         try:
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
-            dev = torch_device(device)
+            rt = runtime(device, cfg.dtype)
             notes = ["note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU (the "
-                     "options given still win)"] if dev.type == "cpu" and preset is None and preset_values(config_cls, "cpu") else []
-            result = train(cfg, run, dev, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics))
+                     "options given still win)"] if rt.device.type == "cpu" and preset is None and preset_values(config_cls, "cpu") else []
+            result = train(cfg, run, runtime=rt, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics))
         except ConfigError as e:
             raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
         except TrainingInterrupted as e:

@@ -96,7 +96,7 @@ def index_build(
             raise RalmError(f"--embeddings {embeddings}: no such file")
     with removed_on_error(out_dir):
         index, version = build_index(corpus, out_dir, kind=kind, model=model, dim=dim or None, faiss_spec=spec, files=files,
-                                     batch_size=batch_size, device=rt.device, show_progress=reports, dtype=rt.dtype,
+                                     batch_size=batch_size, runtime=rt, show_progress=reports,
                                      embeddings=embeddings)
     if not reports:
         return
@@ -172,7 +172,7 @@ def search(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    hits = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype).search([query], k, side)[0]
+    hits = LiveSearcher.open(index_dir, model=model, runtime=rt).search([query], k, side)[0]
     if not main_rank():
         return
     if as_json:
@@ -218,7 +218,7 @@ def eval_retrieval(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    searcher = LiveSearcher.open(index_dir, model=model, device=rt.device, dtype=rt.dtype)
+    searcher = LiveSearcher.open(index_dir, model=model, runtime=rt)
     reports = main_rank()
     result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports,
                                 side=side)
@@ -257,7 +257,7 @@ def index_upgrade(
     quiet_libraries()
     before = IndexDir(index_dir).latest()
     rt = runtime(device, dtype)
-    index, version = upgrade_index(index_dir, kind=kind, model=model, batch_size=batch_size, device=rt.device, dtype=rt.dtype)
+    index, version = upgrade_index(index_dir, kind=kind, model=model, batch_size=batch_size, runtime=rt)
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1), "upgraded": version != before}
     if summary["upgraded"]:
         line = f"[green]upgraded[/green] {index_dir} to {summary['kind']} ({version}) in {summary['seconds']} s"
@@ -287,7 +287,7 @@ def index_add(
     quiet_libraries()
     docs = list(read_corpus(corpus, files=files))
     rt = runtime(device, dtype)
-    live = LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype)
+    live = LiveSearcher.open(index_dir, runtime=rt)
     ids, gone = live.replace_files(docs, sectioned_files(corpus, files=files))
     summary = {"index": str(index_dir), "added": len(ids), "deleted": len(gone), "blocks": len(live), "index_version": live.current.name}
     print_summary(summary, as_json, f"[green]added[/green] {plural(len(ids), 'document')} to {index_dir}"
@@ -332,7 +332,7 @@ def index_compact(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    done = compact_index(LiveSearcher.open(index_dir, device=rt.device, dtype=rt.dtype), show_progress=main_rank())
+    done = compact_index(LiveSearcher.open(index_dir, runtime=rt), show_progress=main_rank())
     summary = done.to_json()
     if done.version is None:
         print_summary(summary, as_json, f"{index_dir}: nothing to compact (the update log holds no update), {plural(done.blocks, 'block')}")

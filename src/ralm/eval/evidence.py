@@ -205,23 +205,23 @@ def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
     return model.to(device)
 
 
-def open_index(cfg: EvidenceConfig, retriever: Retriever, device: torch.device) -> LoadedVersion:
+def open_index(cfg: EvidenceConfig, retriever: Retriever, rt: Runtime) -> LoadedVersion:
     """The index's newest version; its dense side must come from `retriever`'s document tower."""
     index = IndexDir(cfg.index)
     name = index.latest()
     if "dense" not in index.version(name).sides:
         raise RalmError(f"index {cfg.index} has no dense side; the evidence gain needs the REALM document tower's embeddings")
     check_block_len(cfg.block_len, index.blocks(index.version(name).blocks).config.max_len, cfg.index)
-    return load_version(index, name, models={"dense": retriever}, device=device)
+    return load_version(index, name, models={"dense": retriever}, device=rt.device, dtype=rt.dtype)
 
 
 def evidence_gain(cfg: EvidenceConfig, rt: Runtime | None = None) -> EvidenceScores:
     """Load the REALM model, its index and the held-out corpus of `cfg` and score them."""
-    rt = rt or Runtime.resolve("cpu")
+    rt = Runtime.of(rt)
     if not Path(cfg.corpus).exists():
         raise RalmError(f"corpus {cfg.corpus}: no such file or folder")
     model = load_realm(cfg, rt.device)
-    version = open_index(cfg, model.retriever, rt.device)
+    version = open_index(cfg, model.retriever, rt)
     with tempfile.TemporaryDirectory(prefix="ralm-evidence-") as tmp:
         folder = Path(cfg.cache) if cfg.cache else Path(tmp)
         held_out = heldout_examples(cfg, model.retriever.tokenizer, folder, show_progress=rt.show_progress)

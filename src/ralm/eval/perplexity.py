@@ -22,7 +22,7 @@ from ralm.models.lm import context
 from ralm.progress import progress_bar
 from ralm.retrieval.lm.chunkdb import text_neighbours
 from ralm.retrieval.lm.datastore import Datastore
-from ralm.runtime import autocast, resolve_dtype
+from ralm.runtime import autocast, compute_dtype
 
 
 def perplexity_report(nll: np.ndarray, words: int) -> dict:
@@ -143,7 +143,7 @@ def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, 
               batch_size: int = RETRO_BATCH, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
     """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
     chunks, or None for retrieval off. Windows start on chunk boundaries."""
-    dtype = resolve_dtype(dtype, device)
+    dtype = compute_dtype(dtype, device)
     m, seq_len = model.cfg.chunk_len, model.cfg.max_len
     tokens = stream.tokens
     n = len(tokens) - 1

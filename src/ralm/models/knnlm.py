@@ -21,7 +21,7 @@ from ralm.defaults import LM_BATCH
 from ralm.errors import RalmError
 from ralm.models.lm import context
 from ralm.retrieval.lm.datastore import model_fingerprint, write_datastore
-from ralm.runtime import autocast, resolve_dtype
+from ralm.runtime import autocast, compute_dtype
 
 
 # -- the maths ----------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, 
     of `tokens` (end <= len - 1), each with >= seq_len - stride tokens of context."""
     for part in window_batches(context_windows(start, end, seq_len=seq_len, stride=stride), batch_size):
         ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
-        with autocast(device, resolve_dtype(dtype, device)):
+        with autocast(device, compute_dtype(dtype, device)):
             hidden = model.features(ids)  # [B, L, D]
         logp = torch.log_softmax(model.head(hidden), dim=-1)  # [B, L, V], fp32 logits
         for row, (a, b, s) in enumerate(part):

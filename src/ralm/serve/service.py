@@ -49,14 +49,13 @@ class ServeConfig:
 class Service:
     def __init__(self, cfg: ServeConfig, runtime: Runtime | None = None):
         self.cfg = cfg
-        runtime = runtime or Runtime.resolve("cpu")
-        self.device, self.dtype = runtime.device, runtime.dtype
-        self.live = open_searcher(cfg.index, cfg.model, device=self.device, dtype=self.dtype)  # where documents are written
+        self.runtime = Runtime.of(runtime)
+        self.live = open_searcher(cfg.index, cfg.model, runtime=self.runtime)  # where documents are written
         self.reader = None
         if cfg.model:
             from ralm.models.reader import Reader
 
-            self.reader = Reader.from_pretrained(resolve_reader(cfg.model)).to(self.device).eval()
+            self.reader = Reader.from_pretrained(resolve_reader(cfg.model)).to(self.runtime.device).eval()
         self.latency = {"ask": deque(maxlen=2000), "search": deque(maxlen=2000)}
         self.swaps = 0
         self.compactions = 0
@@ -136,7 +135,7 @@ class Service:
         """Answers with evidence (one batched retrieval and reader call)."""
         if self.reader is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
-        qa = OpenQA(self.reader, self.live, k=k, device=self.device, dtype=self.dtype,
+        qa = OpenQA(self.reader, self.live, k=k, runtime=self.runtime,
                     min_confidence=self.cfg.min_confidence, side=self._check(side))
         return [a.to_json() for a in qa.answer(list(questions))]
 

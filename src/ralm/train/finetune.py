@@ -180,7 +180,7 @@ class FinetuneTrainer(QuestionTrainer):
     def build(self) -> QAModel:
         cfg, ctx = self.cfg, self.ctx
         reader_src, retriever_src = resolve_init(cfg.init)
-        self.searcher = searcher = Searcher.open(cfg.index, model=retriever_src, device=ctx.device, dtype=ctx.dtype)
+        self.searcher = searcher = Searcher.open(cfg.index, model=retriever_src, runtime=ctx.runtime)
         self.dense = searcher.retriever is not None
         self.reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(ctx.device)
         self.train_query = self.dense and cfg.train_retriever

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ralm.configs import ConfigError
 from ralm.data.corpus import save_documents
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
-from ralm.runtime import full_precision, resolve_dtype, seed_everything
+from ralm.runtime import Runtime, dtype_name, full_precision, seed_everything
 from ralm.train.checkpoints import prepare_run
 
 
@@ -54,29 +55,47 @@ def rank_batch(step: int, batch_size: int, *, n: int, seed: int, env: DistEnv) -
 
 @dataclass
 class RunContext:
-    """Where and how this process trains (see `start_run`)."""
+    """Where and how this process trains (see `start_run`). Not folded into `Runtime`: besides
+    the Runtime (this rank's device, the compute dtype, progress on rank 0 only) it holds the
+    run's own facts, which no other job has: RUN, the rank, the checkpoint to resume from."""
 
     path: Path  # RUN
     env: DistEnv
-    device: torch.device  # this rank's
-    dtype: torch.dtype  # the compute dtype (autocast)
-    show_progress: bool  # on rank 0 only
+    runtime: Runtime  # this rank's; resolved once, by the trainer's `fit`
     resume: Path | None  # the checkpoint to resume from
     notify: Callable[[str], None]  # messages for the user, from rank 0 only
 
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
 
-def start_run(run, config, device: torch.device | None = None, *, show_progress: bool = True,
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runtime.dtype
+
+    @property
+    def show_progress(self) -> bool:
+        return self.runtime.show_progress
+
+
+def start_run(run, config, runtime: Runtime | None = None, *, device: torch.device | None = None, show_progress: bool = True,
               notify: Callable[[str], None] | None = None) -> RunContext:
     """Every trainer's start, alone or under torchrun. Rank 0 creates RUN (or checks that its
-    config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST."""
+    config matches, see `prepare_run`) and every rank resumes from rank 0's LATEST. `runtime`
+    (None: `device`, by default the CPU, and `config.dtype`, resolved here) computes in the
+    dtype the run records: a `config.dtype` other than auto must be the runtime's."""
     env = dist_env()
-    device = env.device(device or torch.device("cpu"))
-    dtype = resolve_dtype(config.dtype, device)  # before any work: `bf16` on a CPU without it fails here
+    if runtime is None:  # before any work: `bf16` on a CPU without it fails here
+        runtime = Runtime.of(device=device, dtype=config.dtype)
+    else:
+        runtime = Runtime.of(runtime, device=device)  # a device besides it is refused
+        if config.dtype not in (None, "", "auto") and config.dtype != dtype_name(runtime.dtype):
+            raise ConfigError("dtype", f"{config.dtype}, but the runtime given computes in {dtype_name(runtime.dtype)}")
+    runtime = Runtime(env.device(runtime.device), runtime.dtype, show_progress and runtime.show_progress and env.is_main)
     seed_everything(config.seed)  # fresh heads and dropout: the same run twice gives the same numbers
     _documents_to_file(config, run, env)
     resume = env.broadcast_object(prepare_run(run, config) if env.is_main else None)
-    return RunContext(Path(run), env, device, dtype, show_progress and env.is_main, resume,
-                      notify if notify and env.is_main else (lambda _: None))
+    return RunContext(Path(run), env, runtime, resume, notify if notify and env.is_main else (lambda _: None))
 
 
 def _documents_to_file(config, run, env: DistEnv) -> None:

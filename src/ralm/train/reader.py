@@ -180,7 +180,7 @@ class ReaderTrainer(QuestionTrainer):
 
     def build(self) -> Reader:
         cfg, ctx = self.cfg, self.ctx
-        self.searcher = Searcher.open(cfg.index, device=ctx.device, dtype=ctx.dtype) if cfg.index else None
+        self.searcher = Searcher.open(cfg.index, runtime=ctx.runtime) if cfg.index else None
         self.reader = load_reader(cfg.init, cfg.max_len, cfg.trainable_layers).to(ctx.device)
         self.no_answer_share = cfg.no_answer_share if self.searcher else 0.0  # without an index there are no distractors
         if self.no_answer_share > 0:

@@ -27,6 +27,7 @@ from torch import nn
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import read_questions
 from ralm.retrieval.towers.projection import init_projection
+from ralm.runtime import Runtime
 from ralm.train.loop import LoopConfig, Schedule, TrainLoop, TrainResult, warmup_constant
 from ralm.train.parallel import RunContext, start_run
 
@@ -95,14 +96,15 @@ class Trainer:
     # -- the template -------------------------------------------------------------------------
 
     @classmethod
-    def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, *, show_progress: bool = True,
-            notify: Callable[[str], None] | None = None, on_metrics: Callable[[dict], None] | None = None,
-            **inputs) -> TrainResult:
+    def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, *, runtime: Runtime | None = None,
+            show_progress: bool = True, notify: Callable[[str], None] | None = None,
+            on_metrics: Callable[[dict], None] | None = None, **inputs) -> TrainResult:
         """Train (or resume) the run at `run`. Under torchrun every rank trains on its
         `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run.
-        `inputs` go to the trainer's constructor."""
+        `runtime`: where and how it trains, resolved once here (None: `device`, by default the
+        CPU, with `cfg.dtype`; see `start_run`). `inputs` go to the trainer's constructor."""
         trainer = cls(cfg, **inputs)
-        trainer.ctx = start_run(run, cfg, device, show_progress=show_progress, notify=notify)
+        trainer.ctx = start_run(run, cfg, runtime, device=device, show_progress=show_progress, notify=notify)
         try:
             model = trainer.build()
             optimizer = trainer.optimizer(model)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ralm.errors import RalmError
-from ralm.runtime import full_precision, resolve_dtype
+from ralm.runtime import compute_dtype, full_precision
 
 RESCORE = 16  # extra bf16 candidates rescored in fp32 on CPU
 # Below this many rows a CPU search is a few ms in fp32 and the bf16 copy and rescoring do not pay.
@@ -111,7 +111,7 @@ class ExactIndex:
         self.chunk_size = chunk_size
         self.score_budget = score_budget
         self.count, self.dim = embeddings.shape
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype = compute_dtype(dtype, self.device)
         if self.device.type == "cpu" and self.count < CPU_BF16_MIN_ROWS:
             self.dtype = torch.float32
         self._source = embeddings  # float32, possibly memory-mapped: the CPU rescoring reads it

@@ -26,7 +26,7 @@ from ralm.retrieval.index.kinds import (
     sides_of,
 )
 from ralm.retrieval.index.store import IndexDir
-from ralm.runtime import resolve_dtype
+from ralm.runtime import Runtime
 
 Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
 
@@ -50,17 +50,18 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...], secti
 
 def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = EMBED_BATCH,
-                device: torch.device | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
+                runtime: Runtime | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
-                dtype: str | torch.dtype | None = None,
-                embeddings: str | os.PathLike | None = None) -> tuple[IndexDir, str]:
+                embeddings: str | os.PathLike | None = None,
+                device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
     `corpus`: a corpus file or folder (of a folder: the files `files` picks), or the documents
     themselves (Documents, {"id", "title", "text"} dicts or strings), which are saved in the
     index directory. `kind` names the sides
     each version holds (retrieval/index/kinds.py): by default hybrid, a dense and a BM25 side
     over one block store, published together as one version.
-    `dtype` is the encoding's compute dtype (None: auto); embeddings are stored as float32.
+    `runtime`: where blocks are encoded and the encoding's compute dtype (None: the CPU, auto
+    dtype; the older `device`/`dtype` still work, see `Runtime.of`); embeddings are stored as float32.
     `embeddings`: a .npy of precomputed block embeddings [N, D] (one row per block, in the block
     store's order; `model` is the retriever that made them) imported instead of encoding.
     `faiss_spec`: a faiss index to build over the dense side; AUTO chooses from N
@@ -74,8 +75,8 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     if batch_size <= 0:
         raise RalmError(f"batch size must be positive, got {batch_size}")
     env = dist_env()
-    device = env.device(device or torch.device("cpu"))
-    dtype = resolve_dtype(dtype, device)
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
+    device, dtype = env.device(rt.device), rt.dtype
     corpus = _corpus_file(corpus, out, kind, env)
     tokenizer = side_class(sides[0]).tokenizer(model)  # every side's blocks: the same wordpieces
     if env.is_main:
@@ -127,13 +128,13 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dic
 
 
 def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = EMBED_BATCH,
-                  device: torch.device | None = None, show_progress: bool = True,
-                  dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
+                  runtime: Runtime | None = None, show_progress: bool = True,
+                  device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Publish a version of the index at `path` holding `kind`'s sides: those its latest version
     has are linked from it (no re-encoding), the missing ones are built over the same block
     store (BM25: seconds; dense: the corpus is embedded with `model`). Live updates stay. The
     new version alone says what the index holds now, so a crash at any point leaves the index
-    what it was or what it became."""
+    what it was or what it became. `runtime`: as `build_index`'s."""
     index = IndexDir(path)
     latest = index.latest()
     manifest = index.version(latest)
@@ -142,10 +143,9 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
         raise RalmError(f"{path} holds {', '.join(have)}; a {kind} index would drop a side (build a new index instead)")
     if set(have) == set(want):
         return index, latest
-    device = device or torch.device("cpu")
-    dtype = resolve_dtype(dtype, device)
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     ctx = BuildContext(index=index, key=manifest.blocks, blocks=index.blocks(manifest.blocks), model=model, dim=None,
-                       faiss_spec=AUTO, batch_size=batch_size, device=device, dtype=dtype, env=dist_env(),
+                       faiss_spec=AUTO, batch_size=batch_size, device=rt.device, dtype=rt.dtype, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
     carried = {k: v for k, v in manifest.to_json().items()
                if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus", "sections")}

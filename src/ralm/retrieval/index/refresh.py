@@ -35,7 +35,7 @@ from ralm.retrieval.index.build import version_manifest
 from ralm.retrieval.index.dense_side import DenseSide, dense_manifest, embed_blocks, embeddings_file, section_of
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir
-from ralm.runtime import resolve_dtype
+from ralm.runtime import compute_dtype
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str, blocks: BlockStore, step: int,
@@ -53,7 +53,7 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str
 
     def write(tmp: Path) -> dict:
         embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
-        section = dense_manifest(index, rpath, retriever.dim, resolve_dtype(dtype, device))
+        section = dense_manifest(index, rpath, retriever.dim, compute_dtype(dtype, device))
         return {**version_manifest(blocks_key, blocks, (DenseSide.name,), {DenseSide.name: section}), "step": step,
                 "seconds": round(time.perf_counter() - start, 3)}
 
@@ -124,6 +124,7 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
     """Publish a version for every new snapshot until the parent process is gone (or
     `max_versions` were published); returns the number published. `log(dict)` gets one
     record per version."""
+    dtype = compute_dtype(dtype, device)  # this process's entry point: resolved once, not per version
     index = IndexDir(index_path)
     snaps = Snapshots(snapshots)
     built_at = index.version(index.latest()).step if (index.root / "LATEST").is_file() else None

@@ -43,6 +43,7 @@ from ralm.retrieval.search.overlay import (
 )
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import Entry, LogRead, UpdateLog, fold
+from ralm.runtime import Runtime
 
 log = logging.getLogger("ralm.live")
 
@@ -104,9 +105,9 @@ class LiveSearcher(Searcher):
             pass
 
     @classmethod
-    def open(cls, path, model: str | None = None, *, device: torch.device | None = None, check_model: bool = True,
-             dtype: str | torch.dtype | None = None) -> "LiveSearcher":
-        return cls(Searcher.open(path, model, device=device, check_model=check_model, dtype=dtype))
+    def open(cls, path, model: str | None = None, *, runtime: Runtime | None = None, check_model: bool = True,
+             device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> "LiveSearcher":
+        return cls(Searcher.open(path, model, runtime=runtime, check_model=check_model, device=device, dtype=dtype))
 
     def __getattr__(self, name: str):
         """What a live searcher does not hold itself (index, device, dtype, models, fusion, ...) is

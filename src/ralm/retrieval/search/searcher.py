@@ -28,7 +28,7 @@ from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.index.verify import check_open
 from ralm.retrieval.search.fusion import Fusion, Ranked, rank
-from ralm.runtime import resolve_dtype
+from ralm.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,17 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
 
 
 class Searcher:
-    def __init__(self, index: IndexDir, model=None, *, device: torch.device | None = None, check_model: bool = True,
-                 dtype: str | torch.dtype | None = None, own_if_other: bool = False):
+    def __init__(self, index: IndexDir, model=None, *, runtime: Runtime | None = None, check_model: bool = True,
+                 own_if_other: bool = False, device: torch.device | None = None, dtype: str | torch.dtype | None = None):
         """`model`: offered to every side as its query model (`Side.query_model`: the dense side
         takes a retriever, loaded or a checkpoint, that shares the index's document tower);
         each side otherwise uses the one the index was built with. `own_if_other`: a model
-        that does not fit a side gives way to the side's own instead of being refused."""
+        that does not fit a side gives way to the side's own instead of being refused.
+        `runtime`: where queries are encoded and searched (None: the CPU, auto dtype; the older
+        `device`/`dtype` still work, see `Runtime.of`)."""
         self.index = index
-        self.device = device or torch.device("cpu")
-        self.dtype = resolve_dtype(dtype, self.device)  # query encoding and exact search
+        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
+        self.device, self.dtype = self.runtime.device, self.runtime.dtype  # query encoding and exact search
         self.check_model = check_model
         self.fusion = Fusion()  # how the sides' lists are fused (search/fusion.py)
         latest = index.latest()
@@ -101,12 +103,13 @@ class Searcher:
         self.current = self._load(latest)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, model: str | os.PathLike | None = None, *, device: torch.device | None = None,
-             check_model: bool = True, dtype: str | torch.dtype | None = None) -> "Searcher":
+    def open(cls, path: str | os.PathLike, model: str | os.PathLike | None = None, *, runtime: Runtime | None = None,
+             check_model: bool = True, device: torch.device | None = None, dtype: str | torch.dtype | None = None
+             ) -> "Searcher":
         """Open the index at `path`. Its dense side, if any, uses the retriever it was built
         with unless `model` (a retriever checkpoint) is given; that model must share its
-        document tower."""
-        return cls(IndexDir(path), model, device=device, check_model=check_model, dtype=dtype)
+        document tower. `runtime`: as the constructor's."""
+        return cls(IndexDir(path), model, runtime=runtime, check_model=check_model, device=device, dtype=dtype)
 
     @property
     def retriever(self):

@@ -34,7 +34,7 @@ from ralm.data.geometry import GEOMETRY
 from ralm.encoders.loading import (assign_weights, default_model_path, encoder_from_config, load_checkpoint_tokenizer, load_hf_encoder,
                                    sentence_transformers_pooling)
 from ralm.errors import RalmError
-from ralm.runtime import autocast, full_precision, resolve_dtype
+from ralm.runtime import autocast, compute_dtype, full_precision
 
 FORMAT = "ralm.retriever/1"
 
@@ -166,7 +166,8 @@ class Retriever(nn.Module):
 
     def encode_queries(self, texts: Sequence[str], batch_size: int = 128, dtype: str | torch.dtype | None = None
                        ) -> torch.Tensor:
-        """[Q] strings -> [Q, D] float32 on CPU; `dtype` is the compute dtype (None: auto)."""
+        """[Q] strings -> [Q, D] float32 on CPU; `dtype` is the compute dtype (None: auto; a
+        Runtime's torch.dtype is used as it is, not resolved again)."""
         return self._encode(self.query, self.tokenize_queries, texts, batch_size=batch_size, dtype=dtype)
 
     def encode_documents(self, docs: Sequence[Document | str], batch_size: int = 64,
@@ -183,7 +184,7 @@ class Retriever(nn.Module):
         items, out, device, training = list(items), [], self.device, tower.training
         tower.eval()  # no dropout, whichever mode loading or training left the model in
         try:
-            with autocast(device, resolve_dtype(dtype, device)):
+            with autocast(device, compute_dtype(dtype, device)):
                 for i in range(0, len(items), batch_size):
                     batch = {k: v.to(device) for k, v in tokenize(items[i : i + batch_size]).items()}
                     out.append(tower(batch["input_ids"], batch["attention_mask"]).float().cpu())  # [B, D]

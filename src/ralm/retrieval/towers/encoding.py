@@ -15,7 +15,7 @@ import torch
 
 from ralm.data.padding import pad_rows
 from ralm.progress import progress_bar
-from ralm.runtime import autocast, resolve_dtype
+from ralm.runtime import autocast, compute_dtype
 
 
 def length_sorted_batches(lengths: np.ndarray, batch_size: int, window: int = 64) -> list[np.ndarray]:
@@ -65,7 +65,7 @@ def encode_rows(encode, rows, lengths: np.ndarray, *, out: np.ndarray, batch_siz
     """
     device = device or torch.device("cpu")
     cuda = device.type == "cuda"
-    dtype = resolve_dtype(dtype, device)
+    dtype = compute_dtype(dtype, device)
 
     def batches():
         for batch in length_sorted_batches(lengths, batch_size):
