@@ -362,11 +362,16 @@ class DocumentRows:
 
     def get(self, doc_id: str, default=None) -> range | None:
         h = id_hash(doc_id)
-        for d in self.order[np.searchsorted(self.sorted, h, "left") : np.searchsorted(self.sorted, h, "right")]:
+        found = self._confirmed(doc_id, np.searchsorted(self.sorted, h, "left"), np.searchsorted(self.sorted, h, "right"))
+        return default if found is None else found
+
+    def _confirmed(self, doc_id: str, lo: int, hi: int) -> range | None:
+        """The rows of the document among those whose hash sits at sorted[lo:hi], by its record."""
+        for d in self.order[lo:hi]:
             start, end = int(self.bounds[d]), int(self.bounds[d + 1])
             if self.store.record(start)["doc_id"] == doc_id:
                 return range(start, end)
-        return default
+        return None
 
     def rows_of(self, doc_ids: Iterable[str]) -> np.ndarray:
         """The rows of those of `doc_ids` the store holds, sorted: one search for every hash, a
@@ -374,8 +379,8 @@ class DocumentRows:
         most of them new ids)."""
         ids = list(doc_ids)
         hashes = np.fromiter((id_hash(i) for i in ids), np.int64, len(ids))
-        held = np.searchsorted(self.sorted, hashes, "right") > np.searchsorted(self.sorted, hashes, "left")
-        rows = [r for j in np.flatnonzero(held) for r in self.get(ids[j], ())]
+        lo, hi = np.searchsorted(self.sorted, hashes, "left"), np.searchsorted(self.sorted, hashes, "right")
+        rows = [r for j in np.flatnonzero(hi > lo) for r in self._confirmed(ids[j], lo[j], hi[j]) or ()]
         return np.array(sorted(rows), dtype=np.int64)
 
     def __contains__(self, doc_id: str) -> bool:
