@@ -426,10 +426,20 @@ def stage_replay(args, n: int) -> dict:
 
 
 def stage_dense(args, n: int) -> dict:
-    r = run(me(args, "--child", "dense", "--n", n), args, log=Path(args.work) / "logs" / f"dense-{n}.log")
-    if r["rc"]:
-        raise SystemExit(f"dense {n} failed: see {Path(args.work) / 'logs'}")
-    return {**last_json(r["out"]), "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"]}
+    """The dense structure alone: built in one process, opened and searched in another."""
+    work = Path(args.work)
+    try:
+        b = run(me(args, "--child", "dense", "--n", n), args, log=work / "logs" / f"dense-{n}.log")
+        if b["rc"]:
+            raise SystemExit(f"dense {n} failed: see {work / 'logs'}")
+        r = run(me(args, "--child", "densesearch", "--n", n), args, log=work / "logs" / f"dense-{n}.log")
+        if r["rc"]:
+            raise SystemExit(f"dense {n}: searching failed: see {work / 'logs'}")
+    finally:
+        for f in dense_files(work, n).values():
+            f.unlink(missing_ok=True)
+    return {**last_json(b["out"]), "build_wall_seconds": b["seconds"], "build_peak_rss_mb": b["peak_rss_mb"],
+            **last_json(r["out"]), "search_peak_rss_mb": r["peak_rss_mb"]}
 
 
 def stage_sharded(args, n: int) -> dict:
@@ -552,17 +562,22 @@ def child_search(args) -> dict:
     return out
 
 
+def dense_files(work: Path, n: int) -> dict:
+    return {k: work / f"dense-{n}.{k}" for k in ("faiss", "f16.npy", "queries.npy", "truth.npz")}
+
+
 def child_dense(args) -> dict:
-    """The dense search structure alone over n generated vectors (`auto_spec(n)`, or IVF-SQ8
-    below its threshold too): vectors made chunk by chunk, kept only as fp16 on disk for the
-    exact rescoring; recall@10 against an exact scan of the regenerated fp32 vectors."""
+    """Build the dense search structure alone over n generated vectors (`auto_spec(n)`, or
+    IVF-SQ8 below its threshold too), made chunk by chunk: written with the fp16 vectors it
+    rescores from, the encoded queries and their exact top 10 of the fp32 vectors (kept
+    as the vectors are made), for child_densesearch."""
     import torch
 
     from ralm.retrieval.backends import faiss_index as fi
     from ralm.retrieval.backends.exact import merge_topk
     from ralm.retrieval.towers.encoders import Retriever
 
-    n, work = args.n, Path(args.work)
+    n, files = args.n, dense_files(Path(args.work), args.n)
     s = sentences(args)
     chunks = -(-n // CHUNK)
 
@@ -572,57 +587,78 @@ def child_dense(args) -> dict:
     spec = fi.auto_spec(n) or f"IVF{fi.ivf_lists(n)},SQ8"
     faiss = fi._faiss()
     dim = s["emb"].shape[1]
+    enc = Retriever.from_pretrained(args.model or None).eval().encode_queries(questions(args.queries, args.seed + 1)).numpy()
+    np.save(files["queries.npy"], enc)  # [Q, D]
     index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     start = time.perf_counter()
     # as FaissIndex.build trains, on fi.training_count vectors (here the first: documents are drawn independently)
     size = fi.training_count(index)
     train = np.concatenate([vectors(c) for c in range(min(chunks, -(-size // CHUNK)))])[:size]
-    index.train(train)
+    fi.train(index, train, seed=args.seed)
     del train
     trained = time.perf_counter()
-    f16_path = work / f"dense-{n}.f16.npy"
-    header = np.lib.format.open_memmap(f16_path, mode="w+", dtype=np.float16, shape=(n, dim))  # the header; rows follow
+    header = np.lib.format.open_memmap(files["f16.npy"], mode="w+", dtype=np.float16, shape=(n, dim))  # the header; rows follow
     offset = header.offset
     del header
-    with open(f16_path, "r+b") as f16:  # written, not mapped: the pages never count as this process's memory
+    best_s = torch.full((len(enc), 0), float("-inf"))
+    best_i = torch.zeros((len(enc), 0), dtype=torch.long)
+    exact_seconds = 0.0
+    with open(files["f16.npy"], "r+b") as f16:  # written, not mapped: the pages never count as this process's memory
         f16.seek(offset)
         for c in range(chunks):
             v = vectors(c)
             index.add(v)
             f16.write(v.astype(np.float16).tobytes())
-    built = time.perf_counter()
-    path = work / f"dense-{n}.faiss"
-    faiss.write_index(index, str(path))
-    ann = fi.FaissIndex(index, spec, source=np.load(f16_path, mmap_mode="r"))
+            t = time.perf_counter()  # not build time
+            top_s, top_i = torch.topk(torch.from_numpy(enc @ v.T), min(10, len(v)), dim=1)
+            best_s, best_i = merge_topk(torch.cat([best_s, top_s], 1), torch.cat([best_i, top_i + c * CHUNK], 1), 10)
+            exact_seconds += time.perf_counter() - t
+    built = time.perf_counter() - exact_seconds
+    faiss.write_index(index, str(files["faiss"]))
+    np.savez(files["truth.npz"], ids=best_i.numpy(), scores=best_s.numpy())
+    return {"n": n, "spec": spec, "trained_on": min(size, n), "train_seconds": round(trained - start, 1),
+            "add_seconds": round(built - trained, 1), "index_mb": round(files["faiss"].stat().st_size / 2**20, 1),
+            "bytes_per_block": round(files["faiss"].stat().st_size / n, 1), "build_rss_mb": rss_mb()}
+
+
+def child_densesearch(args) -> dict:
+    """Open what child_dense wrote in a fresh process (its RSS is what a server holds) and
+    search it: latency (wall and CPU) and recall@10 against exact at the default nprobe and a
+    sweep; recall with a 100-candidate shortlist beside the default k + RESCORE tells ranks
+    lost to SQ8 codes (near-duplicate vectors) from lists never probed."""
+    import torch
+
+    from ralm.retrieval.backends import faiss_index as fi
+    from ralm.retrieval.backends.exact import rescore
+
+    files = dense_files(Path(args.work), args.n)
+    before = rss_mb()
+    index = fi._faiss().read_index(str(files["faiss"]))
+    ann = fi.FaissIndex(index, "", source=np.load(files["f16.npy"], mmap_mode="r"))
     ann.set_search_params(**ann.default_search_params())
-    retriever = Retriever.from_pretrained(args.model or None).eval()
-    enc = retriever.encode_queries(questions(args.queries, args.seed + 1)).numpy()  # [Q, D]
+    enc = np.load(files["queries.npy"])
+    with np.load(files["truth.npz"]) as t:
+        truth = t["ids"][:, :10]
+    loaded = rss_mb()
     ann.search(enc[:2], 10)
-    lat = timed(lambda i: ann.search(enc[i : i + 1], 10), range(len(enc)))
-    default_lat = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
-    got = ann.search(enc, 10)[1]
-    best_s = torch.full((len(enc), 0), float("-inf"))
-    best_i = torch.zeros((len(enc), 0), dtype=torch.long)
-    for c in range(chunks):  # the exact top 10 of the fp32 vectors, one chunk at a time
-        scores = torch.from_numpy(enc @ vectors(c).T)
-        v, i = torch.topk(scores, min(10, scores.shape[1]), dim=1)
-        best_s, best_i = merge_topk(torch.cat([best_s, v], 1), torch.cat([best_i, i + c * CHUNK], 1), 10)
-    truth, sweep, ivf = best_i.numpy(), {}, faiss.extract_index_ivf(index)
+    cpu: list[float] = []
+    lat = timed(lambda i: ann.search(enc[i : i + 1], 10), range(len(enc)), cpu)
+
+    def shortlisted(m):
+        _, cand = index.search(enc, m)
+        return rescore(ann.source, torch.from_numpy(enc), torch.from_numpy(cand.astype(np.int64)), 10)[1].numpy()
+
+    ivf, sweep = fi._faiss().extract_index_ivf(index), {}
     default = ivf.nprobe
-    for nprobe in (8, 16, 32, 64, 128, 256):
+    for nprobe in sorted({8, 16, 32, 64, 128, 256, default}):
         ivf.nprobe = nprobe
-        sweep_lat = timed(lambda i: ann.search(enc[i : i + 1], 10), range(min(len(enc), 100)))
-        sweep[nprobe] = {"recall@10": overlap(ann.search(enc, 10)[1], truth), "p50_ms": pct(sweep_lat, 50),
-                          "p99_ms": pct(sweep_lat, 99)}
-    ivf.nprobe = default
-    index_bytes = path.stat().st_size
-    path.unlink()
-    f16_path.unlink()
-    return {"n": n, "spec": spec, "nprobe": faiss.extract_index_ivf(index).nprobe, "trained_on": min(size, n),
-            "train_seconds": round(trained - start, 1),
-            "add_seconds": round(built - trained, 1), "index_mb": round(index_bytes / 2**20, 1),
-            "bytes_per_block": round(index_bytes / n, 1), "rescore_source": "fp16 on disk (memory-mapped)",
-            **default_lat, "recall@10": overlap(got, truth), "nprobe_sweep": sweep, "rss_mb": rss_mb()}
+        sweep_cpu: list[float] = []
+        sweep_lat = timed(lambda i: ann.search(enc[i : i + 1], 10), range(min(len(enc), 100)), sweep_cpu)
+        sweep[nprobe] = {"recall@10": overlap(ann.search(enc, 10)[1], truth), "recall@10_shortlist_100": overlap(shortlisted(100), truth),
+                         "p50_ms": pct(sweep_lat, 50), "p99_ms": pct(sweep_lat, 99), "cpu_p50_ms": pct(sweep_cpu, 50)}
+    return {"nprobe": default, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "cpu_p50_ms": pct(cpu, 50),
+            "recall@10": sweep[default]["recall@10"], "nprobe_sweep": sweep,
+            "rss_after_open_mb": loaded, "rss_before_open_mb": before, "rss_mb": rss_mb()}
 
 
 def child_sharded(args) -> dict | None:
@@ -649,7 +685,7 @@ def child_sharded(args) -> dict | None:
 
 
 CHILDREN = {"open": child_open, "writelog": child_writelog, "search": child_search, "dense": child_dense,
-            "sharded": child_sharded}
+            "densesearch": child_densesearch, "sharded": child_sharded}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -713,7 +749,7 @@ def report(args) -> None:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("ralm cost against corpus size (benchmarks/scale.py; 2-core CPU box, shared)")
+    fig.suptitle("ralm cost against corpus size (benchmarks/scale.py on a 2-core CPU box; RESULTS.md says which ran idle)")
     fig.tight_layout()
     fig.savefig(args.figure, dpi=110)
     slopes = {name: slope(pts) for name, pts in series.items() if len(pts) >= 2}

@@ -214,3 +214,41 @@ def test_an_ivf_of_many_lists_trains_on_enough_vectors_for_each_list():
     assert training_count(faiss.index_factory(8, "IVF16384_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)) == POINTS_PER_CLUSTER * 16_384
     assert training_count(faiss.index_factory(8, "IVF4096,SQ8", faiss.METRIC_INNER_PRODUCT)) == TRAIN_VECTORS
     assert training_count(faiss.index_factory(8, "HNSW32", faiss.METRIC_INNER_PRODUCT)) == TRAIN_VECTORS
+
+
+def test_many_lists_train_by_two_level_kmeans_and_find_the_exact_neighbours(monkeypatch):
+    from faiss.contrib import clustering
+
+    from ralm.retrieval.backends import faiss_index as fi
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((40, 32)).astype(np.float32)
+    emb = centres[rng.integers(0, 40, 6000)] + 0.3 * rng.standard_normal((6000, 32), dtype=np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    queries = emb[rng.choice(6000, 50, replace=False)] + 0.05 * rng.standard_normal((50, 32), dtype=np.float32)
+    truth = np.argsort(-queries @ emb.T, axis=1)[:, :10]
+    calls = []
+    real = clustering.two_level_clustering
+    monkeypatch.setattr(clustering, "two_level_clustering", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    recall = {}
+    for lists in (fi.TWO_LEVEL_LISTS, 64):  # the real threshold (one-level here), then 64 lists counted as many
+        monkeypatch.setattr(fi, "TWO_LEVEL_LISTS", lists)
+        index = fi.FaissIndex.build(emb, "IVF64,Flat")
+        assert index._ivf().quantizer.ntotal == 64
+        index.set_search_params(nprobe=8)
+        got = index.search(queries, 10)[1]
+        recall[lists] = np.mean([len(set(g) & set(t)) / 10 for g, t in zip(got, truth)])
+    assert calls == [(8, 64)]  # sqrt(64) first-level clusters, split into 64 lists
+    assert recall[64] >= 0.9 and recall[64] >= recall[fi.TWO_LEVEL_LISTS] - 0.05
+
+
+def test_an_hnsw_graph_of_the_lists_places_vectors_with_a_wide_search_and_saves_it(tmp_path):
+    from ralm.retrieval.backends import faiss_index as fi
+
+    faiss = fi._faiss()
+    emb = np.random.default_rng(0).standard_normal((3000, 16), dtype=np.float32)
+    index = fi.FaissIndex.build(emb, "IVF32_HNSW32,SQ8")
+    index.save(tmp_path / "ivf.faiss")
+    loaded = fi.FaissIndex.load(tmp_path / "ivf.faiss", "IVF32_HNSW32,SQ8")
+    for ivf in (index._ivf(), loaded._ivf()):  # faiss's default, 16, misplaced 9% of 10M vectors
+        assert faiss.downcast_index(ivf.quantizer).hnsw.efSearch == fi.QUANTIZER_EF_SEARCH > 16

@@ -35,6 +35,9 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     dense = r["dense-20000"]
     # a byte a dimension (+ an 8-byte id) instead of four; the tiny BERT's near-random vectors make IVF's recall low here
     assert dense["spec"].endswith(",SQ8") and dense["bytes_per_block"] < 2 * 32 and 0 < dense["recall@10"] <= 1
+    # searched in a second process, which opened what the first wrote; the stage leaves no files behind
+    assert dense["rss_after_open_mb"] > 0 and 0 < dense["nprobe_sweep"][str(dense["nprobe"])]["recall@10_shortlist_100"] <= 1
+    assert not list(tmp_path.glob("dense-20000.*"))
     report = subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--report", "--figure",
                              tmp_path / "scale.png"], check=True, capture_output=True, text=True).stdout
     assert (tmp_path / "scale.png").is_file() and json.loads(report)["series"]["open (s)"]

@@ -40,6 +40,13 @@ AUTO = FAISS_AUTO  # a spec chosen from the number of vectors (auto_spec)
 # N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale.py), so small indexes stay exact.
 APPROX_MIN_BLOCKS = 250_000
 HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer is an HNSW graph
+# From this many lists the coarse centroids come from two-level k-means (`train`): one k-means over
+# 16,384 lists costs training points x lists x dim per iteration, hours on 2 CPU cores.
+TWO_LEVEL_LISTS = HNSW_LISTS
+# Graph search width when an HNSW graph of the lists' centroids picks each vector's list. faiss's
+# 16 misplaces about 9% of 10M vectors in a list no query probes (recall@10 stuck at 0.91
+# whatever nprobe, benchmarks/scale.py); searching with nprobe lists widens it to nprobe anyway.
+QUANTIZER_EF_SEARCH = 64
 
 
 def ivf_lists(n: int) -> int:
@@ -56,6 +63,31 @@ def training_count(index) -> int:
     except RuntimeError:  # not an IVF index
         lists = 0
     return max(TRAIN_VECTORS, POINTS_PER_CLUSTER * lists)
+
+
+def train(index, sample: np.ndarray, *, seed: int = 0) -> None:
+    """Train a faiss index on `sample` [S, D] float32. An IVF of TWO_LEVEL_LISTS lists or more
+    gets its coarse centroids from faiss's two-level k-means (sqrt(lists) clusters, each split in
+    proportion to its points: about 2 sqrt(lists) inner products a point and iteration instead of
+    `lists`); faiss then trains the rest (the SQ8 ranges) with those centroids in place."""
+    faiss = _faiss()
+    try:
+        ivf = faiss.extract_index_ivf(index)
+    except RuntimeError:  # not an IVF index
+        ivf = None
+    if ivf is not None and ivf.nlist >= TWO_LEVEL_LISTS and ivf.quantizer.ntotal == 0:
+        from faiss.contrib.clustering import two_level_clustering
+
+        # Spherical for inner product, as MIPS over unit-norm embeddings wants; a split rounded a
+        # few points short of faiss's 39 a centroid only warns, hence the lower floor.
+        centroids, _ = two_level_clustering(sample, math.isqrt(ivf.nlist), ivf.nlist, seed=seed,
+                                            spherical=ivf.metric_type == faiss.METRIC_INNER_PRODUCT,
+                                            min_points_per_centroid=POINTS_PER_CLUSTER // 2)
+        ivf.quantizer.train(centroids)
+        ivf.quantizer.add(centroids)
+    index.train(sample)
+    if ivf is not None and hasattr(quantizer := faiss.downcast_index(ivf.quantizer), "hnsw"):
+        quantizer.hnsw.efSearch = QUANTIZER_EF_SEARCH  # saved with the index
 
 
 def auto_spec(n: int) -> str | None:
@@ -139,7 +171,7 @@ class FaissIndex:
             size = training_count(index) if train_size is None else train_size
             sample = np.sort(rng.choice(n, size=min(n, size), replace=False))
             try:
-                index.train(np.ascontiguousarray(embeddings[sample], dtype=np.float32))
+                train(index, np.ascontiguousarray(embeddings[sample], dtype=np.float32), seed=seed)
             except RuntimeError as e:  # e.g. a PQ with more centroids than training points
                 raise RalmError(f"faiss cannot train {spec!r} on {n} vectors of dimension {d}: "
                                 f"{_faiss_message(e)}") from None
