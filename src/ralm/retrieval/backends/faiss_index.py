@@ -44,8 +44,8 @@ HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer
 # 16,384 lists costs training points x lists x dim per iteration, hours on 2 CPU cores.
 TWO_LEVEL_LISTS = HNSW_LISTS
 # Graph search width when an HNSW graph of the lists' centroids picks each vector's list. faiss's
-# 16 misplaces about 9% of 10M vectors in a list no query probes (recall@10 stuck at 0.91
-# whatever nprobe, benchmarks/scale.py); searching with nprobe lists widens it to nprobe anyway.
+# 16 misplaced about 9% of 10M vectors in lists no query probes (recall@10 0.91 whatever nprobe;
+# 64: 0.979, benchmarks/scale.py); a search of nprobe lists widens it to nprobe anyway.
 QUANTIZER_EF_SEARCH = 64
 
 
