@@ -615,7 +615,7 @@ def child_dense(args) -> dict:
             exact_seconds += time.perf_counter() - t
     built = time.perf_counter() - exact_seconds
     faiss.write_index(index, str(files["faiss"]))
-    np.savez(files["truth.npz"], ids=best_i.numpy(), scores=best_s.numpy())
+    np.savez(files["truth.npz"], ids=best_i.numpy())
     return {"n": n, "spec": spec, "trained_on": min(size, n), "train_seconds": round(trained - start, 1),
             "add_seconds": round(built - trained, 1), "index_mb": round(files["faiss"].stat().st_size / 2**20, 1),
             "bytes_per_block": round(files["faiss"].stat().st_size / n, 1), "build_rss_mb": rss_mb()}
@@ -638,7 +638,7 @@ def child_densesearch(args) -> dict:
     ann.set_search_params(**ann.default_search_params())
     enc = np.load(files["queries.npy"])
     with np.load(files["truth.npz"]) as t:
-        truth = t["ids"][:, :10]
+        truth = t["ids"]  # [Q, 10]
     loaded = rss_mb()
     ann.search(enc[:2], 10)
     cpu: list[float] = []
@@ -648,7 +648,7 @@ def child_densesearch(args) -> dict:
         _, cand = index.search(enc, m)
         return rescore(ann.source, torch.from_numpy(enc), torch.from_numpy(cand.astype(np.int64)), 10)[1].numpy()
 
-    ivf, sweep = fi._faiss().extract_index_ivf(index), {}
+    ivf, sweep = ann._ivf(), {}
     default = ivf.nprobe
     for nprobe in sorted({8, 16, 32, 64, 128, 256, default}):
         ivf.nprobe = nprobe

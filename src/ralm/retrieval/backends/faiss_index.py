@@ -58,11 +58,16 @@ def training_count(index) -> int:
     """Vectors to train a faiss index on: TRAIN_VECTORS, or POINTS_PER_CLUSTER a list where an IVF
     has more lists than that covers (16,384 lists at 10M blocks: 638,976; fewer leave lists poorly
     placed, and faiss warns)."""
+    ivf = _ivf_of(index)
+    return max(TRAIN_VECTORS, POINTS_PER_CLUSTER * (ivf.nlist if ivf is not None else 0))
+
+
+def _ivf_of(index):
+    """The IVF inside a faiss index (behind a pre-transform or refinement), or None."""
     try:
-        lists = _faiss().extract_index_ivf(index).nlist
+        return _faiss().extract_index_ivf(index)
     except RuntimeError:  # not an IVF index
-        lists = 0
-    return max(TRAIN_VECTORS, POINTS_PER_CLUSTER * lists)
+        return None
 
 
 def train(index, sample: np.ndarray, *, seed: int = 0) -> None:
@@ -70,11 +75,7 @@ def train(index, sample: np.ndarray, *, seed: int = 0) -> None:
     gets its coarse centroids from faiss's two-level k-means (sqrt(lists) clusters, each split in
     proportion to its points: about 2 sqrt(lists) inner products a point and iteration instead of
     `lists`); faiss then trains the rest (the SQ8 ranges) with those centroids in place."""
-    faiss = _faiss()
-    try:
-        ivf = faiss.extract_index_ivf(index)
-    except RuntimeError:  # not an IVF index
-        ivf = None
+    faiss, ivf = _faiss(), _ivf_of(index)
     if ivf is not None and ivf.nlist >= TWO_LEVEL_LISTS and ivf.quantizer.ntotal == 0:
         from faiss.contrib.clustering import two_level_clustering
 
@@ -180,10 +181,7 @@ class FaissIndex:
         return cls(index, spec)
 
     def _ivf(self):
-        try:
-            return _faiss().extract_index_ivf(self.index)
-        except RuntimeError:  # not an IVF index
-            return None
+        return _ivf_of(self.index)
 
     def default_search_params(self) -> dict:
         """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours).
