@@ -19,17 +19,21 @@ that file exists, so an interrupted run resumes; --force reruns):
   data      corpus-N.jsonl + emb-N.npy (and, once, the sentences and their embeddings)
   build     `ralm index build --embeddings` (hybrid; approximate dense search chosen from N):
             wall, peak RSS, disk per part, seconds per side (the version manifest's build_seconds)
-  open      LiveSearcher.open in a fresh process (and a one-shot `ralm search` wall)
+  open      LiveSearcher.open in a fresh process, then its first search (and a one-shot `ralm search` wall)
   search    in process: hybrid, dense and BM25 latency p50/p99 over SQuAD questions; the dense
             side's recall@10 against exact search over the same vectors
   serve     `ralm serve`: /search latency p50/p99 at concurrency 1 and 8, the server's peak RSS
   check     `ralm index check`
   add       `ralm index add` of 10,000 new documents (on a copy of the index's log)
-  replay    opening the index after 100,000 updates logged as `ralm index add/delete` log them
-            (timed out at --update-timeout)
+  replay    opening the index after 100,000 updates logged as `ralm index add/delete` log them,
+            then its first search (which builds the live documents' scorers; timed out at --update-timeout)
   dense     the dense search structure alone (IVF-SQ8 + fp32 rescoring, vectors generated in
             chunks, never one fp32 matrix): build, memory per block, latency, recall; any N
-  bm25      the BM25 structure alone: build, peak RSS, disk, latency; any N that fits
+  bm25      the BM25 structure alone (bm25s, as the index's BM25 side builds it from its texts):
+            build, peak RSS, disk, then latency and RSS opened memory-mapped in a fresh process
+            (--bm25-sizes). The build holds every block's terms in memory: N above --bm25-whole
+            is simulated, the structure of a --bm25-tile-base build tiled N/base times (each
+            block repeated: every posting keeps its weight up to the idf of the new counts)
   sharded   exact dense search over 2 gloo processes (torchrun, loopback) against one
 Machine-dependent: run with `nice -n 10` on a shared box, and compare ratios within one run.
 """
@@ -442,6 +446,35 @@ def stage_dense(args, n: int) -> dict:
             **last_json(r["out"]), "search_peak_rss_mb": r["peak_rss_mb"]}
 
 
+def stage_bm25(args, n: int) -> dict:
+    """The BM25 structure alone: built (or tiled from a smaller build) in one process, opened
+    and searched in another."""
+    work, log = Path(args.work), Path(args.work) / "logs" / f"bm25-{n}.log"
+    whole, base = n <= args.bm25_whole, args.bm25_tile_base
+    if not whole and n % base:
+        raise SystemExit(f"bm25 {n}: above --bm25-whole it is tiled from --bm25-tile-base {base}, which must divide it")
+    built = n if whole else base
+    try:
+        b = run(me(args, "--child", "bm25", "--n", built), args, log=log)
+        if b["rc"]:
+            raise SystemExit(f"bm25 {built} failed (rc {b['rc']}, peak RSS {b['peak_rss_mb']} MB): see {log}")
+        out = {**last_json(b["out"]), "build_wall_seconds": b["seconds"], "build_cpu_seconds": b["cpu_seconds"],
+               "build_peak_rss_mb": b["peak_rss_mb"]}
+        if not whole:
+            t = run(me(args, "--child", "bm25tile", "--n", n, "--index", work / f"bm25-{base}"), args, log=log)
+            if t["rc"]:
+                raise SystemExit(f"bm25 {n}: tiling failed: see {log}")
+            out = {"n": n, "tiled_from": {**out, "disk_mb": round(du(work / f"bm25-{base}") / 2**20, 1)}, **last_json(t["out"])}
+        r = run(me(args, "--child", "bm25search", "--n", n, *([] if whole else ["--index", work / f"bm25-{base}"])), args, log=log)
+        if r["rc"]:
+            raise SystemExit(f"bm25 {n}: searching failed: see {log}")
+        disk = round(du(work / f"bm25-{n}") / 2**20, 1)
+    finally:
+        for m in {n, built}:
+            shutil.rmtree(work / f"bm25-{m}", ignore_errors=True)
+    return {**out, "disk_mb": disk, **last_json(r["out"]), "search_peak_rss_mb": r["peak_rss_mb"]}
+
+
 def stage_sharded(args, n: int) -> dict:
     """Exact fp32 dense search of the index's vectors: one process against 2 torchrun ranks
     (gloo on loopback), each holding half the rows."""
@@ -455,7 +488,8 @@ def stage_sharded(args, n: int) -> dict:
 
 
 STAGES = {"data": stage_data, "build": stage_build, "open": stage_open, "search": stage_search, "serve": stage_serve,
-          "check": stage_check, "add": stage_add, "replay": stage_replay, "dense": stage_dense, "sharded": stage_sharded}
+          "check": stage_check, "add": stage_add, "replay": stage_replay, "dense": stage_dense, "bm25": stage_bm25,
+          "sharded": stage_sharded}
 INDEX_STAGES = ("data", "build", "open", "search", "serve", "check", "add", "replay")
 
 
@@ -470,9 +504,13 @@ def child_open(args) -> dict:
     from ralm.retrieval.search.live import LiveSearcher
 
     imported = time.perf_counter()
-    LiveSearcher.open(args.index)
-    return {"import_seconds": round(imported - start, 2), "open_seconds": round(time.perf_counter() - imported, 2),
-            "rss_after_open_mb": rss_mb()}
+    searcher = LiveSearcher.open(args.index)
+    opened = time.perf_counter()
+    rss, query = rss_mb(), questions(1, args.seed + 1)
+    searched = time.perf_counter()
+    searcher.search(query, 10)  # builds the live documents' scorers: part of a restart
+    return {"import_seconds": round(imported - start, 2), "open_seconds": round(opened - imported, 2),
+            "first_search_seconds": round(time.perf_counter() - searched, 2), "rss_after_open_mb": rss}
 
 
 def child_writelog(args) -> dict:
@@ -661,6 +699,93 @@ def child_densesearch(args) -> dict:
             "rss_after_open_mb": loaded, "rss_before_open_mb": before, "rss_mb": rss_mb()}
 
 
+def child_bm25(args) -> dict:
+    """BM25Index.build over the `title text` of n generated documents (what the index's BM25
+    side indexes of one-block documents), saved for child_bm25search."""
+    from ralm.retrieval.backends.bm25 import BM25Index
+
+    s = sentences(args)
+    texts = []
+    for c in range(-(-args.n // CHUNK)):
+        docs = draw_chunk(s, c, seed=args.seed)[0][: min(CHUNK, args.n - c * CHUNK)]
+        texts += [f"{d['title']} {d['text']}" for d in docs]
+    made = rss_mb()
+    start = time.perf_counter()
+    index = BM25Index.build(texts, show_progress=False)
+    built = time.perf_counter() - start
+    index.save(Path(args.work) / f"bm25-{args.n}")
+    return {"n": args.n, "build_seconds": round(built, 1), "rss_texts_mb": made, "avgdl": round(index.avgdl, 1)}
+
+
+def child_bm25tile(args) -> dict:
+    """The BM25 structure of n blocks from the one in --index (B blocks): every block repeated
+    n/B times (block i + r*B is block i), so a term's postings are its B-block postings n/B
+    times and each weight is rescaled to the idf of the new counts (tf and length norms stay).
+    Written term batch by term batch into memory-mapped arrays: a search structure at an N
+    whose build would not fit in memory."""
+    from ralm.atomic import read_json, write_json
+
+    src, dst = Path(args.index), Path(args.work) / f"bm25-{args.n}"
+    params = read_json(src / "params.index.json")
+    base, reps = params["num_docs"], args.n // params["num_docs"]
+    indptr = np.load(src / "indptr.csc.index.npy")
+    data, indices = (np.load(src / f"{k}.csc.index.npy", mmap_mode="r") for k in ("data", "indices"))
+    df = np.diff(indptr).astype(np.float64)
+    scale = (np.log1p((args.n - reps * df + 0.5) / (reps * df + 0.5)) / np.log1p((base - df + 0.5) / (df + 0.5))).astype(np.float32)
+    start = time.perf_counter()
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.index.json", "ralm.json"):
+        shutil.copyfile(src / name, dst / name)
+    write_json(dst / "params.index.json", {**params, "num_docs": args.n})
+    new_ptr = indptr.astype(np.int64) * reps
+    np.save(dst / "indptr.csc.index.npy", new_ptr)
+    out_d = np.lib.format.open_memmap(dst / "data.csc.index.npy", mode="w+", dtype=data.dtype, shape=(int(new_ptr[-1]),))
+    out_i = np.lib.format.open_memmap(dst / "indices.csc.index.npy", mode="w+", dtype=np.int32, shape=(int(new_ptr[-1]),))
+    step, t = 5_000_000, 0  # postings of the source read per batch
+    while t < len(df):
+        t_end = int(np.searchsorted(indptr, indptr[t] + step, side="right")) - 1
+        t_end = max(t_end, t + 1)
+        a, b = int(indptr[t]), int(indptr[t_end])
+        term = np.repeat(np.arange(t, t_end), np.diff(indptr[t:t_end + 1]))  # [P] each posting's term
+        at = np.arange(a, b) - indptr[term]  # [P] its place among its term's postings
+        length = df[term].astype(np.int64)
+        d, i = np.asarray(data[a:b]) * scale[term], np.asarray(indices[a:b], dtype=np.int64)
+        for r in range(reps):
+            dest = new_ptr[term] + r * length + at
+            out_d[dest], out_i[dest] = d, i + r * base
+        t = t_end
+    out_d.flush()
+    out_i.flush()
+    return {"n": args.n, "repeats": reps, "tile_seconds": round(time.perf_counter() - start, 1), "postings": int(new_ptr[-1])}
+
+
+def child_bm25search(args) -> dict:
+    """Open what child_bm25 (or child_bm25tile) saved, memory-mapped, in a fresh process and
+    time one query at a time; a tiled structure is compared with the build in --index: the
+    share of queries whose best block is a copy of that build's best (not all: the idf of the
+    repeated counts, log(1 + (N - df + 0.5) / (df + 0.5)), weighs rare terms a little more)."""
+    from ralm.retrieval.backends.bm25 import BM25Index
+
+    before = rss_mb()
+    index = BM25Index.load(Path(args.work) / f"bm25-{args.n}", args.n)
+    loaded = rss_mb()
+    qs = questions(args.queries, args.seed + 1)
+    index.search(qs[:2], 10)
+    cpu: list[float] = []
+    lat = timed(lambda q: index.search([q], 10), qs, cpu)
+    out = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "cpu_p50_ms": pct(cpu, 50), "rss_before_open_mb": before,
+           "rss_after_open_mb": loaded, "rss_mb": rss_mb()}
+    if args.index:
+        from ralm.atomic import read_json
+
+        base = read_json(Path(args.index) / "params.index.json")["num_docs"]
+        tiled_s, tiled = index.search(qs, 1)
+        best = BM25Index.load(args.index, base).search(qs, 1)[1]
+        hit = tiled_s[:, 0] > 0
+        out["best_block_as_in_the_build"] = round(float(np.mean(tiled[hit, 0] % base == best[hit, 0])), 4)
+    return out
+
+
 def child_sharded(args) -> dict | None:
     import torch
 
@@ -685,7 +810,8 @@ def child_sharded(args) -> dict | None:
 
 
 CHILDREN = {"open": child_open, "writelog": child_writelog, "search": child_search, "dense": child_dense,
-            "densesearch": child_densesearch, "sharded": child_sharded}
+            "densesearch": child_densesearch, "bm25": child_bm25, "bm25tile": child_bm25tile,
+            "bm25search": child_bm25search, "sharded": child_sharded}
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -734,6 +860,8 @@ def report(args) -> None:
         "disk total (MB)": get("build", "disk_mb", "total"),
         "dense structure alone p50 (ms)": get("dense", "p50_ms"),
         "dense structure alone (MB)": get("dense", "index_mb"),
+        "BM25 structure alone p50, above 2M tiled (ms)": get("bm25", "p50_ms"),
+        "BM25 structure alone, build peak RSS (MB)": get("bm25", "build_peak_rss_mb"),
     }
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
     panels = {0: ("time (s)", "(s)"), 1: ("latency (ms)", "(ms)"), 2: ("memory and disk (MB)", "(MB)")}
@@ -753,7 +881,7 @@ def report(args) -> None:
     fig.tight_layout()
     fig.savefig(args.figure, dpi=110)
     slopes = {name: slope(pts) for name, pts in series.items() if len(pts) >= 2}
-    growing = [(v, k) for k, v in slopes.items() if v is not None and not k.startswith("dense structure")]
+    growing = [(v, k) for k, v in slopes.items() if v is not None and "structure alone" not in k]
     print(json.dumps({"figure": str(args.figure), "series": series, "log_log_slope_between_two_largest_N": slopes,
                       "fastest": max(growing) if growing else None}, indent=1, default=str))
 
@@ -771,6 +899,9 @@ def main() -> None:
     ap.add_argument("--work", default="runs/scale", help="generated corpora, indexes, logs and results (resumable)")
     ap.add_argument("--sizes", default="10000,100000,1000000", help="N of the index stages")
     ap.add_argument("--dense-sizes", default="1000000,3000000,10000000", help="N of the dense-structure stage")
+    ap.add_argument("--bm25-sizes", default="1000000,2000000,10000000", help="N of the BM25-structure stage")
+    ap.add_argument("--bm25-whole", type=int, default=2_000_000, help="largest N the BM25 stage builds whole (its memory)")
+    ap.add_argument("--bm25-tile-base", type=int, default=1_000_000, help="the build a larger N's BM25 structure is tiled from")
     ap.add_argument("--only", default=",".join(INDEX_STAGES), help=f"stages: {', '.join(STAGES)}")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--queries", type=int, default=200, help="SQuAD questions timed per measurement")
@@ -804,7 +935,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
     for stage in stages:
-        sizes = args.dense_sizes if stage == "dense" else args.sizes
+        sizes = {"dense": args.dense_sizes, "bm25": args.bm25_sizes}.get(stage, args.sizes)
         for n in (int(x) for x in sizes.split(",")):
             # results of several document and update counts
             name = {"add": f"add-{args.add_docs}-docs", "replay": f"replay-{args.updates}-updates"}.get(stage, stage)

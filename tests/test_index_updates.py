@@ -153,6 +153,29 @@ def test_opening_an_index_reads_logged_documents_back_without_embedding_them(ral
     assert {r: reader.search(["archipelago volcano capital"], 8, retriever=r)[0] for r in before} == before
 
 
+def test_a_replay_holds_the_cycle_collector_off_and_leaves_it_as_it_found_it(tiny_hybrid_index, tmp_path, monkeypatch):
+    import gc
+
+    from ralm.retrieval.search import live
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    LiveSearcher.open(index).add([Document(**NEW[0])])
+    seen, fold = [], live.fold
+    monkeypatch.setattr(live, "fold", lambda records: seen.append(gc.isenabled()) or fold(records))
+    assert gc.isenabled() and LiveSearcher.open(index).exists("zanzibar") and seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        LiveSearcher.open(index)
+        assert not gc.isenabled()  # a caller that paused it keeps it paused
+    finally:
+        gc.enable()
+    monkeypatch.setattr(live, "fold", lambda records: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        LiveSearcher.open(index)
+    assert gc.isenabled()
+
+
 def test_a_searcher_follows_what_another_process_writes_and_deletes_its_documents(tiny_hybrid_index, tmp_path):
     index = tmp_path / "idx"
     shutil.copytree(tiny_hybrid_index, index)

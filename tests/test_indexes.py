@@ -162,9 +162,14 @@ def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     queries = ["where does the zebra quagga live", "cat dog", "cat cat"]
     full, ids = index.search(queries, len(texts))
     by_row = np.take_along_axis(full, np.argsort(ids, 1), 1)  # [Q, N] in row order
-    np.testing.assert_allclose(LiveBM25(index, tokens_of(texts[2:])).scores(queries), by_row[:, 2:], rtol=1e-5)
+    live_terms = [" ".join(t) for t in tokens_of(texts[2:])]  # each block's terms, as the update log keeps them
+    np.testing.assert_allclose(LiveBM25(index, live_terms).scores(queries), by_row[:, 2:], rtol=1e-5)
     unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
-    assert unseen > rare > common > 0 and LiveBM25(index, tokens_of(["an okapi"])).scores(["okapi"])[0, 0] > 0
+    assert unseen > rare > common > 0 and LiveBM25(index, ["okapi"]).scores(["okapi"])[0, 0] > 0
+    # a block with no term (all stop words) keeps its place: the next block's scores stay its own
+    shifted = LiveBM25(index, ["", *live_terms]).scores(queries)
+    assert not shifted[:, 0].any()
+    np.testing.assert_allclose(shifted[:, 1:], by_row[:, 2:], rtol=1e-5)
 
 
 def _recall(got: np.ndarray, truth: np.ndarray) -> float:

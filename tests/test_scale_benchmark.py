@@ -17,9 +17,9 @@ DATA = ROOT.parent / "shared" / "data"
 def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     if not (DATA / "squad_corpus.jsonl").is_file():
         pytest.skip(f"needs the SQuAD data in {DATA}")
-    stages = "data,build,open,search,serve,check,add,replay,dense"
+    stages = "data,build,open,search,serve,check,add,replay,dense,bm25"
     subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
-                    "--sizes", "10000", "--dense-sizes", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
+                    "--sizes", "10000", "--dense-sizes", "20000", "--bm25-sizes", "20000,40000", "--bm25-whole", "20000", "--bm25-tile-base", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
                     "--updates", "300", "--threads", "1"], check=True, timeout=1200)
     r = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")}
     build = r["build-10000"]
@@ -38,6 +38,12 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     # searched in a second process, which opened what the first wrote; the stage leaves no files behind
     assert dense["rss_after_open_mb"] > 0 and 0 < dense["nprobe_sweep"][str(dense["nprobe"])]["recall@10_shortlist_100"] <= 1
     assert not list(tmp_path.glob("dense-20000.*"))
+    bm25 = r["bm25-20000"]  # built, then searched memory-mapped in a fresh process; nothing left behind
+    assert bm25["n"] == 20_000 and bm25["disk_mb"] > 0 and 0 < bm25["p50_ms"] <= bm25["p99_ms"] and bm25["build_peak_rss_mb"] > 0
+    tiled = r["bm25-40000"]  # above --bm25-whole: the 20,000-block build tiled twice, most queries' best a copy of its best
+    assert tiled["repeats"] == 2 and tiled["tiled_from"]["n"] == 20_000 and tiled["disk_mb"] > bm25["disk_mb"]
+    assert tiled["best_block_as_in_the_build"] >= 0.8  # the rest move with the idf of the repeated counts
+    assert not list(tmp_path.glob("bm25-*/"))
     report = subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--report", "--figure",
                              tmp_path / "scale.png"], check=True, capture_output=True, text=True).stdout
     assert (tmp_path / "scale.png").is_file() and json.loads(report)["series"]["open (s)"]

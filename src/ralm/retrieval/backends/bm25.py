@@ -6,6 +6,8 @@ index's own statistics, so that their scores and the index's are on one scale.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 from pathlib import Path
 from typing import Sequence
@@ -81,7 +83,9 @@ class BM25Index:
         """[T] terms -> Lucene's idf, log(1 + (N - df + 0.5) / (df + 0.5)), the variant bm25s
         indexes with by default, from this index's document frequencies (0 for an unseen term)."""
         indptr, vocab = self.model.scores["indptr"], self.model.vocab_dict  # term t's blocks: indptr[t]:indptr[t+1]
-        df = np.array([indptr[vocab[t] + 1] - indptr[vocab[t]] if t in vocab else 0 for t in terms], dtype=np.float64)
+        # bm25s's vocabulary may name a term with no postings column ("" past the last): unseen
+        df = np.array([indptr[vocab[t] + 1] - indptr[vocab[t]] if vocab.get(t, len(indptr)) + 1 < len(indptr) else 0
+                       for t in terms], dtype=np.float64)
         return np.log1p((self.count - df + 0.5) / (df + 0.5))
 
     def save(self, folder: str | os.PathLike) -> None:
@@ -108,30 +112,39 @@ class LiveBM25:
 
     Shapes: M blocks, P (block, term) postings."""
 
-    def __init__(self, index: BM25Index, tokens: Sequence[Sequence[str]]):
-        """`tokens`: each block's terms (`tokens_of` its `title text`)."""
-        self.count = len(tokens)
-        vocab: dict[str, int] = {}
-        term_ids = np.array([vocab.setdefault(t, len(vocab)) for doc in tokens for t in doc], dtype=np.int64)
-        lengths = np.array([len(doc) for doc in tokens], dtype=np.int64)
+    def __init__(self, index: BM25Index, terms: Sequence[str]):
+        """`terms`: each block's terms (`tokens_of` its `title text`) joined by spaces, as the
+        update log keeps them (a term is word characters)."""
+        self.count = len(terms)
+        # one split of everything, then each term's id in one pass of C (map over a defaultdict
+        # whose factory counts): a Python loop over the ~4.5M terms of 100,000 logged documents
+        # took seconds of the first search. split(" "), not split(): block i is exactly its
+        # count(" ") + 1 pieces, or none when it has no term
+        joined = " ".join(t for t in terms if t)
+        flat = joined.split(" ") if joined else []
+        self.term_of: dict[str, int] = collections.defaultdict(itertools.count().__next__)
+        term_ids = np.fromiter(map(self.term_of.__getitem__, flat), dtype=np.int64, count=len(flat))
+        self.term_of = dict(self.term_of)  # a lookup of an unknown query term must not add it
+        vocab = list(self.term_of)  # in id order
+        lengths = np.fromiter((t.count(" ") + 1 if t else 0 for t in terms), dtype=np.int64, count=self.count)
         rows = np.repeat(np.arange(self.count, dtype=np.int64), lengths)
         # one posting per (term, block), sorted by term: its term frequency counts the pairs
         pairs, tf = np.unique(term_ids * max(self.count, 1) + rows, return_counts=True)  # [P]
         term, row = pairs // max(self.count, 1), pairs % max(self.count, 1)
         k1, b = index.model.k1, index.model.b
         norm = k1 * (1 - b + b * lengths / index.avgdl)  # [M]
-        idf = index.idf(list(vocab))  # [V], in id order
+        idf = index.idf(vocab)  # [V], in id order
         self.rows = row
         self.weights = (idf[term] * tf / (tf + norm[row])).astype(np.float32)
-        bounds = np.searchsorted(term, np.arange(len(vocab) + 1))
-        self.postings = {t: (bounds[i], bounds[i + 1]) for t, i in vocab.items()}  # term -> its postings' span
+        self.bounds = np.searchsorted(term, np.arange(len(vocab) + 1)).tolist()  # term i's postings: bounds[i]:bounds[i + 1]
 
     def scores(self, queries: Sequence[str]) -> np.ndarray:
         """[Q] query strings -> [Q, M] scores of every block (0 where it shares no term)."""
         out = np.zeros((len(queries), self.count), dtype=np.float32)
         for i, query in enumerate(tokens_of(queries)):
             for term in query:  # a repeated query term counts again, as in bm25s
-                if term in self.postings:
-                    a, b = self.postings[term]
+                t = self.term_of.get(term)
+                if t is not None:
+                    a, b = self.bounds[t], self.bounds[t + 1]
                     out[i, self.rows[a:b]] += self.weights[a:b]
         return out

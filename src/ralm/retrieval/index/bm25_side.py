@@ -101,23 +101,24 @@ class BM25Side:
     def is_result(self, scores: np.ndarray) -> np.ndarray:
         return scores > 0  # BM25 fills a short list with blocks that share no term (score 0)
 
-    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[list[str]]:
-        """Each new block's terms (of `title text`, as the index tokenised its blocks)."""
-        return tokens_of([f"{r['title']} {r['text']}" for r in records])
+    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[str]:
+        """Each new block's terms (of `title text`, as the index tokenised its blocks) joined
+        by spaces: one string a block, not one a term, so a replay builds few objects."""
+        return [" ".join(terms) for terms in tokens_of([f"{r['title']} {r['text']}" for r in records])]
 
-    def encode_state(self, states: Sequence[list[str]]) -> bytes:
-        return "\n".join(" ".join(terms) for terms in states).encode()  # a term is word characters: no space, no newline
+    def encode_state(self, states: Sequence[str]) -> bytes:
+        return "\n".join(states).encode()  # a term is word characters: no space, no newline
 
-    def decode_state(self, data: bytes, n: int) -> list[list[str]] | None:
+    def decode_state(self, data: bytes, n: int) -> list[str] | None:
         lines = bytes(data).decode(errors="replace").split("\n")
-        return [line.split() for line in lines] if len(lines) == n else None
+        return lines if len(lines) == n else None
 
-    def overlay_scorer(self, states: Sequence[list[str]], records: Sequence[dict]) -> "_BM25Overlay":
+    def overlay_scorer(self, states: Sequence[str], records: Sequence[dict]) -> "_BM25Overlay":
         if self.index.avgdl is None:
             self.index.avgdl = _measured_avgdl(self.blocks)
         return _BM25Overlay(LiveBM25(self.index, states) if len(states) else None)
 
-    def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[list[str]]) -> dict:
+    def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[str]) -> dict:
         """BM25's statistics are the whole corpus's: the compacted blocks are indexed anew."""
         return self.builder(ctx).write(tmp)
 
