@@ -450,6 +450,7 @@ def stage_bm25(args, n: int) -> dict:
     """The BM25 structure alone: built (or tiled from a smaller build) in one process, opened
     and searched in another."""
     work, log = Path(args.work), Path(args.work) / "logs" / f"bm25-{n}.log"
+    source = bm25_dir(work, args.bm25_tile_base)  # what a tiled N is made from
     whole, base = n <= args.bm25_whole, args.bm25_tile_base
     if not whole and n % base:
         raise SystemExit(f"bm25 {n}: above --bm25-whole it is tiled from --bm25-tile-base {base}, which must divide it")
@@ -461,17 +462,17 @@ def stage_bm25(args, n: int) -> dict:
         out = {**last_json(b["out"]), "build_wall_seconds": b["seconds"], "build_cpu_seconds": b["cpu_seconds"],
                "build_peak_rss_mb": b["peak_rss_mb"]}
         if not whole:
-            t = run(me(args, "--child", "bm25tile", "--n", n, "--index", work / f"bm25-{base}"), args, log=log)
+            t = run(me(args, "--child", "bm25tile", "--n", n, "--index", source), args, log=log)
             if t["rc"]:
                 raise SystemExit(f"bm25 {n}: tiling failed: see {log}")
-            out = {"n": n, "tiled_from": {**out, "disk_mb": round(du(work / f"bm25-{base}") / 2**20, 1)}, **last_json(t["out"])}
-        r = run(me(args, "--child", "bm25search", "--n", n, *([] if whole else ["--index", work / f"bm25-{base}"])), args, log=log)
+            out = {"n": n, "tiled_from": {**out, "disk_mb": round(du(source) / 2**20, 1)}, **last_json(t["out"])}
+        r = run(me(args, "--child", "bm25search", "--n", n, *([] if whole else ["--index", source])), args, log=log)
         if r["rc"]:
             raise SystemExit(f"bm25 {n}: searching failed: see {log}")
-        disk = round(du(work / f"bm25-{n}") / 2**20, 1)
+        disk = round(du(bm25_dir(work, n)) / 2**20, 1)
     finally:
         for m in {n, built}:
-            shutil.rmtree(work / f"bm25-{m}", ignore_errors=True)
+            shutil.rmtree(bm25_dir(work, m), ignore_errors=True)
     return {**out, "disk_mb": disk, **last_json(r["out"]), "search_peak_rss_mb": r["peak_rss_mb"]}
 
 
@@ -699,6 +700,10 @@ def child_densesearch(args) -> dict:
             "rss_after_open_mb": loaded, "rss_before_open_mb": before, "rss_mb": rss_mb()}
 
 
+def bm25_dir(work, n: int) -> Path:
+    return Path(work) / f"bm25-{n}"
+
+
 def child_bm25(args) -> dict:
     """BM25Index.build over the `title text` of n generated documents (what the index's BM25
     side indexes of one-block documents), saved for child_bm25search."""
@@ -713,7 +718,7 @@ def child_bm25(args) -> dict:
     start = time.perf_counter()
     index = BM25Index.build(texts, show_progress=False)
     built = time.perf_counter() - start
-    index.save(Path(args.work) / f"bm25-{args.n}")
+    index.save(bm25_dir(args.work, args.n))
     return {"n": args.n, "build_seconds": round(built, 1), "rss_texts_mb": made, "avgdl": round(index.avgdl, 1)}
 
 
@@ -725,13 +730,15 @@ def child_bm25tile(args) -> dict:
     whose build would not fit in memory."""
     from ralm.atomic import read_json, write_json
 
-    src, dst = Path(args.index), Path(args.work) / f"bm25-{args.n}"
+    from ralm.retrieval.backends.bm25 import lucene_idf
+
+    src, dst = Path(args.index), bm25_dir(args.work, args.n)
     params = read_json(src / "params.index.json")
     base, reps = params["num_docs"], args.n // params["num_docs"]
     indptr = np.load(src / "indptr.csc.index.npy")
     data, indices = (np.load(src / f"{k}.csc.index.npy", mmap_mode="r") for k in ("data", "indices"))
     df = np.diff(indptr).astype(np.float64)
-    scale = (np.log1p((args.n - reps * df + 0.5) / (reps * df + 0.5)) / np.log1p((base - df + 0.5) / (df + 0.5))).astype(np.float32)
+    scale = (lucene_idf(args.n, reps * df) / lucene_idf(base, df)).astype(np.float32)
     start = time.perf_counter()
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("vocab.index.json", "ralm.json"):
@@ -763,11 +770,11 @@ def child_bm25search(args) -> dict:
     """Open what child_bm25 (or child_bm25tile) saved, memory-mapped, in a fresh process and
     time one query at a time; a tiled structure is compared with the build in --index: the
     share of queries whose best block is a copy of that build's best (not all: the idf of the
-    repeated counts, log(1 + (N - df + 0.5) / (df + 0.5)), weighs rare terms a little more)."""
+    repeated counts, `lucene_idf`, weighs rare terms a little more)."""
     from ralm.retrieval.backends.bm25 import BM25Index
 
     before = rss_mb()
-    index = BM25Index.load(Path(args.work) / f"bm25-{args.n}", args.n)
+    index = BM25Index.load(bm25_dir(args.work, args.n), args.n)
     loaded = rss_mb()
     qs = questions(args.queries, args.seed + 1)
     index.search(qs[:2], 10)

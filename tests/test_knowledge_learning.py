@@ -17,8 +17,9 @@ switched off (figures: benchmarks/RESULTS.md, "REALM on a knowledge task"):
                  retrieval never wins. Variants tried (exclusion on / off): each training
                  sentence its own document 0.73 / 0.71; each also ending in a year, a detail
                  its own document shares, 0.675 / 0.69; plus facts stated in no other document
-                 0.34 / 0.575. tests/test_realm.py (`test_trivial_retrievals_never_appear`) guards the
-                 exclusion itself. DPR's questions belong to no document: it has no such exclusion
+                 0.34 / 0.575. tests/test_realm.py (`test_trivial_retrievals_never_appear`)
+                 guards the exclusion itself. DPR's questions belong to no document: it has no
+                 such exclusion
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
         pytest.skip(f"needs the SQuAD data in {DATA}")
     stages = "data,build,open,search,serve,check,add,replay,dense,bm25"
     subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
-                    "--sizes", "10000", "--dense-sizes", "20000", "--bm25-sizes", "20000,40000", "--bm25-whole", "20000", "--bm25-tile-base", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
+                    "--sizes", "10000", "--dense-sizes", "20000", "--bm25-sizes", "20000,40000", "--bm25-whole", "20000",
+                    "--bm25-tile-base", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
                     "--updates", "300", "--threads", "1"], check=True, timeout=1200)
     r = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")}
     build = r["build-10000"]

@@ -28,6 +28,11 @@ def tokens_of(texts: Sequence[str], show_progress: bool = False) -> list[list[st
     return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=show_progress)
 
 
+def lucene_idf(count, df):
+    """log(1 + (N - df + 0.5) / (df + 0.5)) of N = `count` blocks: the idf bm25s indexes with."""
+    return np.log1p((count - df + 0.5) / (df + 0.5))
+
+
 class BM25Index:
     def __init__(self, model, count: int, avgdl: float | None):
         self.model = model
@@ -86,7 +91,7 @@ class BM25Index:
         # bm25s's vocabulary may name a term with no postings column ("" past the last): unseen
         df = np.array([indptr[vocab[t] + 1] - indptr[vocab[t]] if vocab.get(t, len(indptr)) + 1 < len(indptr) else 0
                        for t in terms], dtype=np.float64)
-        return np.log1p((self.count - df + 0.5) / (df + 0.5))
+        return lucene_idf(self.count, df)
 
     def save(self, folder: str | os.PathLike) -> None:
         """Writes bm25s's npy/json files into `folder` (the caller publishes it atomically)."""
