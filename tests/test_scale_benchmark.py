@@ -33,6 +33,9 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     assert r["serve-10000"]["c1"]["errors"] == r["serve-10000"]["c8"]["errors"] == 0 and r["serve-10000"]["peak_rss_mb"] > 0
     add, replay = r["add-100-docs-10000"], r["replay-300-updates-10000"]
     assert add["rc"] == 0 and replay["rc"] == 0 and replay["updates"] == 300 and replay["live_documents"] > 0
+    # launch to first answer: the imports, the open and the first search, within the process's whole life
+    assert replay["import_seconds"] + replay["open_seconds"] + replay["first_search_seconds"] <= replay["restart_seconds"]
+    assert replay["restart_seconds"] <= replay["seconds"]
     dense = r["dense-20000"]
     # a byte a dimension (+ an 8-byte id) instead of four; the tiny BERT's near-random vectors make IVF's recall low here
     assert dense["spec"].endswith(",SQ8") and dense["bytes_per_block"] < 2 * 32 and 0 < dense["recall@10"] <= 1

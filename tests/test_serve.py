@@ -388,9 +388,11 @@ def test_a_bm25_index_without_its_average_length_measures_it(dirs, caplog):
     assert live_score() == pytest.approx(recorded) and "measured it on 6 blocks" in caplog.text
 
 
-def test_a_log_line_that_is_no_update_record_is_a_clear_error(dirs):
+@pytest.mark.parametrize("line", ["not json", json.dumps({"op": "delete", "id": "x"}) + " [1]"])
+def test_a_log_line_that_is_no_update_record_is_a_clear_error(dirs, line):
+    """Also a record followed by more on its line: one value a line, as json.loads reads it."""
     root, _ = dirs
-    (root / "index" / "updates.jsonl").write_text(json.dumps({"op": "add", **NEW}) + "\nnot json\n")
+    (root / "index" / "updates.jsonl").write_text(json.dumps({"op": "add", **NEW}) + f"\n{line}\n")
     with pytest.raises(RalmError, match=r"updates.jsonl:2: not an update record"):
         service(dirs)
 
