@@ -19,14 +19,16 @@ that file exists, so an interrupted run resumes; --force reruns):
   data      corpus-N.jsonl + emb-N.npy (and, once, the sentences and their embeddings)
   build     `ralm index build --embeddings` (hybrid; approximate dense search chosen from N):
             wall, peak RSS, disk per part, seconds per side (the version manifest's build_seconds)
-  open      LiveSearcher.open in a fresh process, then its first search (and a one-shot `ralm search` wall)
+  open      LiveSearcher.open in a fresh process, then its first search, and the restart: launch to
+            first answer (and a one-shot `ralm search` wall)
   search    in process: hybrid, dense and BM25 latency p50/p99 over SQuAD questions; the dense
             side's recall@10 against exact search over the same vectors
   serve     `ralm serve`: /search latency p50/p99 at concurrency 1 and 8, the server's peak RSS
   check     `ralm index check`
   add       `ralm index add` of 10,000 new documents (on a copy of the index's log)
   replay    opening the index after 100,000 updates logged as `ralm index add/delete` log them,
-            then its first search (which builds the live documents' scorers; timed out at --update-timeout)
+            then its first search (which builds the live documents' scorers) and the restart as in open
+            (timed out at --update-timeout)
   dense     the dense search structure alone (IVF-SQ8 + fp32 rescoring, vectors generated in
             chunks, never one fp32 matrix): build, memory per block, latency, recall; any N
   bm25      the BM25 structure alone (bm25s, as the index's BM25 side builds it from its texts):

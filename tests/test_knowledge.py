@@ -77,3 +77,25 @@ def test_the_joined_corpus_holds_each_training_entity_in_one_document(tmp_path):
         notes = [s.text for s in task.train_sentences if s.entity == e.name]
         assert r["text"].startswith(f"{e.name} was founded in {e.city} by {e.founder}.") and all(n in r["text"] for n in notes)
     assert len(task.write_corpus(tmp_path / "all.jsonl", joined=True, with_eval=True).read_text().splitlines()) == 7
+
+
+def test_sentence_documents_and_dates_change_only_the_notes_and_own_the_same_facts():
+    """The options REALM's learning test uses: each notes sentence its own document titled by
+    its entity, each mention ending in a year; entities, facts and sentence order unchanged."""
+    base = generate_task(KnowledgeConfig(6, 2, seed=2))
+    task = generate_task(KnowledgeConfig(6, 2, seed=2, sentence_documents=True, dated=True))
+    assert task.entities == base.entities
+    for a, b in zip(task.train_sentences + task.eval_sentences, base.train_sentences + base.eval_sentences):
+        assert a.text.startswith(b.text[:-1] + " in ") and a.text[-6:-1].strip().isdigit() and a.span == b.span
+    notes = [d for d in task.train_docs if d.id.startswith("notes-")]
+    assert [(d.title, d.text) for d in notes] == [(s.entity, s.text) for s in task.train_sentences]
+    own = task.own_documents()  # a held-out sentence's verbatim copy, titled as a notes document
+    assert [(d.title, d.text) for d in own] == [(s.entity, s.text) for s in task.eval_sentences]
+    assert len({d.id for d in task.train_docs + own}) == len(task.train_docs + own)
+
+
+def test_the_joined_corpus_is_the_same_whichever_way_the_notes_are_split(tmp_path):
+    split = generate_task(KnowledgeConfig(5, 2, seed=1, sentence_documents=True))
+    joined = generate_task(KnowledgeConfig(5, 2, seed=1))
+    a = split.write_corpus(tmp_path / "a.jsonl", joined=True).read_text()
+    assert a == joined.write_corpus(tmp_path / "b.jsonl", joined=True).read_text()

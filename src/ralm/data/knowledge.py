@@ -11,10 +11,18 @@ has two documents:
 
 Pre-training masks the fact (the salient span) in a sentence of one document; REALM excludes
 that document from retrieval, so the fact can only come from the entity's other document.
+
 Training entities contribute both documents to the pre-training corpus. Held-out entities
 contribute only their fact documents, which are added to the index after training, and
 held-out sentences about them that no corpus holds: a model that memorised training facts in
 its weights cannot fill them, one that learned to retrieve can.
+
+Two options make that exclusion matter (the REALM learning test uses both): with
+`sentence_documents` each notes sentence is a document of its own, titled by its entity as a
+fact document is (notes-NNNN-I: a masked sentence's own document is then its verbatim copy,
+as close to the query as a document gets), and with `dated` each mention ends with a year
+("... arrive from Oslo in 1873."), a detail only it and its own document share: a retriever
+allowed the trivial retrieval learns to match it, one denied it learns to find the facts.
 
 Everything is drawn from one seeded generator: the same config gives the same task. The facts
 are the salient spans; `save_spacy_pipeline` writes a spaCy pipeline (sentencizer + entity
@@ -79,6 +87,8 @@ class KnowledgeConfig:
     mentions: int = 2  # sentences per fact in a training entity's notes document
     eval_mentions: int = 1  # held-out sentences per fact of a held-out entity
     seed: int = 0
+    sentence_documents: bool = False  # each notes sentence its own document, titled by its entity
+    dated: bool = False  # each mention ends "in <year>" (years of their own seeded draw: the rest is unchanged)
 
     def __post_init__(self):
         total = self.train_entities + self.eval_entities
@@ -132,11 +142,27 @@ class KnowledgeTask:
         encoder never learns which of a fact document's two values each wording asks for)."""
         docs = self.train_docs
         if joined:
-            docs = [Document(fact.id, fact.title, f"{fact.text} {notes.text}")
-                    for fact, notes in zip(self.train_docs[0::2], self.train_docs[1::2])]
+            notes = self.notes_by_source()
+            docs = [Document(d.id, d.title, " ".join([d.text, *(s.text for s in notes[d.id])]))
+                    for d in self.train_docs if d.id in notes]
         docs = docs + (self.eval_docs if with_eval else [])
         write_text(path, jsonl_lines(docs))
         return Path(path)
+
+    def notes_by_source(self) -> dict[str, list["FactSentence"]]:
+        """Each training entity's notes sentences, in document order, under its fact document's id."""
+        out: dict[str, list[FactSentence]] = {}
+        for s in self.train_sentences:
+            out.setdefault(s.source, []).append(s)
+        return out
+
+    def own_documents(self) -> list[Document]:
+        """Each held-out sentence as the document a corpus holding it would keep it in (titled
+        as a training notes document is): indexed beside the fact documents, the masked
+        sentence's verbatim copy, which a retriever that learned the trivial retrieval finds
+        instead of the fact."""
+        return [Document(f"own-{i:04d}", _notes_title(self.cfg, s.entity, s.source), s.text)
+                for i, s in enumerate(self.eval_sentences)]
 
     @property
     def fact_docs(self) -> list[Document]:
@@ -152,9 +178,15 @@ class KnowledgeTask:
                 for e in self.entities if e.held_out == held_out for relation, template in QUESTIONS.items()]
 
 
-def _mention(template: str, entity: str, city: str, founder: str, relation: str) -> FactSentence:
+def _notes_title(cfg: KnowledgeConfig, entity: str, source: str) -> str:
+    return entity if cfg.sentence_documents else f"Notes {int(source[5:])}"
+
+
+def _mention(template: str, entity: str, city: str, founder: str, relation: str, year: int | None) -> FactSentence:
     value = city if relation == "city" else founder
     text = template.format(entity=entity, city=city, founder=founder)
+    if year is not None:
+        text = f"{text[:-1]} in {year}."  # every template ends with its full stop
     start = len(template[: template.index("{" + relation + "}")].format(entity=entity))  # by position, not search
     return FactSentence(text, (start, start + len(value)), relation, entity, "")
 
@@ -172,6 +204,7 @@ def _entity_names(total: int, rng: np.random.Generator) -> list[str]:
 def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
     """The task of `cfg`, the same for the same config (see the module docstring)."""
     rng = np.random.default_rng(cfg.seed)
+    years = np.random.default_rng([cfg.seed, 1]) if cfg.dated else None
     entities, train_docs, eval_docs, train_sentences, eval_sentences = [], [], [], [], []
     for n, entity in enumerate(_entity_names(cfg.train_entities + cfg.eval_entities, rng)):
         city, founder = CITIES[rng.integers(len(CITIES))].title(), FOUNDERS[rng.integers(len(FOUNDERS))].title()
@@ -182,14 +215,18 @@ def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
         sentences = []
         for relation, templates in MENTIONS.items():
             for t in rng.choice(len(templates), size=per_fact, replace=per_fact > len(templates)):
-                s = _mention(templates[int(t)], entity, city, founder, relation)
+                s = _mention(templates[int(t)], entity, city, founder, relation,
+                             None if years is None else int(years.integers(1700, 2000)))
                 sentences.append(FactSentence(s.text, s.span, relation, entity, fact.id))
         sentences = [sentences[int(i)] for i in rng.permutation(len(sentences))]
         if held_out:
             eval_docs.append(fact)
             eval_sentences.extend(sentences)
         else:
-            train_docs += [fact, Document(f"notes-{n:04d}", f"Notes {n}", " ".join(s.text for s in sentences))]
+            title = _notes_title(cfg, entity, fact.id)
+            notes = ([Document(f"notes-{n:04d}-{i}", title, s.text) for i, s in enumerate(sentences)] if cfg.sentence_documents
+                     else [Document(f"notes-{n:04d}", title, " ".join(s.text for s in sentences))])
+            train_docs += [fact, *notes]
             train_sentences.extend(sentences)
     return KnowledgeTask(cfg, entities, train_docs, eval_docs, eval_sentences, train_sentences)
 
