@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -58,6 +60,22 @@ def test_faiss_flat_equals_exact_and_round_trips(tmp_path, data):
     np.testing.assert_allclose(s, exact_s, rtol=1e-4)
     index.save(tmp_path / "f.index")
     np.testing.assert_array_equal(FaissIndex.load(tmp_path / "f.index", "Flat").search(q, 10)[1], exact_i)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="lists are read whole where a mapped file cannot be deleted")
+def test_a_loaded_ivf_maps_its_lists_and_searches_as_built_after_its_file_is_deleted(tmp_path, data):
+    from ralm.retrieval.backends.faiss_index import _faiss
+
+    emb, q = data
+    built = FaissIndex.build(emb, "IVF16,SQ8")
+    built.set_search_params(nprobe=4)
+    built.save(tmp_path / "ivf.faiss")
+    loaded = FaissIndex.load(tmp_path / "ivf.faiss", "IVF16,SQ8")
+    loaded.set_search_params(nprobe=4)
+    assert type(_faiss().downcast_InvertedLists(loaded._ivf().invlists)).__name__ == "OnDiskInvertedLists"
+    (tmp_path / "ivf.faiss").unlink()  # a version pruned while a server still searches it
+    for got, want in zip(loaded.search(q, 10), built.search(q, 10)):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_faiss_ivf_and_hnsw_find_most_exact_neighbours(data):
