@@ -718,12 +718,13 @@ def child_bm25(args) -> dict:
     """BM25Index.build over the `title text` of n generated documents (what the index's BM25
     side indexes of one-block documents), saved for child_bm25search."""
     from ralm.retrieval.backends.bm25 import BM25Index
+    from ralm.retrieval.index.bm25_side import indexed_text
 
     s = sentences(args)
     texts = []
     for c in range(-(-args.n // CHUNK)):
         docs = draw_chunk(s, c, seed=args.seed)[0][: min(CHUNK, args.n - c * CHUNK)]
-        texts += [f"{d['title']} {d['text']}" for d in docs]
+        texts += [indexed_text(d) for d in docs]
     made = rss_mb()
     start = time.perf_counter()
     index = BM25Index.build(texts, show_progress=False)

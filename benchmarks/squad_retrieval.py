@@ -57,12 +57,12 @@ def plain_embeddings(searcher, work: Path, encode, batch_size: int = 64) -> np.n
     """Every block as "title text", encoded by the plain model (`plain_encoder`)."""
     from ralm.atomic import atomic_path
     from ralm.progress import track
+    from ralm.retrieval.index.bm25_side import block_texts
 
     out = work / "plain.npy"
     if out.is_file():
         return np.load(out, allow_pickle=False)
-    blocks = searcher.current.blocks
-    texts = [f"{r['title']} {r['text']}" for r in (blocks.record(i) for i in range(len(blocks)))]
+    texts = block_texts(searcher.current.blocks, show_progress=False)
     vecs = [encode(texts[i : i + batch_size]).numpy()
             for i in track(range(0, len(texts), batch_size), -(-len(texts) // batch_size), "plain encoder (fp32)")]
     emb = np.concatenate(vecs).astype(np.float32)

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from ralm.data.corpus import Document, jsonl_lines
-from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, generate_task
+from ralm.data.knowledge import KnowledgeConfig, KnowledgeTask, by_source, generate_task
 from ralm.encoders.loading import save_random_encoder
 from ralm.eval.knowledge import search_recall
 from ralm.retrieval.index.build import build_index
@@ -58,9 +58,7 @@ def held_out_notes(task: KnowledgeTask) -> tuple[list[Document], list[str]]:
     """ICT's task on the held-out entities: each one's first held-out sentence is a query, and a
     notes document of its other sentences (about its other fact: only the name is shared) the
     block it must find. Returns (the documents, the queries)."""
-    by_entity: dict[str, list] = {}
-    for s in task.eval_sentences:
-        by_entity.setdefault(s.source, []).append(s)
+    by_entity = by_source(task.eval_sentences)
     docs = [Document(f"held-out-notes-{source[5:]}", f"Notes {int(source[5:])}", " ".join(s.text for s in rest))
             for source, (_, *rest) in by_entity.items()]
     return docs, [first.text for first, *_ in by_entity.values()]
@@ -70,7 +68,7 @@ def entity_documents(task: KnowledgeTask) -> list[Document]:
     """Each training entity's fact document, then one document of all its notes sentences
     titled by it: ICT's corpus where the task makes a document of each sentence (a block of
     one sentence makes no ICT pair)."""
-    notes = task.notes_by_source()
+    notes = by_source(task.train_sentences)
     fact_docs = [d for d in task.train_docs if d.id in notes]
     return [doc for d in fact_docs for doc in (d, Document(f"entity-notes-{d.id[5:]}", d.title, " ".join(x.text for x in notes[d.id])))]
 

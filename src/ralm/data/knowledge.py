@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -142,19 +143,12 @@ class KnowledgeTask:
         encoder never learns which of a fact document's two values each wording asks for)."""
         docs = self.train_docs
         if joined:
-            notes = self.notes_by_source()
+            notes = by_source(self.train_sentences)
             docs = [Document(d.id, d.title, " ".join([d.text, *(s.text for s in notes[d.id])]))
                     for d in self.train_docs if d.id in notes]
         docs = docs + (self.eval_docs if with_eval else [])
         write_text(path, jsonl_lines(docs))
         return Path(path)
-
-    def notes_by_source(self) -> dict[str, list["FactSentence"]]:
-        """Each training entity's notes sentences, in document order, under its fact document's id."""
-        out: dict[str, list[FactSentence]] = {}
-        for s in self.train_sentences:
-            out.setdefault(s.source, []).append(s)
-        return out
 
     def own_documents(self) -> list[Document]:
         """Each held-out sentence as the document a corpus holding it would keep it in (titled
@@ -176,6 +170,15 @@ class KnowledgeTask:
         return [{"id": f"{e.source}-{relation}", "question": template.format(entity=e.name),
                  "answers": [e.city if relation == "city" else e.founder], "source": e.source}
                 for e in self.entities if e.held_out == held_out for relation, template in QUESTIONS.items()]
+
+
+def by_source(sentences: Sequence[FactSentence]) -> dict[str, list[FactSentence]]:
+    """`sentences` grouped under their fact document's id, each group in their order: an
+    entity's notes (training sentences) or its held-out sentences."""
+    out: dict[str, list[FactSentence]] = {}
+    for s in sentences:
+        out.setdefault(s.source, []).append(s)
+    return out
 
 
 def _notes_title(cfg: KnowledgeConfig, entity: str, source: str) -> str:

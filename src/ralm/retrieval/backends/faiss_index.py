@@ -230,7 +230,7 @@ class FaissIndex:
         if not Path(path).is_file():
             raise RalmError(f"faiss index not found: {path}")
         faiss = _faiss()
-        index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if MAP_LISTS else 0)
+        index = faiss.read_index(str(path), (faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if MAP_LISTS else 0)
         if source is not None and source.shape != (index.ntotal, index.d):
             raise RalmError(f"{path}: faiss index of {index.ntotal} x {index.d}, its vectors are {source.shape}; rebuild the index")
         return cls(index, spec, source)

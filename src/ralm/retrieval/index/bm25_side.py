@@ -26,9 +26,14 @@ FOLDER = "bm25"
 log = logging.getLogger("ralm.live")
 
 
+def indexed_text(record: dict) -> str:
+    """What BM25 indexes of a block record ({"title", "text"}): its title, then its body."""
+    return f"{record['title']} {record['text']}"
+
+
 def block_texts(blocks: BlockStore, show_progress: bool = True) -> list[str]:
-    """Title + body of every block: what BM25 indexes."""
-    return [f"{r['title']} {r['text']}" for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
+    """`indexed_text` of every block."""
+    return [indexed_text(r) for r in track((blocks.record(i) for i in range(len(blocks))), len(blocks), "reading blocks", show_progress)]
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ class BM25Side:
     def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[str]:
         """Each new block's terms (of `title text`, as the index tokenised its blocks) joined
         by spaces: one string a block, not one a term, so a replay builds few objects."""
-        return [" ".join(terms) for terms in tokens_of([f"{r['title']} {r['text']}" for r in records])]
+        return [" ".join(terms) for terms in tokens_of([indexed_text(r) for r in records])]
 
     def encode_state(self, states: Sequence[str]) -> bytes:
         return "\n".join(states).encode()  # a term is word characters: no space, no newline
@@ -138,7 +143,7 @@ def _measured_avgdl(blocks: BlockStore, sample: int = 10_000) -> float:
     """The average block length of a BM25 index built by ralm <= 0.2.0, which did not record
     it: measured on up to `sample` evenly spaced blocks (all of them in a smaller corpus)."""
     rows = np.unique(np.linspace(0, len(blocks) - 1, min(sample, len(blocks))).astype(np.int64))
-    texts = [f"{r['title']} {r['text']}" for r in blocks.records(rows)]
+    texts = [indexed_text(r) for r in blocks.records(rows)]
     log.warning(
         "the BM25 index does not record its average block length (built by ralm <= 0.2.0); measured it on %d blocks "
         "for scoring live documents: rebuild it for the exact figure", len(rows))
