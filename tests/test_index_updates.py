@@ -117,6 +117,37 @@ def test_deleting_many_documents_takes_one_pass_and_one_log_append(tiny_hybrid_i
         assert found == {d["id"] for d in DOCS} - {"paris", "tokyo"} | {"kili"}
 
 
+def test_after_many_deletes_a_search_finds_the_best_documents_left_from_a_short_list(tiny_bert, tmp_path, monkeypatch):
+    """Hidden rows crowding the main index's list make it ask for more, as often as needed; a
+    list they do not crowd is not asked for longer than 2k."""
+    import numpy as np
+
+    from ralm.retrieval.index.build import build_index
+    from ralm.retrieval.search.searcher import Searcher
+
+    rng = np.random.default_rng(0)
+    words = [f"word{i}" for i in range(30)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "title": f"Doc {i}", "text": " ".join(rng.choice(words, 8))}) + "\n"
+                              for i in range(60)))
+    build_index(corpus, tmp_path / "idx", model=str(tiny_bert), dim=16, show_progress=False)
+    live = LiveSearcher.open(tmp_path / "idx")
+    query = ["word1 word2 word3"]
+    before = {side: [h.doc_id for h in live.search(query, 60, retriever=side)[0]] for side in ("dense", "bm25")}
+    gone = set(before["dense"][:10]) | set(before["bm25"][:10])
+    live.delete(sorted(gone))
+    asked = []
+    side_search = Searcher.side_search
+    monkeypatch.setattr(Searcher, "side_search", lambda self, enc, k, *a: asked.append(k) or side_search(self, enc, k, *a))
+    for side in ("dense", "bm25"):
+        asked.clear()
+        assert [h.doc_id for h in live.search(query, 3, retriever=side)[0]] == [d for d in before[side] if d not in gone][:3]
+        assert asked[0] == 6 and len(asked) > 1, side  # crowded out: asked again, for more
+    asked.clear()
+    live.search(["Doc 59"], 3, retriever="bm25")
+    assert len(gone) + 3 > 6 and asked == [6]  # a list no deleted document crowds: 2k rows, not k + every hidden one
+
+
 # -- several processes sharing one index -----------------------------------------------------
 
 def test_a_reader_opening_while_another_process_appends_never_cuts_its_record(tiny_hybrid_index, tmp_path):

@@ -170,7 +170,7 @@ def test_bf16_matrix_search_matches_fp32_except_near_ties(data):
 
 def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     """Parity: scored with the index's statistics, a text gets the score bm25s gives it as a block of the index."""
-    from ralm.retrieval.backends.bm25 import LiveBM25, tokens_of
+    from ralm.retrieval.backends.bm25 import LiveBM25, term_hashes, tokens_of
 
     texts = ["the cat sat on the mat", "dogs chase cars in the street", "a zebra named Quagga lives here with a zebra",
              "stocks fell sharply", "the cat and the dog"]
@@ -180,14 +180,51 @@ def test_live_bm25_scores_a_text_as_one_more_block_of_the_index(tmp_path):
     queries = ["where does the zebra quagga live", "cat dog", "cat cat"]
     full, ids = index.search(queries, len(texts))
     by_row = np.take_along_axis(full, np.argsort(ids, 1), 1)  # [Q, N] in row order
-    live_terms = [" ".join(t) for t in tokens_of(texts[2:])]  # each block's terms, as the update log keeps them
+    live_terms = [term_hashes(t) for t in tokens_of(texts[2:])]  # each block's terms, as the update log keeps them
     np.testing.assert_allclose(LiveBM25(index, live_terms).scores(queries), by_row[:, 2:], rtol=1e-5)
     unseen, rare, common = index.idf(["okapi", "quagga", "cat"])  # a word the index lacks counts as the rarest
-    assert unseen > rare > common > 0 and LiveBM25(index, ["okapi"]).scores(["okapi"])[0, 0] > 0
+    assert unseen > rare > common > 0 and LiveBM25(index, [term_hashes(["okapi"])]).scores(["okapi"])[0, 0] > 0
     # a block with no term (all stop words) keeps its place: the next block's scores stay its own
-    shifted = LiveBM25(index, ["", *live_terms]).scores(queries)
+    shifted = LiveBM25(index, [term_hashes([]), *live_terms]).scores(queries)
     assert not shifted[:, 0].any()
     np.testing.assert_allclose(shifted[:, 1:], by_row[:, 2:], rtol=1e-5)
+
+
+def test_live_bm25_scores_alike_before_and_after_it_sorts_its_terms(tmp_path):
+    """Its first lookups scan every term; later ones search the terms it sorted: the same scores."""
+    from ralm.retrieval.backends.bm25 import LiveBM25, term_hashes, tokens_of
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(words, 12)) for _ in range(30)]
+    index = BM25Index.build(texts[:10], show_progress=False)
+    live = LiveBM25(index, [term_hashes(t) for t in tokens_of(texts[10:])])
+    queries = [" ".join(rng.choice(words, 3)) for _ in range(20)]  # 60 lookups: fewer than SORT_AFTER
+    scanned = live.scores(queries)
+    assert live._sorted is None
+    live.SORT_AFTER = 0
+    live.scores(queries[:1])
+    assert live._sorted is not None  # the lookups below are binary searches
+    np.testing.assert_array_equal(live.scores(queries), scanned)
+    assert (scanned > 0).mean() > 0.2  # the queries find blocks: the comparison is not of zeros
+
+
+def test_the_bm25_side_logs_a_blocks_terms_as_hashes_and_reads_the_text_form_of_ralm_0_4():
+    from ralm.retrieval.backends.bm25 import term_hashes
+    from ralm.retrieval.index.bm25_side import BM25Side
+
+    side = BM25Side(None, None)  # a state's bytes need neither the index nor its blocks
+    records = [{"title": "Zanzibar", "text": "cloves and spices"}, {"title": "", "text": "the of a"}]
+    states = side.live_state([], records)
+    assert [len(s) for s in states] == [3, 0]  # `the of a`: stop words and a single letter, no term
+    data = side.encode_state(states)
+    for got, want in zip(side.decode_state(data, 2), states):
+        np.testing.assert_array_equal(got, want)
+    legacy = b"zanzibar cloves spices\n"  # one line of terms a block
+    for got, want in zip(side.decode_state(legacy, 2), [term_hashes(["zanzibar", "cloves", "spices"]), term_hashes([])]):
+        np.testing.assert_array_equal(got, want)
+    assert side.decode_state(data, 3) is None and side.decode_state(data[:-1], 2) is None  # damaged: split again
+    assert side.decode_state(legacy, 3) is None
 
 
 def _recall(got: np.ndarray, truth: np.ndarray) -> float:

@@ -21,7 +21,7 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
                     "--sizes", "10000", "--dense-sizes", "20000", "--bm25-sizes", "20000,40000", "--bm25-whole", "20000",
                     "--bm25-tile-base", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
-                    "--updates", "300", "--threads", "1"], check=True, timeout=1200)
+                    "--updates", "300", "--restarts", "2", "--threads", "1"], check=True, timeout=1200)
     r = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")}
     build = r["build-10000"]
     assert build["blocks"] == 10_000 and build["faiss"] is None  # one block per document; exact search at this size
@@ -33,9 +33,9 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     assert r["serve-10000"]["c1"]["errors"] == r["serve-10000"]["c8"]["errors"] == 0 and r["serve-10000"]["peak_rss_mb"] > 0
     add, replay = r["add-100-docs-10000"], r["replay-300-updates-10000"]
     assert add["rc"] == 0 and replay["rc"] == 0 and replay["updates"] == 300 and replay["live_documents"] > 0
-    # launch to first answer: the imports, the open and the first search, within the process's whole life
-    assert replay["import_seconds"] + replay["open_seconds"] + replay["first_search_seconds"] <= replay["restart_seconds"]
-    assert replay["restart_seconds"] <= replay["seconds"]
+    assert len(replay["runs"]) == 2 and replay["restart_seconds_range"][0] <= replay["restart_seconds"] <= replay["restart_seconds_range"][1]
+    for one in replay["runs"]:  # launch to first answer: the imports, the open and the first search, within the process's whole life
+        assert one["import_seconds"] + one["open_seconds"] + one["first_search_seconds"] <= one["restart_seconds"] <= one["seconds"]
     dense = r["dense-20000"]
     # a byte a dimension (+ an 8-byte id) instead of four; the tiny BERT's near-random vectors make IVF's recall low here
     assert dense["spec"].endswith(",SQ8") and dense["bytes_per_block"] < 2 * 32 and 0 < dense["recall@10"] <= 1

@@ -6,8 +6,7 @@ index's own statistics, so that their scores and the index's are on one scale.
 
 from __future__ import annotations
 
-import collections
-import itertools
+import hashlib
 import os
 from pathlib import Path
 from typing import Sequence
@@ -115,41 +114,54 @@ class LiveBM25:
     as one more block of the index, so live and indexed blocks rank on one scale. A term the
     index has never seen counts as rare (df 0), so a live document is found by its new words.
 
-    Shapes: M blocks, P (block, term) postings."""
+    It keeps each block's terms as `term_hashes`, in one flat array, and finds a query term's
+    blocks by comparing its hash with all of them: building it is a concatenation, so a
+    restart after many logged documents, or a snapshot after each update, answers without
+    first indexing them. After `SORT_AFTER` such scans (about what one sort costs), it sorts
+    the hashes once and looks terms up by binary search.
 
-    def __init__(self, index: BM25Index, terms: Sequence[str]):
-        """`terms`: each block's terms (`tokens_of` its `title text`) joined by spaces, as the
-        update log keeps them (a term is word characters)."""
-        self.count = len(terms)
-        # one split of everything, then each term's id in one pass of C (map over a defaultdict
-        # whose factory counts): a Python loop over the ~4.5M terms of 100,000 logged documents
-        # took seconds of the first search. split(" "), not split(): block i is exactly its
-        # count(" ") + 1 pieces, or none when it has no term
-        joined = " ".join(t for t in terms if t)
-        flat = joined.split(" ") if joined else []
-        self.term_of: dict[str, int] = collections.defaultdict(itertools.count().__next__)
-        term_ids = np.fromiter(map(self.term_of.__getitem__, flat), dtype=np.int64, count=len(flat))
-        self.term_of = dict(self.term_of)  # a lookup of an unknown query term must not add it
-        vocab = list(self.term_of)  # in id order
-        lengths = np.fromiter((t.count(" ") + 1 if t else 0 for t in terms), dtype=np.int64, count=self.count)
-        rows = np.repeat(np.arange(self.count, dtype=np.int64), lengths)
-        # one posting per (term, block), sorted by term: its term frequency counts the pairs
-        pairs, tf = np.unique(term_ids * max(self.count, 1) + rows, return_counts=True)  # [P]
-        term, row = pairs // max(self.count, 1), pairs % max(self.count, 1)
+    Shapes: M blocks, P terms of all of them (a repeated term once per occurrence)."""
+
+    SORT_AFTER = 64
+
+    def __init__(self, index: BM25Index, blocks: Sequence[np.ndarray]):
+        """`blocks`: each block's terms (`tokens_of` its `title text`) as `term_hashes`."""
+        self.index = index
+        self.count = len(blocks)
+        lengths = np.fromiter(map(len, blocks), dtype=np.int64, count=self.count)  # [M]
+        self.terms = np.concatenate(blocks).astype(np.int64, copy=False) if self.count else np.zeros(0, np.int64)  # [P]
+        self.block = np.repeat(np.arange(self.count, dtype=np.int32), lengths)  # [P] the block of each term
         k1, b = index.model.k1, index.model.b
-        norm = k1 * (1 - b + b * lengths / index.avgdl)  # [M]
-        idf = index.idf(vocab)  # [V], in id order
-        self.rows = row
-        self.weights = (idf[term] * tf / (tf + norm[row])).astype(np.float32)
-        self.bounds = np.searchsorted(term, np.arange(len(vocab) + 1)).tolist()  # term i's postings: bounds[i]:bounds[i + 1]
+        self.norm = (k1 * (1 - b + b * lengths / index.avgdl)).astype(np.float32)  # [M]
+        self._scans = 0
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (order [P], terms[order])
+
+    def _occurrences(self, term: int) -> np.ndarray:
+        """The block of each occurrence of the term with hash `term`, ascending."""
+        found = self._sorted
+        if found is None:
+            self._scans += 1
+            if self._scans > self.SORT_AFTER:  # two threads may both sort: the same arrays either way
+                order = np.argsort(self.terms, kind="stable")
+                found = self._sorted = (order, self.terms[order])
+            else:
+                return self.block[self.terms == term]
+        order, terms = found
+        a, b = np.searchsorted(terms, term, "left"), np.searchsorted(terms, term, "right")
+        return self.block[order[a:b]]
 
     def scores(self, queries: Sequence[str]) -> np.ndarray:
         """[Q] query strings -> [Q, M] scores of every block (0 where it shares no term)."""
         out = np.zeros((len(queries), self.count), dtype=np.float32)
         for i, query in enumerate(tokens_of(queries)):
-            for term in query:  # a repeated query term counts again, as in bm25s
-                t = self.term_of.get(term)
-                if t is not None:
-                    a, b = self.bounds[t], self.bounds[t + 1]
-                    out[i, self.rows[a:b]] += self.weights[a:b]
+            idf = self.index.idf(query)  # [T]
+            for term, weight in zip(term_hashes(query).tolist(), idf):  # a repeated query term counts again, as in bm25s
+                rows, tf = np.unique(self._occurrences(term), return_counts=True)
+                out[i, rows] += weight * tf / (tf + self.norm[rows])
         return out
+
+
+def term_hashes(terms: Sequence[str]) -> np.ndarray:
+    """[T] terms -> int64 [T]: a stable 64-bit hash of each (blake2b), the form the update log
+    keeps a live block's terms in. Two distinct terms share one with odds of about 1e-19 a pair."""
+    return np.frombuffer(b"".join(hashlib.blake2b(t.encode(), digest_size=8).digest() for t in terms), "<i8").astype(np.int64)

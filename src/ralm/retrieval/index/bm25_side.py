@@ -3,12 +3,16 @@
   VERSION/bm25/   bm25s's npy/json files, memory-mapped, + ralm.json (the average length)
 
 Its manifest section (`BM25Section`) is empty: the index's files describe it. Queries need no
-model: the index splits them into terms itself (backends/bm25.py `tokens_of`).
+model: the index splits them into terms itself (backends/bm25.py `tokens_of`). A live
+document's blocks are kept in the update log as their terms' 64-bit hashes (`term_hashes`),
+which a restart reads back and searches as they are (`LiveBM25`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,11 +22,12 @@ import torch
 
 from ralm.data.blocks import BlockStore
 from ralm.progress import track
-from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, tokens_of
+from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, term_hashes, tokens_of
 from ralm.retrieval.index.kinds import BuildContext, Section
 from ralm.retrieval.index.store import IndexDir, VersionManifest
 
 FOLDER = "bm25"
+HASHED = b"\0terms:blake2b-64\n"  # opens a live document's state in the update log (ralm <= 0.4 wrote text)
 log = logging.getLogger("ralm.live")
 
 
@@ -106,19 +111,32 @@ class BM25Side:
     def is_result(self, scores: np.ndarray) -> np.ndarray:
         return scores > 0  # BM25 fills a short list with blocks that share no term (score 0)
 
-    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[str]:
-        """Each new block's terms (of `title text`, as the index tokenised its blocks) joined
-        by spaces: one string a block, not one a term, so a replay builds few objects."""
-        return [" ".join(terms) for terms in tokens_of([indexed_text(r) for r in records])]
+    def live_state(self, tokens: Sequence[np.ndarray], records: Sequence[dict]) -> list[np.ndarray]:
+        """Each new block's terms (of `title text`, as the index tokenised its blocks) as
+        `term_hashes`: what a restart reads back without splitting or hashing text."""
+        return [term_hashes(terms) for terms in tokens_of([indexed_text(r) for r in records])]
 
-    def encode_state(self, states: Sequence[str]) -> bytes:
-        return "\n".join(states).encode()  # a term is word characters: no space, no newline
+    def encode_state(self, states: Sequence[np.ndarray]) -> bytes:
+        """HASHED, each block's term count (uint32), then all their hashes (int64)."""
+        counts = np.array([len(s) for s in states], "<u4")
+        return HASHED + counts.tobytes() + np.concatenate([np.zeros(0, np.int64), *states]).astype("<i8").tobytes()
 
-    def decode_state(self, data: bytes, n: int) -> list[str] | None:
-        lines = bytes(data).decode(errors="replace").split("\n")
-        return lines if len(lines) == n else None
+    def decode_state(self, data: bytes, n: int) -> list[np.ndarray] | None:
+        data = bytes(data)
+        if not data.startswith(HASHED):  # ralm <= 0.4: each block's terms joined by spaces, a line a block
+            lines = data.decode(errors="replace").split("\n")
+            return [term_hashes(line.split(" ") if line else []) for line in lines] if len(lines) == n else None
+        at = len(HASHED) + 4 * n
+        if len(data) < at:
+            return None  # damaged: split again
+        # struct, not numpy, for the counts: a restart decodes every logged document's state
+        ends = list(itertools.accumulate(struct.unpack_from(f"<{n}I", data, len(HASHED))))
+        if len(data) != at + 8 * (ends[-1] if ends else 0):
+            return None
+        terms = np.frombuffer(data, "<i8", offset=at)
+        return [terms[a:b] for a, b in zip([0, *ends], ends)]
 
-    def overlay_scorer(self, states: Sequence[str], records: Sequence[dict]) -> "_BM25Overlay":
+    def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_BM25Overlay":
         if self.index.avgdl is None:
             self.index.avgdl = _measured_avgdl(self.blocks)
         return _BM25Overlay(LiveBM25(self.index, states) if len(states) else None)

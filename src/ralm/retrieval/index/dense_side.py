@@ -170,6 +170,7 @@ class DenseSide:
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
         self.dtype = dtype
         self.section = section
+        self._state_head = section.doc_fingerprint.encode() + b"\0"  # opens each logged state: made once, not per document
 
     # -- building ------------------------------------------------------------------------
     @classmethod
@@ -278,16 +279,18 @@ class DenseSide:
 
     def encode_state(self, states: Sequence[np.ndarray]) -> bytes:
         """The document tower's fingerprint, a NUL, then the embeddings as float32 [n, D]."""
-        return self.section.doc_fingerprint.encode() + b"\0" + np.asarray(states, np.float32).tobytes()
+        return self._state_head + np.asarray(states, np.float32).tobytes()
 
     def decode_state(self, data: bytes, n: int) -> list[np.ndarray] | None:
-        data, head = bytes(data), self.section.doc_fingerprint.encode() + b"\0"
+        head = self._state_head
         if not data.startswith(head) or len(data) - len(head) != 4 * n * self.section.dim:
             return None  # embedded by another document tower (or damaged): embedded again
-        return list(np.frombuffer(data, np.float32, offset=len(head)).reshape(n, self.section.dim))
+        vectors = np.frombuffer(data, np.float32, offset=len(head))
+        return [vectors] if n == 1 else list(vectors.reshape(n, self.section.dim))  # most documents are one block
 
     def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_DenseOverlay":
-        return _DenseOverlay(np.stack(states) if len(states) else np.zeros((0, self.section.dim), np.float32))
+        # np.array, not np.stack: one copy in C, no view per block (a restart has one per logged block)
+        return _DenseOverlay(np.array(states, np.float32) if len(states) else np.zeros((0, self.section.dim), np.float32))
 
     def write_compacted(self, tmp: Path, ctx: BuildContext, *, keep: np.ndarray, live: Sequence[np.ndarray]) -> dict:
         """The kept rows' embeddings and the live blocks', as stored: nothing is embedded again."""

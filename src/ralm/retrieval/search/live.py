@@ -336,8 +336,7 @@ class LiveSearcher(Searcher):
         """`encode`'s output -> (scores [Q, k], rows [Q, k]) over main (minus hidden) + overlay."""
         check_k(k)
         n_main = len(snap.version.blocks)
-        main_k = min(k + len(snap.hidden_rows), n_main)
-        m_scores, m_rows = self.searcher.side_search(encoded, main_k, snap.version, side)  # [Q, main_k]
+        m_scores, m_rows = self._main_search(encoded, k, snap, side)  # [Q, K]: each query's best k unhidden rows among them
         if snap.delta.records:
             o_scores = snap.scorer(side).scores(encoded)  # [Q, M]
             o_rows = np.broadcast_to(np.arange(len(snap.delta.records)), o_scores.shape)
@@ -350,6 +349,20 @@ class LiveSearcher(Searcher):
         s, r = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
         live = ~np.isneginf(s).any(0)  # drop columns that only hold hidden rows (tiny corpora); a NaN is reported (fusion.py)
         return s[:, live].astype(np.float32), r[:, live]
+
+    def _main_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
+        """The main index's best rows, enough that each query's list holds its best k that are
+        not hidden: 2k first, more while hidden rows crowd a list out, at most k + every hidden
+        row (always enough). After many deletes, a search does not ask for a list that long."""
+        n_main, hidden = len(snap.version.blocks), snap.hidden_rows
+        enough = min(k + len(hidden), n_main)
+        want = min(2 * k, enough)
+        while True:
+            scores, rows = self.searcher.side_search(encoded, want, snap.version, side)  # [Q, want]
+            crowded = int(np.isin(rows, hidden).sum(1).max(initial=0))  # the most hidden rows in one list
+            if want == enough or rows.shape[1] - crowded >= k:
+                return scores, rows
+            want = min(max(2 * want, k + 2 * crowded), enough)
 
     def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
         """Query i's scores of rows [C] (main and overlay) on one side, or None."""

@@ -5,8 +5,8 @@ opens the index (`ralm serve`, `ralm index add/delete/compact`, `ralm search`, .
                          {"op": "add", "id", "title", "text", "blocks": [[start, end], ...],
                           "state": {"offset", "sizes": {side: bytes}}} or {"op": "delete", "id"}
   DIR/updates-<id>.bin   what each side keeps of an added document's blocks (dense: their
-                         embeddings), at the offset its record names: opening reads it back
-                         instead of recomputing it
+                         embeddings; BM25: their terms' hashes), at the offset its record
+                         names: opening reads it back instead of recomputing it
 
 One writer at a time: a writer holds the index's lock (`IndexDir.lock`) while it catches up
 with the log and appends; a reader holds it shared while it reads, and never modifies the log.
