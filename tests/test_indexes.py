@@ -220,6 +220,8 @@ def test_the_bm25_side_logs_a_blocks_terms_as_hashes_and_reads_the_text_form_of_
     data = side.encode_state(states)
     for got, want in zip(side.decode_state(data, 2), states):
         np.testing.assert_array_equal(got, want)
+    (one,) = side.decode_state(side.encode_state(states[:1]), 1)
+    np.testing.assert_array_equal(one, states[0])
     legacy = b"zanzibar cloves spices\n"  # one line of terms a block
     for got, want in zip(side.decode_state(legacy, 2), [term_hashes(["zanzibar", "cloves", "spices"]), term_hashes([])]):
         np.testing.assert_array_equal(got, want)

@@ -129,11 +129,13 @@ class BM25Side:
         at = len(HASHED) + 4 * n
         if len(data) < at:
             return None  # damaged: split again
-        # struct, not numpy, for the counts: a restart decodes every logged document's state
-        ends = list(itertools.accumulate(struct.unpack_from(f"<{n}I", data, len(HASHED))))
-        if len(data) != at + 8 * (ends[-1] if ends else 0):
+        counts = struct.unpack_from(f"<{n}I", data, len(HASHED))  # struct, not numpy: a restart decodes every document's
+        if len(data) != at + 8 * sum(counts):
             return None
         terms = np.frombuffer(data, "<i8", offset=at)
+        if n == 1:  # most documents are one block
+            return [terms]
+        ends = list(itertools.accumulate(counts))
         return [terms[a:b] for a, b in zip([0, *ends], ends)]
 
     def overlay_scorer(self, states: Sequence[np.ndarray], records: Sequence[dict]) -> "_BM25Overlay":
