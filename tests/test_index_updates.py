@@ -148,6 +148,23 @@ def test_after_many_deletes_a_search_finds_the_best_documents_left_from_a_short_
     assert len(gone) + 3 > 6 and asked == [6]  # a list no deleted document crowds: 2k rows, not k + every hidden one
 
 
+def test_the_live_blocks_best_k_are_a_stable_sorts_first_k_ties_included():
+    """Found by partition, the overlay's best k are the blocks a full stable sort puts first
+    (a tie goes to the earlier block), with scores that tie often (BM25) or never (dense)."""
+    import numpy as np
+
+    from ralm.retrieval.search.live import _best
+
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        q, m, k = rng.integers(1, 4), rng.integers(1, 60), rng.integers(1, 20)
+        scores = rng.integers(0, 4, (q, m)).astype(np.float32) if trial % 2 else rng.random((q, m)).astype(np.float32)
+        best, cols = _best(scores, k)
+        want = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(np.take_along_axis(cols, np.argsort(-best, axis=1, kind="stable"), 1), want)
+        np.testing.assert_array_equal(best, np.take_along_axis(scores, cols, 1))
+
+
 # -- several processes sharing one index -----------------------------------------------------
 
 def test_a_reader_opening_while_another_process_appends_never_cuts_its_record(tiny_hybrid_index, tmp_path):

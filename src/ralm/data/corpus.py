@@ -279,6 +279,8 @@ def _why_empty(empty: int, listing: Listing | None) -> str:
             reasons.append(f"{plural(listing.excluded, 'file')} left out by the include/exclude patterns")
         if not listing.files:
             reasons.append(f"the folder holds no file to read ({', '.join(FOLDER_SUFFIXES)})")
+            if listing.hidden:  # a file the user meant, named like `.notes.txt`
+                reasons.append("a name starting with '.' is hidden: rename the file without it to read it")
     return "; ".join([why, *reasons])
 
 

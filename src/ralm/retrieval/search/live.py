@@ -337,14 +337,13 @@ class LiveSearcher(Searcher):
         check_k(k)
         n_main = len(snap.version.blocks)
         m_scores, m_rows = self._main_search(encoded, k, snap, side)  # [Q, K]: each query's best k unhidden rows among them
+        m_scores = np.where(np.isin(m_rows, snap.hidden_rows), -np.inf, m_scores)  # only main rows are ever hidden
         if snap.delta.records:
-            o_scores = snap.scorer(side).scores(encoded)  # [Q, M]
-            o_rows = np.broadcast_to(np.arange(len(snap.delta.records)), o_scores.shape)
+            o_scores, o_rows = _best(snap.scorer(side).scores(encoded), k)  # [Q, min(k, M)] of [Q, M]
             scores = np.concatenate([m_scores, o_scores], 1)
             rows = np.concatenate([m_rows, o_rows + n_main], 1)
         else:
             scores, rows = m_scores, m_rows
-        scores = np.where(np.isin(rows, snap.hidden_rows), -np.inf, scores)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         s, r = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
         live = ~np.isneginf(s).any(0)  # drop columns that only hold hidden rows (tiny corpora); a NaN is reported (fusion.py)
@@ -375,6 +374,23 @@ class LiveSearcher(Searcher):
         out = np.zeros(len(rows), np.float32)
         out[main], out[~main] = a, b
         return out
+
+
+def _best(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """[Q, M] -> (scores [Q, k'], columns [Q, k']), k' = min(k, M): each row's k best, a tie
+    going to the lower column, as a stable sort's first k, in column order; found by partition,
+    not by sorting all M (tens of thousands of live blocks after many logged updates)."""
+    q, m = scores.shape
+    if m <= k or np.isnan(scores).any():  # a NaN (damaged) sorts last, as it always has
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(scores, order, 1), order
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]  # [Q] each row's k-th best score
+    cols = np.empty((q, k), np.int64)
+    for i, (row, v) in enumerate(zip(scores, kth)):
+        above = np.flatnonzero(row > v)
+        cols[i] = np.concatenate([above, np.flatnonzero(row == v)[:k - len(above)]])
+    cols.sort(axis=1)
+    return np.take_along_axis(scores, cols, 1), cols
 
 
 def _exists(snap: Snapshot, doc_id: str, rows_of: Container[str]) -> bool:
