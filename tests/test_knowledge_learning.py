@@ -58,8 +58,8 @@ def held_out_notes(task: KnowledgeTask) -> tuple[list[Document], list[str]]:
     """ICT's task on the held-out entities: each one's first held-out sentence is a query, and a
     notes document of its other sentences (about its other fact: only the name is shared) the
     block it must find. Returns (the documents, the queries)."""
-    by_entity = by_source(task.eval_sentences)
-    docs = [Document(f"held-out-notes-{source[5:]}", f"Notes {int(source[5:])}", " ".join(s.text for s in rest))
+    by_entity, number = by_source(task.eval_sentences), {e.source: n for n, e in enumerate(task.entities)}
+    docs = [Document(f"held-out-notes-{number[source]:04d}", f"Notes {number[source]}", " ".join(s.text for s in rest))
             for source, (_, *rest) in by_entity.items()]
     return docs, [first.text for first, *_ in by_entity.values()]
 

@@ -155,7 +155,8 @@ class KnowledgeTask:
         as a training notes document is): indexed beside the fact documents, the masked
         sentence's verbatim copy, which a retriever that learned the trivial retrieval finds
         instead of the fact."""
-        return [Document(f"own-{i:04d}", _notes_title(self.cfg, s.entity, s.source), s.text)
+        number = {e.source: n for n, e in enumerate(self.entities)}
+        return [Document(f"own-{i:04d}", _notes_title(self.cfg, s.entity, number[s.source]), s.text)
                 for i, s in enumerate(self.eval_sentences)]
 
     @property
@@ -181,8 +182,9 @@ def by_source(sentences: Sequence[FactSentence]) -> dict[str, list[FactSentence]
     return out
 
 
-def _notes_title(cfg: KnowledgeConfig, entity: str, source: str) -> str:
-    return entity if cfg.sentence_documents else f"Notes {int(source[5:])}"
+def _notes_title(cfg: KnowledgeConfig, entity: str, n: int) -> str:
+    """The title of entity number `n`'s notes documents."""
+    return entity if cfg.sentence_documents else f"Notes {n}"
 
 
 def _mention(template: str, entity: str, city: str, founder: str, relation: str, year: int | None) -> FactSentence:
@@ -226,7 +228,7 @@ def generate_task(cfg: KnowledgeConfig = KnowledgeConfig()) -> KnowledgeTask:
             eval_docs.append(fact)
             eval_sentences.extend(sentences)
         else:
-            title = _notes_title(cfg, entity, fact.id)
+            title = _notes_title(cfg, entity, n)
             notes = ([Document(f"notes-{n:04d}-{i}", title, s.text) for i, s in enumerate(sentences)] if cfg.sentence_documents
                      else [Document(f"notes-{n:04d}", title, " ".join(s.text for s in sentences))])
             train_docs += [fact, *notes]
