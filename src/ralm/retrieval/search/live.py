@@ -337,7 +337,6 @@ class LiveSearcher(Searcher):
         check_k(k)
         n_main = len(snap.version.blocks)
         m_scores, m_rows = self._main_search(encoded, k, snap, side)  # [Q, K]: each query's best k unhidden rows among them
-        m_scores = np.where(np.isin(m_rows, snap.hidden_rows), -np.inf, m_scores)  # only main rows are ever hidden
         if snap.delta.records:
             o_scores, o_rows = _best(snap.scorer(side).scores(encoded), k)  # [Q, min(k, M)] of [Q, M]
             scores = np.concatenate([m_scores, o_scores], 1)
@@ -350,17 +349,19 @@ class LiveSearcher(Searcher):
         return s[:, live].astype(np.float32), r[:, live]
 
     def _main_search(self, encoded, k: int, snap: Snapshot, side: str) -> tuple[np.ndarray, np.ndarray]:
-        """The main index's best rows, enough that each query's list holds its best k that are
-        not hidden: 2k first, more while hidden rows crowd a list out, at most k + every hidden
-        row (always enough). After many deletes, a search does not ask for a list that long."""
+        """The main index's best rows, hidden ones scored -inf (only main rows are ever hidden),
+        enough that each query's list holds its best k that are not: 2k first, more while hidden
+        rows crowd a list out, at most k + every hidden row (always enough). After many deletes,
+        a search does not ask for a list that long."""
         n_main, hidden = len(snap.version.blocks), snap.hidden_rows
         enough = min(k + len(hidden), n_main)
         want = min(2 * k, enough)
         while True:
             scores, rows = self.searcher.side_search(encoded, want, snap.version, side)  # [Q, want]
-            crowded = int(np.isin(rows, hidden).sum(1).max(initial=0))  # the most hidden rows in one list
+            is_hidden = np.isin(rows, hidden)
+            crowded = int(is_hidden.sum(1).max(initial=0))  # the most hidden rows in one list
             if want == enough or rows.shape[1] - crowded >= k:
-                return scores, rows
+                return np.where(is_hidden, -np.inf, scores), rows
             want = min(max(2 * want, k + 2 * crowded), enough)
 
     def side_scores(self, encoded, i: int, rows: np.ndarray, *, snap: Snapshot, side: str) -> np.ndarray | None:
@@ -381,14 +382,16 @@ def _best(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     going to the lower column, as a stable sort's first k, in column order; found by partition,
     not by sorting all M (tens of thousands of live blocks after many logged updates)."""
     q, m = scores.shape
-    if m <= k or np.isnan(scores).any():  # a NaN (damaged) sorts last, as it always has
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        return np.take_along_axis(scores, order, 1), order
-    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]  # [Q] each row's k-th best score
-    cols = np.empty((q, k), np.int64)
-    for i, (row, v) in enumerate(zip(scores, kth)):
-        above = np.flatnonzero(row > v)
-        cols[i] = np.concatenate([above, np.flatnonzero(row == v)[:k - len(above)]])
+    if m <= k:
+        return scores, np.broadcast_to(np.arange(m), scores.shape)
+    if np.isnan(scores).any():  # a NaN (damaged) sorts last, as it always has
+        cols = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    else:
+        kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]  # [Q] each row's k-th best score
+        cols = np.empty((q, k), np.int64)
+        for i, (row, v) in enumerate(zip(scores, kth)):
+            above = np.flatnonzero(row > v)
+            cols[i] = np.concatenate([above, np.flatnonzero(row == v)[:k - len(above)]])
     cols.sort(axis=1)
     return np.take_along_axis(scores, cols, 1), cols
 
