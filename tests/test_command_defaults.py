@@ -88,7 +88,7 @@ def test_every_command_option_defaults_to_its_config():
         if config is not None and config.__module__.startswith(("ralm.cli", "ralm.commands")):  # not a trainer's
             generated.update((config, name) for name in fields)
         for p in cmd.params:
-            if p.required:  # no default to own
+            if p.required or (p.name in fields and fields[p.name].required):  # no default to own (a trainer's: or --recipe's)
                 continue
             if p.name in fields:
                 assert p.default == fields[p.name].default, f"{where} {p.opts[0]}: {p.default!r} != the config's {fields[p.name].default!r}"

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from ralm.data.corpus import check_corpus, file_documents, read_corpus
-from ralm.data.formats import FileFilter, markdown_sections, slug
+from ralm.data.formats import FileFilter, html_sections, markdown_sections, pdf_sections, slug
 from ralm.errors import RalmError, RalmWarning
 
 GUIDE = """---
@@ -95,8 +95,8 @@ def test_a_folder_of_markdown_html_and_pdf_keeps_titles_sections_and_pages(tmp_p
     assert docs["guide.md"].title == "Widget Guide"
     assert docs["guide.md"].text == "Widgets are small brass things made in Leeds since 1901, by the Widget Co.."
     assert docs["guide.md#oiling"].title == "Widget Guide › Care › Oiling"
-    assert docs["guide.md#oiling"].text == ("Oil each widget monthly with olive oil.\n- a soft cloth\n- a dry shelf\n"
-                                            "part | grease\nhinge | lithium\nwidget --oil")
+    assert docs["guide.md#oiling"].text == ("Oil each widget monthly with olive oil.\na soft cloth\na dry shelf\n"
+                                            "hinge: grease lithium.\nwidget --oil")
     assert docs["guide.md#care-1"].title == "Widget Guide › Care"
     # HTML: <title>, the main element's text and headings; navigation, asides, footer, scripts dropped
     assert docs["web/gadgets.html"].title == "Gadget handbook"
@@ -143,6 +143,136 @@ def test_markdown_sections_follow_the_headings():
     twins = markdown_sections(b"## Care\n\na\n\n## Care\n\nb\n\n## Care 1\n\nc", "x.md")
     assert [s.anchor for s in twins] == ["#care", "#care-1", "#care-1-1"]  # ids stay unique
     assert slug("What's new in 2.0?") == "whats-new-in-20" and slug("Ünïcode Title") == "ünïcode-title"
+
+
+EDITIONS = """# Broker
+
+| Edition | Client connections | Topics |
+|---------|-------------------:|--------|
+| Team | 20,000 | 500 |
+| Free | | 10 |
+| Lab | 5 | a; b |
+"""
+
+
+def test_a_markdown_table_row_reads_with_its_column_headers():
+    [section] = markdown_sections(EDITIONS.encode(), "broker.md")
+    # a cell tied to its row and column; an empty cell left out with its header; the header row is no line;
+    # a "; " of the source is not a cell separator
+    assert section.text.splitlines() == ["Team: Client connections 20,000; Topics 500.", "Free: Topics 10.",
+                                         "Lab: Client connections 5; Topics a, b."]
+    [blank_header] = markdown_sections(b"| Edition | |\n|--|--|\n| Team | 20,000! |\n", "b.md")
+    assert blank_header.text == "Team: 20,000!"  # a cell under an empty header alone; its own punctuation ends it
+
+
+def test_an_html_table_row_reads_with_its_column_headers():
+    rows = "<tr><td>Team</td><td>20,000</td><td>500</td></tr><tr><td>Free</td><td></td><td>10</td></tr>"
+    header = "<tr><th>Edition</th><th>Client connections</th><th>Topics</th></tr>"
+    for table in (f"<table>{header}{rows}</table>",
+                  f"<table><caption>Editions\n compared</caption><thead>{header}</thead><tbody>{rows}</tbody></table>"):
+        page = f"<html><body><main><h1>Broker</h1><p>Limits per node.</p>{table}</main></body></html>"
+        [section] = html_sections(page.encode(), "broker.html")
+        lines = section.text.splitlines()
+        assert lines[-2:] == ["Team: Client connections 20,000; Topics 500.", "Free: Topics 10."]
+        assert lines[:-2] == ["Limits per node."] + (["Editions compared"] if "caption" in table else [])
+    # spans laid over the columns and rows they cover; two header rows read together
+    spans = ("<table><thead><tr><th rowspan=2>Edition</th><th colspan=2>Limits</th></tr><tr><th>Clients</th><th>Topics</th>"
+             "</tr></thead><tr><td rowspan=2>Team</td><td>20,000</td><td>500</td></tr><tr><td colspan=2>none</td></tr></table>")
+    [section] = html_sections(f"<html><body><main>{spans}</main></body></html>".encode(), "s.html")
+    assert section.text.splitlines() == ["Team: Limits Clients 20,000; Limits Topics 500.", "Team: Limits Clients none."]
+
+
+def test_an_html_table_without_headers_joins_its_cells():
+    page = ("<html><body><main><p>Ports.</p><table><tr><td>broker</td><td>7431</td><td>TCP</td></tr>"
+            "<tr><td>admin; web</td><td><p>8080</p><p>HTTP</p></td><td></td></tr></table>"
+            "<table><tr><td>Linux</td></tr><tr><td>macOS</td></tr></table></main></body></html>")
+    [section] = html_sections(page.encode(), "ports.html")
+    assert section.text.splitlines() == ["Ports.", "broker; 7431; TCP.", "admin, web; 8080 HTTP.", "Linux", "macOS"]
+
+
+def write_table_pdf(path, rows, *, before="Editions differ in their limits per node.", after="Ports are listed on page 2."):
+    """A page of prose, a table (fpdf2's pdf.table()) and more prose."""
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=12)
+    pdf.add_page()
+    pdf.multi_cell(0, 8, before)
+    with pdf.table(col_widths=(30, 40, 60)) as table:
+        for cells in rows:
+            row = table.row()
+            for cell in cells:
+                row.cell(cell)
+    pdf.multi_cell(0, 8, after)
+    pdf.output(str(path))
+
+
+def test_a_pdf_table_reads_as_row_lines_and_the_rest_as_plain_text(tmp_path):
+    write_table_pdf(tmp_path / "t.pdf", [("Edition", "Client connections", "Topics"), ("Team", "20,000", "500"),
+                                         ("Free", "", "10")])
+    [page] = pdf_sections((tmp_path / "t.pdf").read_bytes(), "t.pdf")
+    assert page.text.splitlines() == ["Editions differ in their limits per node.", "Team: Client connections 20,000; Topics 500.",
+                                      "Free: Topics 10.", "Ports are listed on page 2."]
+    assert (page.anchor, page.title) == ("#page=1", "Editions differ in their limits per node.")
+    # a cell wrapped over lines is read whole, in its row
+    write_table_pdf(tmp_path / "w.pdf", [("Edition", "Maximum client connections", "Notes"),
+                                         ("Team", "20,000", "For small teams that share one broker among a few services"),
+                                         ("Enterprise", "100,000", "Clustered")])
+    [page] = pdf_sections((tmp_path / "w.pdf").read_bytes(), "w.pdf")
+    assert page.text.splitlines()[1:3] == [
+        "Team: Maximum client connections 20,000; Notes For small teams that share one broker among a few services.",
+        "Enterprise: Maximum client connections 100,000; Notes Clustered."]
+
+
+def test_pdf_columns_that_are_not_a_table_stay_plain_text(tmp_path):
+    from fpdf import FPDF
+    from pypdf import PdfReader
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=10)
+    for block in ((("Port:", "7431"), ("Host:", "broker.local")), (("1.", "Unplug it"), ("2.", "Open the lid"))):
+        pdf.add_page()  # key: value lines, then a numbered list, with their second cells at one x
+        for left, right in block:
+            pdf.set_x(10)
+            pdf.cell(40, 6, left)
+            pdf.set_x(60)
+            pdf.cell(40, 6, right)
+            pdf.ln(6)
+    pdf.add_page()  # prose in two columns
+    prose = "Retrieval augmented models read a corpus and answer questions with spans of the evidence they find. " * 4
+    for x in (10, 110):
+        pdf.set_xy(x, 20)
+        pdf.multi_cell(90, 5, prose)
+    pdf.output(str(tmp_path / "c.pdf"))
+
+    plain = [p.extract_text() for p in PdfReader(tmp_path / "c.pdf").pages]
+    assert [p.text for p in pdf_sections((tmp_path / "c.pdf").read_bytes(), "c.pdf")] == plain
+
+
+def test_list_items_are_lines_and_ordered_ones_keep_their_numbers():
+    markdown = b"Steps:\n\n4. Unplug it.\n5. Open the lid\n   - with a coin\n   - gently\n\n- a cloth\n* oil\n"
+    [section] = markdown_sections(markdown, "steps.md")
+    assert section.text.splitlines() == ["Steps:", "4. Unplug it.", "5. Open the lid", "with a coin", "gently", "a cloth", "oil"]
+    page = ("<html><body><main><p>Steps:</p><ol start='4'><li><p>Unplug <b>it</b>.</p></li><li>Open the lid"
+            "<ul><li>with a coin</li></ul></li><li value='9'>Close it</li></ol><ul><li>a cloth</li></ul></main></body></html>")
+    [section] = html_sections(page.encode(), "steps.html")
+    assert section.text.splitlines() == ["Steps:", "4. Unplug it.", "5. Open the lid", "with a coin", "9. Close it", "a cloth"]
+
+
+def test_a_definition_list_is_a_line_per_term():
+    page = ("<html><body><main><p>Settings.</p><dl><dt>Port</dt><dd>7431</dd><dd>TCP; or TLS</dd>"
+            "<div><dt>Host</dt><dd>broker.local</dd></div><dt>Timeout</dt></dl></main></body></html>")
+    [section] = html_sections(page.encode(), "settings.html")
+    assert section.text.splitlines() == ["Settings.", "Port: 7431; TCP, or TLS", "Host: broker.local", "Timeout"]
+
+
+def test_a_paragraph_stays_one_line_and_key_value_lines_stay_lines():
+    prose = "Widgets are brass; they hum at 50 Hz: quietly, in Leeds."
+    [section] = markdown_sections(f"{prose}\n\nPort: 7431\nHost: broker.local\n".encode(), "w.md")
+    assert section.text.splitlines() == [prose, "Port: 7431", "Host: broker.local"]
+    page = f"<html><body><main><p>{prose}</p><p>Port: 7431<br>Host: broker.local</p></main></body></html>"
+    [section] = html_sections(page.encode(), "w.html")
+    assert section.text.splitlines() == [prose, "Port: 7431", "Host: broker.local"]
 
 
 def test_damaged_and_foreign_files_are_named(tmp_path):

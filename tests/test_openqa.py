@@ -204,7 +204,9 @@ def test_evaluate_qa_fits_the_kinds_map_on_cross_fitted_questions_and_reports_an
     assert qa.calibrations.for_kind("bm25") is None  # fitted for the kind searched only
     assert result["reliability"]["cross_fitted"] == "by half" and sum(b["count"] for b in result["reliability"]["bins"]) == 60
     fitted = qa.calibrations.for_kind("dense")
-    assert fitted.fitted_with == {"reader": oracle_reader.fingerprint(), "k": 6, "questions": 60}
+    assert {k: fitted.fitted_with[k] for k in ("reader", "k", "questions")} == {"reader": oracle_reader.fingerprint(), "k": 6,
+                                                                                 "questions": 60}
+    assert fitted.fitted_with["sets"] == ["questions"] and "threshold" in fitted.fitted_with  # kept: none marked unanswerable
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert all(0 < r["confidence"] < 1 for r in rows)  # shrunk ends: never certain
     answered = [not r["no_answer"] for r in rows]

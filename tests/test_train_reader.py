@@ -25,6 +25,7 @@ from ralm.train.reader import (
     drop_gold,
     without_answer,
     gold_passages,
+    ReadingExample,
     read_inputs,
     retrieve_distractors,
     train_reader,
@@ -73,9 +74,10 @@ def test_an_answer_is_labelled_in_every_window_holding_it_whole(small_reader, wo
 
 def test_answer_free_windows_and_distractors_are_read(small_reader, words):
     text = " ".join(words)
-    qs = [Question("a", "q ?", (words[30],)), Question("b", "q ?", ("absent words",))]
     other = " ".join(words[:10])
-    batch, match, question = read_inputs(small_reader, qs, [[text, other, words[30]], [text]], stride=5)
+    examples = [ReadingExample("q ?", (words[30],), [("", text), ("", other), ("", words[30])]),
+                ReadingExample("q ?", ("absent words",), [("", text)])]
+    batch, match, question, titles = read_inputs(small_reader, examples, stride=5)
     windows = len(small_reader.featurizer.featurize_windows(["q ?"], [text], stride=5)[0].texts)
     assert question.tolist() == [0] * (windows + 2) + [1] * windows  # every window, with the answer or not
     hits = match.flatten(1).any(1)
@@ -100,14 +102,17 @@ def test_distractors_come_from_other_documents(tiny_dense_index):
           Question("b", "Who created Python?", ("Guido van Rossum",), {"context": "Guido made Python."})]
     got = retrieve_distractors(searcher, qs, 3)
     paris = next(d["text"] for d in DOCS if d["id"] == "paris")
-    assert [len(g) for g in got] == [3, 3] and paris not in got[0]
+    assert [len(g) for g in got] == [3, 3] and paris not in [text for _, text in got[0]]
+    titles = {d["text"]: d["title"] for d in DOCS}
+    assert all(title == titles[text] for g in got for title, text in g)  # each block with its own title
     assert retrieve_distractors(searcher, qs, 0) == [[], []]
 
 
 def test_gold_passages_from_context_or_doc_id(corpus_file):
     qs = [Question(q["id"], q["question"], tuple(q["answers"]), {k: v for k, v in q.items() if k in ("doc_id", "context")})
           for q in QUESTIONS]
-    assert gold_passages(qs, "q.jsonl", str(corpus_file)) == [DOCS[0]["text"], DOCS[4]["text"], DOCS[5]["text"], DOCS[2]["text"]]
+    assert [text for _, text in gold_passages(qs, "q.jsonl", str(corpus_file))] == [DOCS[0]["text"], DOCS[4]["text"],
+                                                                                    DOCS[5]["text"], DOCS[2]["text"]]
     with pytest.raises(RalmError, match="no corpus was given"):
         gold_passages(qs, "q.jsonl", None)
     with pytest.raises(RalmError, match="q.jsonl: question x: doc_id 'nowhere' is not in"):
@@ -212,7 +217,7 @@ def test_questions_read_without_their_passage_learn_the_null_span(questions_file
     searcher = Searcher.open(tiny_dense_index)
     qs = [Question(q["id"], q["question"], tuple(q["answers"]), {"doc_id": q.get("doc_id")}) for q in QUESTIONS[:2]]
     gold = [next(d["text"] for d in DOCS if d["id"] == q.extra["doc_id"]) for q in qs]
-    others = retrieve_distractors(searcher, qs, 2)
+    others = [[text for _, text in d] for d in retrieve_distractors(searcher, qs, 2)]
     from ralm.pipeline import pick_answer, read_blocks
     gaps = []
     for q, passage, distractors in zip(qs, gold, others):
@@ -244,3 +249,63 @@ def test_cli_train_reader(questions_file, corpus_file, tiny_bert, tiny_dense_ind
     code, _, err = ralm("train-reader", "--questions", questions_file, "--corpus", corpus_file, "--out", tmp_path / "x",
                         "--init", tiny_bert, "--max-len", 80, "--stride", 100, "--steps", 1)
     assert code == 2 and "stride 100" in err
+
+
+def _recipe(path, **config):
+    path.write_text(json.dumps({"format": "ralm.recipe/1", "command": "train-reader", "about": "a test", "config": config}))
+    return path
+
+
+def test_a_recipe_reproduces_a_tiny_reader_bit_for_bit(questions_file, corpus_file, tiny_bert, tiny_dense_index, tmp_path, ralm):
+    """The recipe file is the run: two runs of it give the same weights byte for byte, and the
+    reader records the command, the recipe's hash, the config and its inputs' fingerprints."""
+    recipe = _recipe(tmp_path / "recipe.json", questions=str(questions_file), corpus=str(corpus_file), init=str(tiny_bert),
+                     index=str(tiny_dense_index), distractors=1, no_answer_share=0.25, relation_swap_share=0.25,
+                     sibling_share=0.25, verify=True, steps=3, batch_size=4, max_len=80, stride=16, dtype="fp32",
+                     save_every=3, log_every=1, lr=1e-3, warmup=0)
+    for name in ("a", "b"):
+        code, out, err = ralm("train-reader", "--recipe", recipe, "--out", tmp_path / name, "--json")
+        assert code == 0, err
+    weights = [(tmp_path / name / "final" / "reader" / "model.safetensors").read_bytes() for name in ("a", "b")]
+    assert weights[0] == weights[1]
+    made = json.loads((tmp_path / "a" / "final" / "reader" / "made_by.json").read_text())
+    import hashlib
+    assert made["legs"][0]["recipe"]["sha256"] == hashlib.sha256(recipe.read_bytes()).hexdigest()
+    assert made["legs"][0]["command"].startswith("ralm train-reader --recipe") and made["legs"][0]["from_step"] == 0
+    assert made["trainer"] == "train-reader" and made["step"] == 3 and made["config"]["verify"] is True
+    assert made["inputs"]["questions"]["fingerprint"] and made["inputs"]["corpus"]["fingerprint"]
+    reader = Reader.from_pretrained(tmp_path / "a" / "final" / "reader")
+    assert reader.cfg.read_title and reader.cfg.verifier and reader.cfg.null_span
+    # an option given on the command line wins over the recipe
+    code, out, err = ralm("train-reader", "--recipe", recipe, "--out", tmp_path / "c", "--steps", 1, "--json")
+    assert code == 0 and json.loads(out)["steps"] == 1, err
+
+
+def test_a_bad_recipe_is_one_line(tmp_path, ralm):
+    for body, problem in (('{"format": "ralm.recipe/1", "command": "ict", "config": {}}', "not `ralm train-reader`"),
+                          ('{"format": "ralm.recipe/1", "command": "train-reader", "config": {"stepz": 3}}', "unknown config field 'stepz'"),
+                          ("[1, 2", "not JSON"), ('{"config": {}}', "ralm.recipe/1")):
+        (tmp_path / "r.json").write_text(body)
+        code, _, err = ralm("train-reader", "--recipe", tmp_path / "r.json", "--out", tmp_path / "x")
+        assert code == 2 and "--recipe" in err and problem in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = ralm("train-reader", "--recipe", tmp_path / "none.json", "--out", tmp_path / "x")
+    assert code == 2 and "cannot be read" in err
+
+
+def test_a_step_reads_swapped_and_sibling_questions_with_their_null(questions_file, corpus_file, tiny_bert, tmp_path):
+    """Relation-swapped questions read their passage alone with the null as gold; sibling
+    questions read generated records; the verifier learns from every question's best span."""
+    from ralm.train.reader import ReaderTrainer
+    from ralm.train.parallel import start_run
+
+    cfg = _cfg(questions_file, corpus_file, tiny_bert, relation_swap_share=1.0, sibling_share=0.5, verify=True, batch_size=4)
+    trainer = ReaderTrainer(cfg)
+    trainer.ctx = start_run(tmp_path / "run", cfg, show_progress=False)
+    trainer.build()
+    examples = trainer.examples(0, [0, 1, 2, 3])
+    swapped = [ex for ex in examples if ex.question not in {q["question"] for q in QUESTIONS}]
+    for ex in swapped:  # "When did Armstrong walk on the Moon?" has no relation of the list: asked as written
+        assert ex.no_answer and ex.answers == () and len(ex.texts) == 1
+    siblings = trainer.sibling_examples(0, 3)
+    assert len(siblings) == 3 and all(ex.texts and all(title for title, _ in ex.texts) for ex in siblings)
+    assert all(ex.no_answer == (not ex.answers) for ex in siblings)

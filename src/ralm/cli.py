@@ -31,7 +31,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError, option
-from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, QA_BATCH, READ_K, SERVE_HOST
+from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, MAX_UNANSWERABLE, QA_BATCH, READ_K, SERVE_HOST
 from ralm.errors import RalmError, RalmWarning, plural
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
@@ -66,6 +66,8 @@ class DemoConfig(AskConfig):
 @dataclass(frozen=True)
 class EvalQaConfig(AskConfig):
     batch_size: int = option(QA_BATCH, "questions per reader batch")
+    max_unanswerable: float = option(MAX_UNANSWERABLE, "with --calibrate: the threshold is the lowest confidence at which at "
+                                                       "most this share of each set's unanswerable questions are answered")
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ eval_app.command("evidence")(eval_evidence)
 def demo(
     *,
     cfg: DemoConfig,
-    min_confidence: float = MinConfidenceOpt,
+    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -131,7 +133,7 @@ def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optio
 
 
 def _open_qa(model: Optional[str], index_dir: Path, *, k: int, side: Optional[str], device: str, dtype: str,
-             min_confidence: float):
+             min_confidence: float | None):
     from ralm.pipeline import OpenQA
 
     quiet_libraries()
@@ -161,7 +163,10 @@ def eval_qa(
                                    "questions (answerable ones and ones the corpus cannot answer); needs --out"),
     calibrated_out: Optional[Path] = typer.Option(None, "--out", help="with --calibrate: where to write the calibrated copy of the "
                                                   "reader (the reader given is never modified)"),
-    min_confidence: float = MinConfidenceOpt,
+    also: list[str] = typer.Option([], "--also", metavar="INDEX=QUESTIONS", help="with --calibrate: more held-back questions over "
+                                   "their own index, pooled into the fit (repeatable; e.g. generated corpora of several sizes); "
+                                   "questions marked \"unanswerable\": true choose the threshold"),
+    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -178,6 +183,17 @@ def eval_qa(
         raise RalmError("--out is where --calibrate writes the calibrated reader; add --calibrate or drop --out")
     if calibrated_out is not None and calibrated_out.exists() and (not calibrated_out.is_dir() or any(calibrated_out.iterdir())):
         raise RalmError(f"--out {calibrated_out} exists and is not an empty directory")
+    if also and not calibrate:
+        raise RalmError("--also adds calibration sets: add --calibrate or drop --also")
+    if not 0 <= cfg.max_unanswerable <= 1:
+        raise RalmError(f"--max-unanswerable must be in [0, 1], got {cfg.max_unanswerable}")
+    extra_sets = []
+    for spec in also:
+        where, sep, qfile = spec.partition("=")
+        if not sep or not where or not qfile:
+            raise RalmError(f"--also takes INDEX=QUESTIONS, got {spec!r}")
+        _check_qa(Path(where), k=k, device=device, dtype=dtype, hybrid=None)
+        extra_sets.append((Path(where), read_questions(qfile)))
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
@@ -191,8 +207,14 @@ def eval_qa(
 
     qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
     predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
+    from ralm.eval.openqa import CalibrationSet
+    from ralm.pipeline import OpenQA, open_searcher
+
+    sets = [CalibrationSet(str(where), OpenQA(qa.reader, open_searcher(where, model, runtime=qa.runtime), k=k, side=side,
+                                              runtime=qa.runtime, min_confidence=min_confidence), set_qs)
+            for where, set_qs in extra_sets]
     result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=batch_size, predictions=predictions,
-                         calibrate=calibrate)
+                         calibrate=calibrate, also=sets, max_unanswerable=cfg.max_unanswerable)
     result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
         save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())
@@ -208,7 +230,9 @@ def eval_qa(
     if "reliability" in result:
         print_reliability(result["reliability"])
     if calibrate:
-        out.print(f"{qa.kind} calibration fitted on {len(qs)} questions; calibrated reader written to {result['calibration']}")
+        fitted = sum(v["questions"] for v in result["calibration_fit"]["sets"].values())
+        out.print(f"{qa.kind} calibration fitted on {fitted} questions (threshold {result['threshold']}); calibrated reader "
+                  f"written to {result['calibration']}")
     out.print(f"{result['seconds']} s; predictions in {predictions}")
 
 
@@ -224,7 +248,7 @@ def ask(
     side: Optional[str] = SideOpt,
     old_side: Optional[str] = OldSideOpt,
     hybrid: Optional[Path] = HybridOpt,
-    min_confidence: float = MinConfidenceOpt,
+    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json", help="print {question, answer, no_answer, score, confidence, evidence: [{id, title, "
@@ -275,7 +299,7 @@ def serve(
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
-    min_confidence: float = MinConfidenceOpt,
+    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):

@@ -103,6 +103,49 @@ def preset_values(config_cls, preset: str) -> Mapping[str, Any]:
     return presets.get(preset, {})
 
 
+RECIPE_FORMAT = "ralm.recipe/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A recipe file: what a trainer command is run with to make an artifact (the shipped
+    reader's is recipes/reader.json), so anyone can rebuild it with the product's own command:
+
+        {"format": "ralm.recipe/1", "command": "train-reader", "about": "...",
+         "config": {field: value, ...},          # the trainer config's fields, as in RUN/config.json
+         "inputs": {path: "how it is made", ...}}  # optional: the commands that make its input files
+
+    Paths in `config` are read as on the command line (from the current directory). An option
+    given on the command line wins over the recipe, which wins over --preset and the defaults."""
+    path: str
+    command: str
+    config: dict
+    sha256: str
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, *, command: str, config_cls) -> "Recipe":
+        import hashlib
+        import json
+
+        path = os.fspath(path)
+        try:
+            data = open(path, "rb").read()
+            raw = json.loads(data)
+        except OSError as e:
+            raise ConfigError("recipe", f"{path}: cannot be read ({e.strerror})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError("recipe", f"{path}: not JSON ({e})") from None
+        if not isinstance(raw, dict) or raw.get("format") != RECIPE_FORMAT or not isinstance(raw.get("config"), dict):
+            raise ConfigError("recipe", f"{path}: expected a JSON object with \"format\": \"{RECIPE_FORMAT}\" and a \"config\" object")
+        if raw.get("command") != command:
+            raise ConfigError("recipe", f"{path} is a recipe for `ralm {raw.get('command')}`, not `ralm {command}`")
+        known = {f.name for f in dataclasses.fields(config_cls)}
+        unknown = sorted(set(raw["config"]) - known)
+        if unknown:
+            raise ConfigError("recipe", f"{path}: unknown config field {unknown[0]!r} (the fields are {config_cls.__name__}'s)")
+        return cls(path, command, dict(raw["config"]), hashlib.sha256(data).hexdigest())
+
+
 def config_from_file(cls, raw: dict, where: str | os.PathLike):
     """`cls(**raw)` for a model's config read from a file (`where`: a checkpoint's config.json):
     an unknown field, or a value not of its field's type, is one RalmError naming the file and

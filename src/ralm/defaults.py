@@ -19,6 +19,9 @@ INDEX_KIND = "hybrid"  # what an index version holds: a dense and a BM25 side, s
 FAISS_AUTO = "auto"  # the dense side's search chosen from the number of vectors (faiss_index.auto_spec)
 EMBED_BATCH = 64  # blocks (chunks) embedded per forward pass: memory against speed
 QA_BATCH = 8  # questions per reader batch in `ralm eval qa`
+# `ralm eval qa --calibrate`'s threshold rule: the lowest confidence at which at most this share of
+# each calibration set's unanswerable questions get an answer (a margin under a 10% target).
+MAX_UNANSWERABLE = 0.07
 RETRIEVAL_KS = (1, 5, 20, 100)  # recall@k cut-offs of `ralm eval retrieval`
 SERVE_HOST = "127.0.0.1"  # a server binds the loopback unless told otherwise
 MAX_BODY_MB = 1  # the largest request body a server reads, in MiB

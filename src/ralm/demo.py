@@ -14,7 +14,6 @@ from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import Answer, OpenQA
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.store import IndexDir
@@ -49,7 +48,7 @@ def demo_index(runtime: Runtime, rebuild: bool = False) -> tuple[Path, bool]:
 
 
 def run_demo(runtime: Runtime, *, k: int = READ_K, rebuild: bool = False,
-             min_confidence: float = MIN_CONFIDENCE) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
+             min_confidence: float | None = None) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
     """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(runtime, rebuild)
     qa = OpenQA.open(path, k=k, runtime=runtime, min_confidence=min_confidence)

@@ -10,7 +10,8 @@ held-out SQuAD questions this beats the best span of the best single block by 5.
 turns the answer's signals (p(a|x), the log-partition of that softmax, the retrieval scores of
 each side and their agreement) into a confidence, P(correct), with the map fitted for the
 kind searched; below `min_confidence` the answer is withheld, "no answer found in the
-corpus" (the best guess and the evidence are kept).
+corpus" (the best guess and the evidence are kept); by default `min_confidence` is each map's
+own threshold, chosen when it was fitted (`ralm eval qa --calibrate`).
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
 through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run. Its
@@ -30,11 +31,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ralm.data.qa import normalize_answer
-from ralm.data.reader_features import ReaderBatch, valid_spans
+from ralm.data.qa import normalize_answer, question_coverage
+from ralm.data.reader_features import ReaderBatch, answer_context, valid_spans
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE, Calibrations, check_fitted_with
+from ralm.models.confidence import Calibrations, check_fitted_with, map_threshold
 from ralm.models.reader import NEG, Reader, default_reader_path, is_reader_dir, top_spans
 from ralm.renamed import renamed_keywords
 from ralm.retrieval.index.kinds import kind_of
@@ -100,13 +101,13 @@ class OpenQA:
 
     @renamed_keywords(retriever="side")
     def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, runtime: Runtime | None = None,
-                 min_confidence: float = MIN_CONFIDENCE, side: str | None = None,
+                 min_confidence: float | None = None, side: str | None = None,
                  device: torch.device | None = None, dtype: str | torch.dtype | None = None):
         """`runtime`: where the reader reads (None: the searcher's); `device`/`dtype`: the
         older spelling of it (`Runtime.of`)."""
         if k <= 0:
             raise RalmError(f"k must be a positive integer, got {k}")
-        if not 0 <= min_confidence <= 1:
+        if min_confidence is not None and not 0 <= min_confidence <= 1:
             raise RalmError(f"the minimum confidence must be in [0, 1], got {min_confidence}")
         self.reader = reader.eval()
         self.searcher = searcher
@@ -127,14 +128,22 @@ class OpenQA:
         """The confidence map for the kind searched (None: uncalibrated)."""
         return self.calibrations.for_kind(self.kind)
 
+    @property
+    def threshold(self) -> float:
+        """The confidence below which an answer is withheld: `min_confidence` when given, else the
+        threshold the kind's map was fitted with (each side its own), else MIN_CONFIDENCE."""
+        if self.min_confidence is not None:
+            return self.min_confidence
+        return map_threshold(self.calibration)
+
     def __repr__(self) -> str:
-        return (f"OpenQA(k={self.k}, kind={self.kind}, min_confidence={self.min_confidence}, calibrated="
+        return (f"OpenQA(k={self.k}, kind={self.kind}, threshold={self.threshold}, calibrated="
                 f"{self.calibration is not None}, device={self.device}, reader={self.reader!r}, searcher={self.searcher!r})")
 
     @classmethod
     @renamed_keywords(retriever="side")
     def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
-             side: str | None = None, runtime: Runtime | None = None, min_confidence: float = MIN_CONFIDENCE,
+             side: str | None = None, runtime: Runtime | None = None, min_confidence: float | None = None,
              device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
         and its query tower where `open_searcher` says), a reader checkpoint, or None (the
@@ -162,12 +171,15 @@ class OpenQA:
         k = min(self.k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         read = read_blocks(self.reader, [q for q in questions for _ in range(k)],
-                           [rec["text"] for qrec in records for rec in qrec[:k]], device=self.device, dtype=self.dtype)
+                           [rec["text"] for qrec in records for rec in qrec[:k]],
+                           titles=[rec["title"] for qrec in records for rec in qrec[:k]], device=self.device, dtype=self.dtype)
         log_pz = torch.log_softmax(torch.from_numpy(np.asarray(scores[:, :k], dtype=np.float32)), -1)  # [Q, k]
+        readings = [pick_answer(log_pz[qi], read[qi * k : qi * k + k]) for qi in range(len(questions))]
+        checks = check_answers(self.reader, questions, readings, [qrec[:k] for qrec in records], device=self.device,
+                               dtype=self.dtype)
         out = []
         for qi, question in enumerate(questions):
-            mine = read[qi * k : qi * k + k]  # this question's blocks, in retrieval order
-            reading = pick_answer(log_pz[qi], mine)
+            mine, reading = read[qi * k : qi * k + k], readings[qi]  # this question's blocks, in retrieval order
             evidence = []
             for j, (block, r) in enumerate(zip(mine, reading.shown)):
                 rec, span = records[qi][j], block.spans[r] if r is not None else None
@@ -175,10 +187,11 @@ class OpenQA:
                                          float(log_pz[qi, j].exp()), span.text if span else "",
                                          math.exp(span.score - block.log_norm) if span else 0.0,
                                          span.offsets if span else None, ranked.found_by[qi][j]))
-            signals = {**reading.signals, "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
+            signals = {**reading.signals, **checks[qi],
+                       "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
                        **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}, "log_blocks": log_blocks}
             confidence = None if self.calibration is None else float(self.calibration.of_signals([signals])[0])
-            withheld = reading.best is None or (confidence is not None and confidence < self.min_confidence)
+            withheld = reading.best is None or (confidence is not None and confidence < self.threshold)
             out.append(Answer(question, "" if withheld else reading.answer, reading.score, confidence, evidence, reading.best or 0,
                               [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], reading.answer, self.kind,
                               snap.name, signals))
@@ -209,14 +222,39 @@ class Reading:
     best: int | None  # the block adding most to p(answer|x) (None: no span at all)
     shown: list[int | None]  # the span each block shows: its best, except the answer's block, which shows the answer
     signals: dict  # p(answer|x), the log-partition of the shared softmax, the entropy of p(z|x)
+    span_offsets: tuple[int, int] | None = None  # the answer's character span in its best block's text
 
 
-def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], *, device: torch.device,
-                dtype: torch.dtype) -> list[ReadBlock]:
-    """Read block texts[n] for questions[n] (N pairs), each block whole (up to the encoder's
-    positions), not the training window, which would hide the tail of every long block."""
-    batch = reader.featurizer.featurize(questions, texts, max_len=reader.featurizer.max_read_len)
+def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], *, titles: Sequence[str] | None = None,
+                device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
+    """Read block texts[n] (titled titles[n]) for questions[n] (N pairs), each block whole (up
+    to the encoder's positions), not the training window, which would hide the tail of every
+    long block."""
+    batch = reader.featurizer.featurize(questions, texts, max_len=reader.featurizer.max_read_len, titles=titles)
     return read_batch(reader, batch, device=device, dtype=dtype)
+
+
+def check_answers(reader: Reader, questions: Sequence[str], readings: Sequence["Reading"], records: Sequence[Sequence[dict]],
+                  *, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """What each question's answer is checked by, on the answer's context (its sentence, the one
+    before it and its block's title): `coverage`, the share of the question's content words found
+    there, and `p_verify`, the reader's verifier's P(the context states the answer for the thing
+    and the relation asked; Read + Verify, Hu et al. 2019) where it has one. {} for a question
+    without an answer. records[q]: the blocks read for question q, in reading order."""
+    out: list[dict] = [{} for _ in questions]
+    todo = [(q, records[q][r.best], answer_context(records[q][r.best]["text"], r.span_offsets))
+            for q, r in enumerate(readings) if r.best is not None and r.span_offsets is not None]
+    for q, rec, context in todo:
+        out[q]["coverage"] = question_coverage(questions[q], f"{rec['title']} {context}")
+    if reader.verify_head is None or not todo:
+        return out
+    batch = reader.featurizer.featurize_verify([questions[q] for q, _, _ in todo], [readings[q].answer for q, _, _ in todo],
+                                               [context for _, _, context in todo], titles=[rec["title"] for _, rec, _ in todo])
+    with autocast(device, dtype):
+        logits = reader.verify(batch.to(device))  # [T]
+    for (q, _, _), p in zip(todo, torch.sigmoid(logits.float()).cpu().tolist()):
+        out[q]["p_verify"] = p
+    return out
 
 
 def read_batch(reader: Reader, batch: ReaderBatch, *, device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
@@ -264,7 +302,8 @@ def pick_answer(log_pz: torch.Tensor, blocks: Sequence[ReadBlock]) -> Reading:
     answer = max(mass, key=mass.get)
     best_j, best_r = max((jr for jr in joint if keys[jr] == answer), key=joint.get)
     shown[best_j] = best_r
-    return Reading(blocks[best_j].spans[best_r].text, mass[answer], best_j, shown, {"score": mass[answer], **signals})
+    span = blocks[best_j].spans[best_r]
+    return Reading(span.text, mass[answer], best_j, shown, {"score": mass[answer], **signals}, span.offsets)
 
 
 # -- loading a fine-tuned run against an index ------------------------------------------------

@@ -6,9 +6,11 @@ that read one (`--init RUN`, `--encoder RUN`, `--model RUN`).
   RUN/checkpoints/step-000100/    model.safetensors + optimizer.safetensors + trainer.json
   RUN/checkpoints/LATEST          name of the newest complete checkpoint
   RUN/metrics.jsonl               one JSON object per logged step
+  RUN/legs.jsonl                  each start of the run (a leg): its command, recipe, first step
   RUN/<metric>.png                its curve, drawn at the end
   RUN/final/<part>/               the exported models (retriever, encoder, reader, model), each
                                   a directory its class's `from_pretrained` (or `load_lm`) reads
+  RUN/final/<part>/made_by.json   what made the part: trainer, step, config, input fingerprints, legs
   RUN/final/trainer.json          the export's manifest (`RunExport`): trainer kind, step, parts
 Language-model runs from before RUN/final kept their model in RUN/model; `find_model` still
 finds it there.
@@ -16,12 +18,14 @@ finds it there.
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ralm.atomic import read_json, write_json
+from ralm.atomic import read_json, write_json, write_text
 from ralm.errors import RalmError
 
 
@@ -39,6 +43,29 @@ def checkpoints_dir(run: str | os.PathLike) -> Path:
 
 def metrics_file(run: str | os.PathLike) -> Path:
     return Path(run) / "metrics.jsonl"
+
+
+def legs_file(run: str | os.PathLike) -> Path:
+    return Path(run) / "legs.jsonl"
+
+
+def record_leg(run: str | os.PathLike, made_by: dict, step: int) -> None:
+    """Add this start of the run to RUN/legs.jsonl: `made_by` (the command line, the recipe's
+    path and sha256) and the step it starts from (0, or the checkpoint resumed)."""
+    path = legs_file(run)
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    leg = {**made_by, "from_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_text(path, old + json.dumps(leg, ensure_ascii=False) + "\n")
+
+
+def made_by(run: str | os.PathLike, kind: str, step: int) -> dict:
+    """What made RUN's exports: trainer, step, config, input fingerprints and the legs run."""
+    run = Path(run)
+    legs = legs_file(run)
+    return {"trainer": kind, "step": step,
+            "config": read_json(config_file(run)) if config_file(run).is_file() else None,
+            "inputs": read_json(inputs_file(run)) if inputs_file(run).is_file() else None,
+            "legs": [json.loads(line) for line in legs.read_text(encoding="utf-8").splitlines()] if legs.is_file() else []}
 
 
 def final_dir(run: str | os.PathLike, part: str = "") -> Path:
@@ -84,9 +111,12 @@ class RunExport:
 
 
 def export_final(run: str | os.PathLike, step: int, kind: str, parts: Mapping[str, object]) -> None:
-    """Save each model (anything with `save_pretrained`) as RUN/final/<name>, then the manifest."""
+    """Save each model (anything with `save_pretrained`) as RUN/final/<name>, with what made it
+    (`made_by`: <name>/made_by.json), then the manifest."""
+    record = made_by(run, kind, step)
     for name, model in parts.items():
         model.save_pretrained(final_dir(run, name))
+        write_json(final_dir(run, name) / "made_by.json", record)
     RunExport(kind, step, tuple(parts)).write(run)
 
 

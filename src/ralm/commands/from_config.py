@@ -30,10 +30,12 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime
-from ralm.configs import ConfigError, preset_values
+from ralm.configs import ConfigError, Recipe, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
 
+RECIPE_HELP = ("a recipe file (JSON: the config's fields, e.g. recipes/reader.json): the run it describes; options given "
+               "here override it")
 PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an hour on a few cores); gpu: the config's "
                "defaults. Options given here override the preset")
 
@@ -140,7 +142,11 @@ def flag_of(options: list[ConfigOption], field: str) -> str:
     return next((o.flag for o in options if o.name == field), "--" + field.replace("_", "-"))
 
 
-def _typer_option(o: ConfigOption):
+def _typer_option(o: ConfigOption, *, recipe: bool = False):
+    """The typer option of a config field; with `recipe`, a required one may come from the recipe
+    file instead, so the command checks it (`_check_required`), not click."""
+    if o.required and recipe:
+        return typer.Option(None, *o.decls, help=o.help + " [required, unless the recipe sets it]", show_default=False)
     if o.required:
         return typer.Option(..., *o.decls, help=o.help)
     shown = o.shown if o.shown is not None else o.default not in (None, "")
@@ -208,11 +214,13 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     config_cls, train = trainer.load()
     options = config_options(config_cls)
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
-    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o), annotation=o.annotation)
-              for o in options]
+    params += [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=_typer_option(o, recipe=True),
+                                 annotation=Optional[o.annotation] if o.required else o.annotation) for o in options]
     params += [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=OutOpt, annotation=Path),
                inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                  default=typer.Option(None, "--preset", help=PRESET_HELP, metavar="cpu|gpu")),
+               inspect.Parameter("recipe", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                                 default=typer.Option(None, "--recipe", help=RECIPE_HELP, metavar="FILE")),
                inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=DeviceOpt, annotation=str),
                inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=JsonOpt, annotation=bool)]
 
@@ -220,15 +228,25 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
         quiet_libraries()
         # typer bundles its own click: its ParameterSource is compared by name
         given = {o.name for o in options if ctx.get_parameter_source(o.name).name not in ("DEFAULT", "DEFAULT_MAP")}
-        run, preset, device, as_json = (values.pop(k) for k in ("out", "preset", "device", "as_json"))
+        run, preset, recipe, device, as_json = (values.pop(k) for k in ("out", "preset", "recipe", "device", "as_json"))
         values.update({o.name: str(values[o.name]) if o.name in given else o.default for o in options if o.path})
+        made_by = {"command": shlex.join(["ralm", *sys.argv[1:]])}
         try:
+            if recipe is not None:
+                book = Recipe.read(recipe, command=name, config_cls=config_cls)
+                values.update({k: v for k, v in book.config.items() if k not in given})
+                given = given | set(book.config)
+                made_by["recipe"] = {"path": book.path, "sha256": book.sha256}
+            missing = [o.flag for o in options if o.required and values[o.name] in (None, ...)]
+            if missing:
+                raise RalmError(f"missing option {missing[0]}: give it, or a --recipe that sets it")
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
             rt = runtime(device, cfg.dtype)
             notes = ["note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU (the "
                      "options given still win)"] if rt.device.type == "cpu" and preset is None and preset_values(config_cls, "cpu") else []
-            result = train(cfg, run, runtime=rt, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics))
+            result = train(cfg, run, runtime=rt, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics),
+                           made_by=made_by)
         except ConfigError as e:
             raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
         except TrainingInterrupted as e:

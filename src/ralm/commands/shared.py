@@ -34,9 +34,10 @@ OldSideOpt = typer.Option(None, "--retriever", hidden=True)  # --side's name bef
 IncludeOpt = typer.Option([], "--include", metavar="GLOB", help="of a folder: read only the files matching (repeatable; "
                           "a pattern with '/' matches the path in the folder, one without the file name)")
 ExcludeOpt = typer.Option([], "--exclude", metavar="GLOB", help="of a folder: leave out the files matching (repeatable)")
-MinConfidenceOpt = typer.Option(MIN_CONFIDENCE, "--min-confidence", min=0.0, max=1.0,
+MinConfidenceOpt = typer.Option(None, "--min-confidence", min=0.0, max=1.0, show_default=False,
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
-                                     "(0 always answers; an uncalibrated reader always answers)")
+                                     f"(default: the threshold the side's confidence map was fitted with, else {MIN_CONFIDENCE}; "
+                                     "0 always answers; an uncalibrated reader always answers)")
 
 
 def renamed_option(flag: str, value, old_flag: str, old_value, *, new_given: bool):

@@ -395,15 +395,20 @@ class DocumentRows:
 
 
 def join_query_evidence(query_ids: list[int], body_ids, *, cls_id: int, sep_id: int,
-                        max_len: int = GEOMETRY.block_len, max_query_len: int = GEOMETRY.query_len) -> tuple[list[int], list[int], int]:
-    """`[CLS] x [SEP] z_body [SEP]`, the knowledge-augmented encoder's and reader's input.
+                        max_len: int = GEOMETRY.block_len, max_query_len: int = GEOMETRY.query_len,
+                        title_ids: list[int] | None = None) -> tuple[list[int], list[int], int]:
+    """`[CLS] x [SEP] z_body [SEP]`, the knowledge-augmented encoder's and reader's input, or with
+    `title_ids` `[CLS] x [SEP] z_title [SEP] z_body [SEP]` (REALM's join(x, z) with z = title +
+    body, as a retrieval block is): the title says what the body is about ("he", "the office").
 
-    Returns (input_ids, token_type_ids, evidence_start). The query is cut to `max_query_len`
-    wordpieces and the evidence to what is left of `max_len`.
+    Returns (input_ids, token_type_ids, evidence_start): evidence_start is the body's first
+    wordpiece. The query is cut to `max_query_len` wordpieces and the evidence to what is left of
+    `max_len`; the title counts as evidence (token type 1).
     """
     q = list(query_ids)[:max_query_len]
-    room = max(max_len - len(q) - 3, 0)
+    title = [] if title_ids is None else [*title_ids, sep_id]
+    room = max(max_len - len(q) - 3 - len(title), 0)
     z = [int(t) for t in body_ids[:room]]
-    ids = [cls_id, *q, sep_id, *z, sep_id]
-    types = [0] * (len(q) + 2) + [1] * (len(z) + 1)
-    return ids, types, len(q) + 2
+    ids = [cls_id, *q, sep_id, *title, *z, sep_id]
+    types = [0] * (len(q) + 2) + [1] * (len(title) + len(z) + 1)
+    return ids, types, len(q) + 2 + len(title)

@@ -72,3 +72,23 @@ def has_answer(text: str, answers: tuple[str, ...] | list[str]) -> bool:
     """True when a normalised answer occurs in the normalised text on word boundaries."""
     norm = f" {normalize_answer(text)} "
     return any(a for a in (normalize_answer(x) for x in answers) if a and f" {a} " in norm)
+
+
+# Words a question is made of that no passage need repeat for it to answer: question words,
+# auxiliaries, pronouns, prepositions, articles.
+_FUNCTION_WORDS = frozenset("""a an the of in on at to for from by with about into as and or is are was were be been being
+do does did has have had what which who whom whose when where why how many much is it its this that these those there
+their they he she his her him them we you your our i my me can could will would should may might shall than then
+not no if so one ones""".split())
+_WORD = re.compile(r"\w+")
+
+
+def question_coverage(question: str, text: str) -> float:
+    """The share of the question's content words (not `_FUNCTION_WORDS`) that occur in `text`,
+    compared lower-cased; 1.0 for a question without any. A measure that means the same on any
+    corpus: "How many desks does the Lisbon office have?" read in Bergen's section covers less."""
+    words = {w for w in _WORD.findall(question.lower()) if w not in _FUNCTION_WORDS}
+    if not words:
+        return 1.0
+    seen = set(_WORD.findall(text.lower()))
+    return sum(w in seen for w in words) / len(words)

@@ -1,7 +1,15 @@
-"""The reader's inputs, made from text: `[CLS] question [SEP] evidence [SEP]` for each (question,
-evidence text) pair, or for overlapping windows of a long passage (BERT's doc stride), the spans
-the reader may answer with, and the spans whose text is a gold answer. Tokenising lives here, the
-span scorer and its objective in models/reader.py, as Hugging Face keeps tokenisation in processors.
+"""The reader's inputs, made from text: `[CLS] question [SEP] title [SEP] evidence [SEP]` for each
+(question, block title, evidence text) — `[CLS] question [SEP] evidence [SEP]` for a reader that
+does not read titles (readers of ralm <= 0.4, `read_title=False`) — or for overlapping windows of
+a long passage (BERT's doc stride), the spans the reader may answer with, the spans whose text is
+a gold answer, and the verifier's inputs (`featurize_verify`). Tokenising lives here, the span
+scorer and its objective in models/reader.py, as Hugging Face keeps tokenisation in processors.
+
+Answer spans lie in the body only, never in the title: the title names what the block is about
+(the entity a question asks after, "Handbook › Offices › Lisbon"), the answer is what the body
+states about it, and the evidence shown to a user points at a place in the body. A span never
+crosses a line break or a "; ": data/formats.py writes a table row's cells, a list item and a
+`key: value` line so, and a value must not run into the next cell or line ("ms 1500", "7431 TCP").
 
 Shapes: N reader inputs, L input length, W maximum span width. A span is (start i, width w):
 wordpieces i .. i+w of the input.
@@ -9,6 +17,7 @@ wordpieces i .. i+w of the input.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ralm.data.blocks import join_query_evidence, wordpiece_tokenizer
+from ralm.data.blocks import BlockConfig, join_query_evidence, sentence_ends, wordpiece_tokenizer
 from ralm.data.padding import pad_rows
 from ralm.data.qa import normalize_answer
 from ralm.errors import RalmError
@@ -38,12 +47,16 @@ class ReaderBatch:
     # the text after the window does not continue the window's last word. None (inputs built
     # without a tokenizer, e.g. HF-REALM parity): every wordpiece is a word boundary.
     word_start: torch.Tensor | None = None
+    # [N, L] int: which stretch of the text between span boundaries (`SPAN_BOUNDARY`) each
+    # wordpiece lies in; a span starts and ends in one. None: no boundaries (one stretch).
+    segment: torch.Tensor | None = None
 
     TENSORS = ("input_ids", "attention_mask", "token_type_ids", "evidence_start", "evidence_end")
+    OPTIONAL = ("word_start", "segment")
 
     def _tensors(self, pick) -> dict:
         out = {k: pick(getattr(self, k)) for k in self.TENSORS}
-        return {**out, "word_start": None if self.word_start is None else pick(self.word_start)}
+        return {**out, **{k: None if getattr(self, k) is None else pick(getattr(self, k)) for k in self.OPTIONAL}}
 
     def to(self, device: torch.device) -> "ReaderBatch":
         return ReaderBatch(**self._tensors(lambda t: t.to(device)), offsets=self.offsets, texts=self.texts)
@@ -70,11 +83,38 @@ def valid_spans(batch: ReaderBatch, width: int) -> torch.Tensor:
     start = torch.arange(length, device=batch.input_ids.device).view(1, length, 1)  # [1, L, 1]
     end = start + torch.arange(width, device=start.device).view(1, 1, width)  # [1, L, W] last wordpiece
     valid = (start >= batch.evidence_start.view(n, 1, 1)) & (end < batch.evidence_end.view(n, 1, 1))  # [N, L, W]
+    if batch.segment is not None:
+        seg = batch.segment.to(valid.device)  # [N, L]
+        seg_end = F.pad(seg, (0, width - 1), value=-1).unfold(1, width, 1)  # [N, L, W]: seg[i+w]
+        valid = valid & (seg[:, :, None] == seg_end)
     if batch.word_start is None:
         return valid
     begins = batch.word_start.to(valid.device)  # [N, L]
     after = F.pad(begins, (0, width), value=True).unfold(1, width, 1)[:, 1 : length + 1]  # [N, L, W]: begins[i+w+1]
     return valid & begins[:, :, None] & after
+
+
+# Where a span may not run on: a line break, or a "; " (the space after it), which data/formats.py
+# puts between a table row's cells. Prose rarely has either inside an answer (48 and 0 of SQuAD
+# train's 78,449 first answers).
+SPAN_BOUNDARY = re.compile(r"\n|(?<=;) ")
+
+
+def text_segments(text: str, starts: Sequence[int]) -> np.ndarray:
+    """[len(starts)] the stretch between span boundaries of `text` that each character offset in
+    `starts` lies in (0 before the first boundary)."""
+    cuts = np.fromiter((m.start() for m in SPAN_BOUNDARY.finditer(text)), dtype=np.int64)
+    return np.searchsorted(cuts, np.asarray(starts, dtype=np.int64), side="right")
+
+
+def answer_context(text: str, span: tuple[int, int], *, before: int = 1) -> str:
+    """The sentence (or line) of `text` holding the character span `span` and the `before`
+    sentences ahead of it, where the subject is often named ("Van Gogh ... He painted"): what the
+    verifier reads beside the question and the block's title."""
+    cuts = sorted({0, *sentence_ends(text), *(m.end() for m in re.finditer(r"\n", text)), len(text)})
+    at = int(np.searchsorted(cuts, span[0], side="right")) - 1  # the sentence starting at cuts[at]
+    end = cuts[min(int(np.searchsorted(cuts, max(span[1] - 1, span[0]), side="right")), len(cuts) - 1)]
+    return " ".join(text[cuts[max(at - before, 0)] : end].split())
 
 
 class ReaderFeaturizer:
@@ -83,12 +123,15 @@ class ReaderFeaturizer:
     of at most `max_span_width` wordpieces; `max_positions` is the encoder's position limit (None:
     it has none), which bounds the longest input it can read."""
 
-    def __init__(self, tokenizer, *, max_len: int, max_query_len: int, max_span_width: int, max_positions: int | None):
+    def __init__(self, tokenizer, *, max_len: int, max_query_len: int, max_span_width: int, max_positions: int | None,
+                 read_title: bool = False, max_title_len: int = BlockConfig.max_title_len):
         self.tokenizer = tokenizer
         self.max_len = max_len
         self.max_query_len = max_query_len
         self.max_span_width = max_span_width
         self.max_positions = max_positions
+        self.read_title = read_title
+        self.max_title_len = max_title_len
         self._wordpieces = wordpiece_tokenizer(tokenizer)  # no truncation: evidence is cut by join_query_evidence
         vocab = tokenizer.get_vocab()
         self._continuation = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
@@ -101,43 +144,52 @@ class ReaderFeaturizer:
         limits = [self.max_positions, getattr(self.tokenizer, "model_max_length", None)]
         return max(self.max_len, min([int(x) for x in limits if x] or [self.max_len]))
 
-    def featurize(self, questions: Sequence[str], texts: Sequence[str], max_len: int | None = None) -> ReaderBatch:
-        """One reader input per (question, evidence text) pair (both lists of length N); the
-        evidence is cut to what fits in `max_len` wordpieces (default: the training window)."""
-        return self.featurize_windows(questions, texts, stride=None, max_len=max_len)[0]
+    def featurize(self, questions: Sequence[str], texts: Sequence[str], max_len: int | None = None, *,
+                  titles: Sequence[str] | None = None) -> ReaderBatch:
+        """One reader input per (question, evidence text) pair (both lists of length N), with
+        each text's block title where the reader reads titles; the evidence is cut to what fits
+        in `max_len` wordpieces (default: the training window)."""
+        return self.featurize_windows(questions, texts, stride=None, max_len=max_len, titles=titles)[0]
 
-    def featurize_windows(self, questions: Sequence[str], texts: Sequence[str],
-                          stride: int | None, max_len: int | None = None) -> tuple[ReaderBatch, list[int]]:
-        """`[CLS] question [SEP] window [SEP]` for windows of each text that start `stride`
-        wordpieces apart (BERT's doc stride) until the text is covered; `stride=None` reads the
-        first window only. Inputs are at most `max_len` wordpieces (default: the training window).
+    def featurize_windows(self, questions: Sequence[str], texts: Sequence[str], stride: int | None,
+                          max_len: int | None = None, *, titles: Sequence[str] | None = None) -> tuple[ReaderBatch, list[int]]:
+        """`[CLS] question [SEP] title [SEP] window [SEP]` (without the title for a reader that
+        reads none) for windows of each text that start `stride` wordpieces apart (BERT's doc
+        stride) until the text is covered; `stride=None` reads the first window only. `titles`
+        (N, or None: none known, read as empty) are cut to `max_title_len` wordpieces. Inputs are
+        at most `max_len` wordpieces (default: the training window).
         Returns (batch of every window, the pair index of each window)."""
-        if len(questions) != len(texts):
-            raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts")
+        if len(questions) != len(texts) or (titles is not None and len(titles) != len(texts)):
+            raise RalmError(f"featurize: {len(questions)} questions but {len(texts)} evidence texts"
+                            + ("" if titles is None else f" and {len(titles)} titles"))
         max_len = max_len or self.max_len
         if max_len > self.max_read_len:
             raise RalmError(f"reader input length {max_len} exceeds the {self.max_read_len} wordpieces the encoder reads")
         q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
         z_enc = self._wordpieces.encode_batch(list(texts), add_special_tokens=False)
-        rows, types, starts, ends, offsets, window_texts, owner, begins = [], [], [], [], [], [], [], []
+        title_ids = self._title_ids(titles, len(texts))
+        rows, types, starts, ends, offsets, window_texts, owner, begins, segments = [], [], [], [], [], [], [], [], []
         cls_id, sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         for pair, (q, z) in enumerate(zip(q_enc, z_enc)):
-            room = max_len - min(len(q.ids), self.max_query_len) - 3
+            title = title_ids[pair]
+            room = max_len - min(len(q.ids), self.max_query_len) - 3 - (0 if title is None else len(title) + 1)
             if stride is not None and not 0 < stride <= room:
                 raise RalmError(f"stride {stride} must be in 1..{room} (the evidence room of a {max_len}-wordpiece input)")
+            seg = text_segments(texts[pair], [o[0] for o in z.offsets])  # [len(z)]
             first = 0
             while True:
                 ids, tt, ev_start = join_query_evidence(q.ids, z.ids[first:], cls_id=cls_id, sep_id=sep_id, max_len=max_len,
-                                                        max_query_len=self.max_query_len)
+                                                        max_query_len=self.max_query_len, title_ids=title)
                 after = first + len(ids) - 1 - ev_start  # the text's first wordpiece past this window
                 begin = [not c for c in self._is_continuation(ids).tolist()]
                 begin[-1] = after >= len(z.ids) or not self._is_continuation(z.ids[after : after + 1]).item()
                 rows.append(ids)
                 types.append(tt)
                 begins.append(begin)
+                segments.append([0] * ev_start + seg[first:after].tolist() + [0])  # the final [SEP] too
                 starts.append(ev_start)
                 ends.append(len(ids) - 1)
-                offsets.append(list(z.offsets[first : first + len(ids) - 1 - ev_start]))
+                offsets.append(list(z.offsets[first:after]))
                 window_texts.append(texts[pair])  # the whole text: offsets index into it
                 owner.append(pair)
                 if stride is None or first + room >= len(z.ids):
@@ -145,11 +197,49 @@ class ReaderFeaturizer:
                 first += stride
         input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
         token_types, _ = pad_rows(types)
+        segment, _ = pad_rows(segments)
         word_start = torch.ones_like(input_ids, dtype=torch.bool)
         for n, begin in enumerate(begins):
             word_start[n, : len(begin)] = torch.tensor(begin)
         return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), offsets, window_texts,
-                           word_start), owner
+                           word_start, segment.long()), owner
+
+    def _title_ids(self, titles: Sequence[str] | None, n: int) -> list[list[int] | None]:
+        """Each input's title wordpieces (None: the reader reads no title)."""
+        if not self.read_title:
+            return [None] * n
+        if titles is None:
+            return [[] for _ in range(n)]
+        return [e.ids[: self.max_title_len] for e in self._wordpieces.encode_batch(list(titles), add_special_tokens=False)]
+
+    def featurize_verify(self, questions: Sequence[str], answers: Sequence[str], contexts: Sequence[str], *,
+                         titles: Sequence[str] | None = None, max_len: int = 192) -> ReaderBatch:
+        """The verifier's inputs: `[CLS] question [SEP] answer [SEP] title [SEP] context [SEP]`,
+        one per (question, candidate answer, the answer's context: `answer_context`, block
+        title); the question and answer are segment A, the rest B. The verifier judges whether
+        the context states the answer for the thing and the relation the question asks about."""
+        n = len(questions)
+        if not len(answers) == len(contexts) == n or (titles is not None and len(titles) != n):
+            raise RalmError(f"featurize_verify: {n} questions, {len(answers)} answers, {len(contexts)} contexts"
+                            + ("" if titles is None else f", {len(titles)} titles"))
+        sep_id = self.tokenizer.sep_token_id
+        q_enc = self._wordpieces.encode_batch(list(questions), add_special_tokens=False)
+        a_enc = self._wordpieces.encode_batch(list(answers), add_special_tokens=False)
+        c_enc = self._wordpieces.encode_batch(list(contexts), add_special_tokens=False)
+        title_ids = self._title_ids(titles, n)
+        rows, types, starts, ends = [], [], [], []
+        for q, a, c, title in zip(q_enc, a_enc, c_enc, title_ids):
+            first = [*q.ids[: self.max_query_len], sep_id, *a.ids[: self.max_span_width]]
+            ids, tt, ev_start = join_query_evidence(first, c.ids, cls_id=self.tokenizer.cls_token_id, sep_id=sep_id,
+                                                    max_len=max_len, max_query_len=len(first), title_ids=title)
+            rows.append(ids)
+            types.append(tt)
+            starts.append(ev_start)
+            ends.append(len(ids) - 1)
+        input_ids, mask = pad_rows(rows, self.tokenizer.pad_token_id or 0)
+        token_types, _ = pad_rows(types)
+        return ReaderBatch(input_ids, mask, token_types, torch.tensor(starts), torch.tensor(ends), [[] for _ in rows],
+                           list(contexts))
 
     def _is_continuation(self, ids) -> torch.Tensor:
         """Whether each wordpiece id continues the previous word (`##...`)."""

@@ -6,7 +6,8 @@ correctness; `fit_isotonic`: isotonic regression (pool adjacent violators) on th
 alone. `cross_fitted` predicts each question with a map fitted without it (without its article,
 where questions name one), so the error reported is on questions the map did not see.
 `reliability` compares confidence with correctness in bins; `risk_coverage` gives selective
-answering's curve; `auroc` is None where one class is missing.
+answering's curve; `auroc` is None where one class is missing; `choose_threshold` picks the
+threshold a map is served with, on its cross-fitted confidences.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ralm.defaults import MAX_UNANSWERABLE
 from ralm.errors import RalmError
 from ralm.models.confidence import FITTED, FOUND, RIGHT, Calibration, SelectiveCalibration, TwoStageCalibration, feature_vector
 
@@ -167,3 +169,30 @@ def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     values, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
     ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, ties at their mean rank
     return float((ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum()))
+
+
+def choose_threshold(confidence: Sequence[float], unanswerable: Sequence[bool], sets: Sequence[str], *,
+                     max_unanswerable: float = MAX_UNANSWERABLE) -> float | None:
+    """The lowest threshold (on a 0.01 grid: the most answers) at which at most
+    `max_unanswerable` of the unanswerable questions of every set (`sets[i]`: the set question i
+    belongs to, e.g. SQuAD with deleted articles, or a generated corpus) would be answered: a
+    confidence that holds on each corpus, not on their average. None without unanswerable
+    questions (nothing to choose it on); 0.99 when no lower one holds."""
+    c, un, sets = np.asarray(confidence, dtype=np.float64), np.asarray(unanswerable, dtype=bool), np.asarray(sets)
+    if not un.any():
+        return None
+    groups = [(sets == name) & un for name in np.unique(sets[un])]
+    for t in np.round(np.arange(0.01, 1.0, 0.01), 2):
+        if all((c[g] >= t).mean() <= max_unanswerable for g in groups):
+            return float(t)
+    return 0.99
+
+
+def selective_at(confidence: Sequence[float], correct: Sequence[float], unanswerable: Sequence[bool], t: float) -> dict:
+    """At threshold t: the shares of answerable and of unanswerable questions answered, and the
+    accuracy of the answers given."""
+    c, y, un = np.asarray(confidence, dtype=np.float64), np.asarray(correct, dtype=np.float64), np.asarray(unanswerable, dtype=bool)
+    ans = c >= t
+    share = lambda m: round(float(ans[m].mean()), 4) if m.any() else None  # noqa: E731
+    return {"threshold": t, "answerable_answered": share(~un), "unanswerable_answered": share(un),
+            "answered_em": round(float(y[ans].mean()), 4) if ans.any() else None}

@@ -38,19 +38,29 @@ MIN_CONFIDENCE = 0.41
 
 # Each signal as a map reads it (`feature_vector`): the named signals of `Answer.signals`, with
 # probabilities as log-odds, and each side's best retrieval score as `top_<side>`.
-FEATURES = ("logit_score", "logit_null", "log_partition", "retrieval_entropy", "agreement", "log_blocks")
+FEATURES = ("logit_score", "logit_null", "logit_verify", "coverage", "log_partition", "retrieval_entropy", "agreement",
+            "log_blocks")
 _SIDE_FEATURE = re.compile(r"top_[a-z][a-z0-9_]*")
 # The stage-one ("found") features of new maps, the sides' top scores added per kind. A raw BM25
 # score's scale is the corpus's own (its IDFs grow with the number of documents), so a map fitted
 # on one corpus misreads it on another: on the 282-document demo corpus the top BM25 score sat at
 # the 5th percentile of SQuAD's and pulled right answers under the threshold; sides whose scores
 # are scale-free (`Side.calibrated_scores`) give theirs.
-FOUND = ("log_partition", "logit_null", "retrieval_entropy", "agreement")
-RIGHT = ("logit_score", "logit_null")  # stage two ("right | found"): the reader's own probabilities
+# The verifier's P(supported) and the question's coverage by the answer's title and context mean
+# the same on any corpus (a reader without a verifier gives neither: constant, left out of a fit).
+FOUND = ("log_partition", "logit_null", "retrieval_entropy", "agreement", "logit_verify", "coverage")
+RIGHT = ("logit_score", "logit_null", "logit_verify", "coverage")  # stage two ("right | found"): the reader's own
 # The fallback map's: what every kind of index gives, the reader's signals only.
-ANY_KIND = ("log_partition", "logit_null", "retrieval_entropy")
+ANY_KIND = ("log_partition", "logit_null", "retrieval_entropy", "logit_verify", "coverage")
 # Older maps (ralm 0.4's selective ones) named these.
 FITTED = ("logit_score", "log_partition", "retrieval_entropy", "top_dense", "agreement")
+
+
+def map_threshold(cal) -> float:
+    """The threshold a map was fitted with (its `fitted_with["threshold"]`, chosen on the
+    questions it was fitted on), else MIN_CONFIDENCE (older maps, uncalibrated readers)."""
+    t = (getattr(cal, "fitted_with", None) or {}).get("threshold")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 else MIN_CONFIDENCE
 
 
 def is_feature(name: str) -> bool:
@@ -69,8 +79,9 @@ def feature_vector(signals: dict, features: Sequence[str]) -> np.ndarray:
     for name in features:
         if name == "logit_score":
             out.append(_logit(signals.get("score", 0.0)))
-        elif name == "logit_null":
-            out.append(_logit(signals["p_null"]) if signals.get("p_null") is not None else 0.0)
+        elif name in ("logit_null", "logit_verify"):
+            p = signals.get("p_" + name.removeprefix("logit_"))
+            out.append(_logit(p) if p is not None else 0.0)
         else:
             value = signals.get(name)
             out.append(0.0 if value is None or not np.isfinite(value) else float(value))

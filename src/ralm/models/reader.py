@@ -60,6 +60,14 @@ class ReaderConfig:
     # joins the shared softmax beside the spans, weighted by p(z|x) (`shared_nll`). False: a
     # reader trained without one (its [CLS] score is untrained and never read).
     null_span: bool = False
+    # Reads `[CLS] question [SEP] title [SEP] body [SEP]` (REALM's join(x, z), z = title + body):
+    # the block title names what the body is about. False: readers of ralm <= 0.4, which read
+    # `[CLS] question [SEP] body [SEP]` and keep doing so.
+    read_title: bool = False
+    # An answer verifier on the same encoder (`Reader.verify`): P(the answer's context states it
+    # for the thing and relation asked) from `[CLS] question [SEP] answer [SEP] title [SEP]
+    # context [SEP]`, a signal of the confidence maps. False: none.
+    verifier: bool = False
 
     def __post_init__(self):
         if self.max_span_width <= 0 or self.span_hidden <= 0:
@@ -200,7 +208,8 @@ class Reader(nn.Module):
         if positions is not None and cfg.max_len > positions:
             raise RalmError(f"reader max_len {cfg.max_len} exceeds the encoder's {positions} positions")
         self.featurizer = ReaderFeaturizer(tokenizer, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
-                                           max_span_width=cfg.max_span_width, max_positions=positions)
+                                           max_span_width=cfg.max_span_width, max_positions=positions, read_title=cfg.read_title)
+        self.verify_head = nn.Linear(bert.config.hidden_size, 1) if cfg.verifier else None
         if cfg.trainable_layers is not None:
             layers = bert.config.num_hidden_layers
             if cfg.trainable_layers > layers:
@@ -210,7 +219,7 @@ class Reader(nn.Module):
 
     def _is_trained(self, key: str) -> bool:
         """Whether a state-dict key belongs to the trained (and saved) part of the model."""
-        if self.cfg.trainable_layers is None or key.startswith("spans."):
+        if self.cfg.trainable_layers is None or key.startswith(("spans.", "verify_head.")):
             return True
         first = self.bert.config.num_hidden_layers - self.cfg.trainable_layers
         parts = key.split(".")
@@ -226,7 +235,7 @@ class Reader(nn.Module):
         top = f"bert.encoder.layer.{self.bert.config.num_hidden_layers - 1}."
         digest = hashlib.sha256()
         for key, value in sorted(self.state_dict().items()):
-            if key.startswith(("spans.", top)):
+            if key.startswith(("spans.", "verify_head.", top)):
                 digest.update(key.encode())
                 digest.update(value.detach().float().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()[:16]
@@ -235,15 +244,40 @@ class Reader(nn.Module):
         """One line (nn.Module's tree view: `print(nn.Module.__repr__(reader))`)."""
         c, enc = self.cfg, self.bert.config
         return (f"Reader(encoder={getattr(enc, 'model_type', 'bert')} {enc.num_hidden_layers}x{enc.hidden_size}, max_len={c.max_len}, "
-                f"max_span_width={c.max_span_width}, calibrated={c.calibration is not None}, base_model={c.base_model!r})")
+                f"max_span_width={c.max_span_width}, read_title={c.read_title}, verifier={c.verifier}, "
+                f"calibrated={c.calibration is not None}, base_model={c.base_model!r})")
+
+    def reading_titles(self) -> "Reader":
+        """This reader, reading block titles from now on (a reader of ralm <= 0.4 being
+        fine-tuned into the new input: `ralm train-reader` does it)."""
+        self.cfg.read_title = True
+        self.featurizer.read_title = True
+        return self
+
+    def with_verifier(self) -> "Reader":
+        """This reader with an answer verifier head (fresh, on the device of its weights) if it
+        has none yet."""
+        if self.verify_head is None:
+            self.cfg.verifier = True
+            self.verify_head = nn.Linear(self.bert.config.hidden_size, 1).to(self.device)
+        return self
 
     def forward(self, batch: ReaderBatch) -> torch.Tensor:
-        """Span scores [N, L, W] (mask them with `valid_spans`). The inputs are read in groups of
-        similar length, each cut to its longest, so no attention or FFN work goes to padding
-        (blocks vary from a few dozen wordpieces to max_len)."""
+        """Span scores [N, L, W] (mask them with `valid_spans`)."""
         length = batch.input_ids.shape[1]
-        lengths = batch.attention_mask.sum(1).tolist()
+        return self._encoded(batch, lambda h: F.pad(self.spans(h), (0, 0, 0, length - h.shape[1])))  # padding: never valid
 
+    def verify(self, batch: ReaderBatch) -> torch.Tensor:
+        """[N] the verifier's logits of P(supported) for `featurize_verify` inputs."""
+        if self.verify_head is None:
+            raise RalmError("this reader has no verifier (config verifier: false); train one with `ralm train-reader --verify`")
+        return self._encoded(batch, lambda h: self.verify_head(h[:, 0]).squeeze(-1))  # [G] from [CLS]
+
+    def _encoded(self, batch: ReaderBatch, head) -> torch.Tensor:
+        """`head(h)` of the encoder's states h [G, m, H] for the inputs, read in groups of similar
+        length, each cut to its longest, so no attention or FFN work goes to padding (blocks vary
+        from a few dozen wordpieces to max_len); the groups' outputs back in input order."""
+        lengths = batch.attention_mask.sum(1).tolist()
         segments = getattr(self.bert.config, "type_vocab_size", 0) > 1  # encoders without segments (MPNet) take none
 
         def run(rows: list[int]) -> torch.Tensor:
@@ -252,7 +286,7 @@ class Reader(nn.Module):
             extra = {"token_type_ids": batch.token_type_ids[pick, :m]} if segments else {}
             h = self.bert(input_ids=batch.input_ids[pick, :m], attention_mask=batch.attention_mask[pick, :m],
                           **extra).last_hidden_state  # [G, m, H]
-            return F.pad(self.spans(h), (0, 0, 0, length - m))  # [G, L, W]; the padding is never a valid span
+            return head(h)
 
         return by_length(lengths, run, length_group(batch.input_ids.device))
 

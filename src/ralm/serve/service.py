@@ -17,7 +17,6 @@ import numpy as np
 from ralm.data.corpus import Document
 from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, SERVE_HOST
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.index.kinds import KINDS, kind_of
 from ralm.retrieval.search.compaction import compact_index
@@ -31,7 +30,7 @@ log = logging.getLogger("ralm.serve")
 class ServeConfig:
     index: str
     model: str | None = None  # a fine-tuning run (RUN/final/reader), for /ask
-    min_confidence: float = MIN_CONFIDENCE  # /ask withholds answers less likely to be right
+    min_confidence: float | None = None  # /ask withholds answers less likely to be right (None: each map's own threshold)
     api_key: str | None = None
     host: str = SERVE_HOST  # the address the server binds; Host headers naming it are accepted
     allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
@@ -40,7 +39,7 @@ class ServeConfig:
     max_body_bytes: int = MAX_BODY_MB << 20
 
     def __post_init__(self):
-        if not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask
+        if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask
             raise RalmError(f"the minimum confidence must be in [0, 1], got {self.min_confidence}")
         if self.compact_after < 0:
             raise RalmError(f"compact_after must be 0 (never) or a number of update records, got {self.compact_after}")

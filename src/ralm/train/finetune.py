@@ -143,8 +143,10 @@ def read_candidates(reader: Reader, searcher: Searcher, questions: list[Question
     and no_answer [B]: no block read holds an answer (a null span's gold)."""
     blocks = searcher.current.blocks
     k = rows.shape[1]
-    texts = [blocks.record(int(r))["text"] for r in rows.reshape(-1)]
-    batch = reader.featurizer.featurize([q.question for q in questions for _ in range(k)], texts)
+    records = [blocks.record(int(r)) for r in rows.reshape(-1)]
+    texts = [rec["text"] for rec in records]
+    batch = reader.featurizer.featurize([q.question for q in questions for _ in range(k)], texts,
+                                        titles=[rec["title"] for rec in records])
     match = reader.featurizer.answer_match(batch, [q.answers for q in questions for _ in range(k)])
     no_answer = torch.tensor([not any(has_answer(t, q.answers) for t in texts[b * k : (b + 1) * k]) for b, q in enumerate(questions)])
     batch = batch.to(device)

@@ -27,6 +27,7 @@ from torch import nn
 from ralm.data.blocks import BlockStore
 from ralm.data.qa import read_questions
 from ralm.retrieval.towers.projection import init_projection
+from ralm.rundir import record_leg
 from ralm.runtime import Runtime
 from ralm.train.loop import LoopConfig, Schedule, TrainLoop, TrainResult, warmup_constant
 from ralm.train.parallel import RunContext, start_run
@@ -98,11 +99,13 @@ class Trainer:
     @classmethod
     def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, *, runtime: Runtime | None = None,
             show_progress: bool = True, notify: Callable[[str], None] | None = None,
-            on_metrics: Callable[[dict], None] | None = None, **inputs) -> TrainResult:
+            on_metrics: Callable[[dict], None] | None = None, made_by: dict | None = None, **inputs) -> TrainResult:
         """Train (or resume) the run at `run`. Under torchrun every rank trains on its
         `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run.
         `runtime`: where and how it trains, resolved once here (None: `device`, by default the
-        CPU, with `cfg.dtype`; see `start_run`). `inputs` go to the trainer's constructor."""
+        CPU, with `cfg.dtype`; see `start_run`). `made_by` (the command line and recipe that
+        started it) goes to RUN/legs.jsonl and every export's made_by.json. `inputs` go to the
+        trainer's constructor."""
         trainer = cls(cfg, **inputs)
         trainer.ctx = start_run(run, cfg, runtime, device=device, show_progress=show_progress, notify=notify)
         try:
@@ -111,6 +114,9 @@ class Trainer:
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, trainer.schedule())
             trainer.loop = TrainLoop(trainer.ctx, cfg, model, optimizer, scheduler=scheduler, lr_names=cls.lr_names,
                                      grad_clip=trainer.grad_clip)
+            if trainer.ctx.env.is_main:
+                record_leg(trainer.ctx.path, made_by or {"command": None, "api": f"{cls.__module__}.{cls.__name__}.fit"},
+                           trainer.loop.step)
             trainer.started()
             done = trainer.loop.run(trainer.step, cls.name, exports=trainer.exports(), plots=cls.plots, log_extra=trainer.log_extra,
                                     checkpoint_extra=trainer.checkpoint_extra, on_metrics=on_metrics)
