@@ -2,8 +2,9 @@
 calibration is pinned (every answer 87 % or 12 % likely right): the answer card with its
 confidence in words and numbers, a withheld answer with its muted guess, the evidence (answer
 marked, the side that found each block, expanding a block), the document lifecycle with the API
-key (add -> found -> replace -> delete -> gone), the status line following a hot swap, and
-keyboard, labels, no external assets and phone width. Skips (with the reason) only when
+key (add -> found -> replace -> delete -> gone), the status line following a hot swap,
+keyboard, labels, no external assets and phone width, and a page on another origin failing to
+write to the index (CSRF). Skips (with the reason) only when
 Chromium or Playwright is missing; `.ci/run` installs both."""
 
 import json
@@ -72,10 +73,12 @@ def browser():
         browser.close()
 
 
+# wait_for_function gets functions ("() => ..."), not expressions: Playwright evaluates an expression
+# string with eval at every poll, and the page's Content-Security-Policy (no 'unsafe-eval') refuses it.
 def open_page(browser, url, **kw):
     page = browser.new_page(**kw)
     page.goto(url)
-    page.wait_for_function("document.querySelector('#status').textContent.includes('blocks')")
+    page.wait_for_function("() => document.querySelector('#status').textContent.includes('blocks')")
     return page
 
 
@@ -85,7 +88,7 @@ def ask(page, question: str, side: str = "bm25") -> dict:
     page.fill("#question", question)
     with page.expect_response("**/ask") as response:
         page.press("#question", "Enter")
-    page.wait_for_function("!document.querySelector('#ask-button').disabled")
+    page.wait_for_function("() => !document.querySelector('#ask-button').disabled")
     return response.value.json()
 
 
@@ -208,24 +211,24 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         page.fill("#doc-title", ZANZIBAR["title"])
         page.fill("#doc-text", ZANZIBAR["text"])
         page.click("#doc-button")
-        page.wait_for_function("document.querySelector('#doc-status').textContent.startsWith('Not saved')")
+        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Not saved')")
         assert "API key" in page.inner_text("#doc-status")
         page.fill("#api-key", "s3cret")
         page.click("#doc-button")
-        page.wait_for_function("document.querySelector('#doc-status').textContent.startsWith('Added')")
+        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Added')")
         assert page.inner_text("#doc-status") == "Added “zanzibar”. Index v000001 now has 7 blocks."
-        page.wait_for_function("document.querySelector('#status').textContent.includes('7 blocks')")
+        page.wait_for_function("() => document.querySelector('#status').textContent.includes('7 blocks')")
 
         r = ask(page, CLOVES_Q)
         assert page.inner_text("#evidence li.best .title") == "Zanzibar" and r["evidence"][r["best"]]["id"] == "zanzibar:0"
 
         page.fill("#doc-id", "nile")  # an existing id: the page says so before anything is written
-        page.wait_for_function("document.querySelector('#doc-exists').textContent.includes('“nile” already exists')")
+        page.wait_for_function("() => document.querySelector('#doc-exists').textContent.includes('“nile” already exists')")
         assert page.is_visible("#doc-exists") and page.inner_text("#doc-button") == "Replace document"
         page.fill("#doc-title", "Nile")
         page.fill("#doc-text", "The Nile now mentions walruses.")
         page.click("#doc-button")
-        page.wait_for_function("document.querySelector('#doc-status').textContent.startsWith('Replaced')")
+        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Replaced')")
         assert page.inner_text("#doc-status") == "Replaced “nile”. Index v000001 now has 7 blocks."
 
         page.fill("#doc-id", ZANZIBAR["id"])
@@ -234,7 +237,7 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         assert page.evaluate("document.activeElement.id") == "delete-yes"
         assert page.inner_text("#delete-question") == "Delete “zanzibar” for good?"
         page.keyboard.press("Enter")
-        page.wait_for_function("document.querySelector('#doc-status').textContent.startsWith('Deleted')")
+        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Deleted')")
         assert page.inner_text("#doc-status") == "Deleted “zanzibar”. Index v000001 now has 6 blocks."
         page.wait_for_selector("#delete-confirm", state="hidden")
         assert page.evaluate("document.activeElement.id") == "delete-button"  # focus returns where it was
@@ -256,7 +259,7 @@ def test_the_status_line_follows_a_hot_swap(serve, browser, tmp_path):
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [ZANZIBAR]))
         build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["sections"]["dense"]["retriever"]),
                     show_progress=False)
-        page.wait_for_function("document.querySelector('#status').textContent.includes('v000002')", timeout=20_000)
+        page.wait_for_function("() => document.querySelector('#status').textContent.includes('v000002')", timeout=20_000)
         status = page.inner_text("#status")  # without reloading the page
         assert "index v000002 · 7 blocks" in status and "swapped to v000002" in status
         page.close()
@@ -270,7 +273,7 @@ def test_keyboard_labels_no_external_assets_and_phone_width(serve, browser):
         page = browser.new_page(viewport={"width": 375, "height": 740})
         page.on("request", lambda req: requested.append(req.url))
         page.goto(url)
-        page.wait_for_function("document.querySelector('#status').textContent.includes('blocks')")
+        page.wait_for_function("() => document.querySelector('#status').textContent.includes('blocks')")
         unlabelled = page.evaluate("""[...document.querySelectorAll('input, select, textarea')]
             .filter(e => !e.labels.length || !e.labels[0].textContent.trim()).map(e => e.id)""")
         assert unlabelled == []
@@ -292,4 +295,38 @@ def test_keyboard_labels_no_external_assets_and_phone_width(serve, browser):
             box = page.locator(selector).bounding_box()
             assert box["x"] >= 0 and box["x"] + box["width"] <= 375, selector
         assert requested and all(u.startswith(url) for u in requested), requested
+        page.close()
+
+
+def test_a_page_on_another_origin_cannot_add_a_document(serve, browser, tmp_path):
+    """The attack of issue #69: a "simple" no-cors POST (text/plain: no preflight) from a page the
+    user opened elsewhere, here served from another loopback port."""
+    import threading
+    import urllib.error
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    with serve() as url:
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "evil.html").write_text(f"""<!doctype html><title>waiting</title><script>
+            fetch("{url}/documents/file?name=csrf.txt", {{method: "POST", mode: "no-cors",
+                  headers: {{"Content-Type": "text/plain"}}, body: "Zanzibar is famous for cloves."}})
+              .then(() => document.title = "sent", () => document.title = "failed");
+            </script>""")
+        with ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: Quiet(*a, directory=str(site))) as elsewhere:
+            threading.Thread(target=elsewhere.serve_forever, daemon=True).start()
+            page = browser.new_page()
+            with page.expect_response("**/documents/file**") as response:
+                page.goto(f"http://127.0.0.1:{elsewhere.server_address[1]}/evil.html")
+            page.wait_for_function("() => document.title !== 'waiting'")
+            elsewhere.shutdown()
+        assert page.title() == "sent" and response.value.status == 403  # it reached the server, which refused it
+        with pytest.raises(urllib.error.HTTPError) as absent:
+            urllib.request.urlopen(f"{url}/documents/csrf.txt")
+        assert absent.value.code == 404
+        assert json.loads(urllib.request.urlopen(f"{url}/stats").read())["corpus_blocks"] == 6
         page.close()

@@ -123,3 +123,26 @@ def test_cli_export(ralm, trained, tmp_path):
     assert code == 0 and json.loads(stdout)["parts"]["query"] == str(tmp_path / "e" / "query")
     code, _, stderr = ralm("export", str(path), "--format", "hf", "--out", str(tmp_path / "e"))
     assert code == 2 and "exists" in stderr
+
+
+def test_a_reader_packed_as_the_package_ships_it_reads_the_same(tiny_bert, tmp_path):
+    """`--format package`: fp16 shards (word embeddings | the rest) that load back to the reader's
+    fp32 weights rounded to fp16, with its config and tokenizer."""
+    import torch
+    from safetensors import safe_open
+
+    from ralm.convert.export import export_model
+    from ralm.models.reader import Reader
+
+    torch.manual_seed(0)
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).reading_titles().with_verifier()
+    reader.save_pretrained(tmp_path / "reader")
+    export_model(tmp_path / "reader", tmp_path / "packed", "package")
+    shards = sorted(p.name for p in (tmp_path / "packed").glob("model-*.safetensors"))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    with safe_open(str(tmp_path / "packed" / shards[0]), "pt") as f:
+        assert all("word_embeddings" in k for k in f.keys()) and all(f.get_tensor(k).dtype == torch.float16 for k in f.keys())
+    packed = Reader.from_pretrained(tmp_path / "packed")
+    assert packed.cfg.read_title and packed.cfg.verifier and packed.cfg.max_len == reader.cfg.max_len
+    before, after = reader.state_dict(), packed.state_dict()
+    assert all(torch.equal(before[k].half().float(), after[k]) for k in before if not k.endswith("position_ids"))

@@ -349,3 +349,72 @@ def test_ask_reads_questions_from_stdin_with_the_models_loaded_once(ralm, tiny_d
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Who created Python?\nWho \xff\xfe?\n")))  # Latin-1 bytes
     code, out, err = ralm("ask", "--index", tiny_dense_index, "-k", 2, "--min-confidence", 0, "--json")
     assert code == 2 and len(out.splitlines()) == 1 and "stdin:2: not valid UTF-8" in err and "Traceback" not in err
+
+
+def _constant_map(p: float, threshold: float | None = None, feature: str = "logit_score", weight: float = 0.0) -> dict:
+    """A selective map whose confidence is sigmoid(weight x standardised feature + logit p)."""
+    return {"method": "selective", "questions": 100, "features": [feature], "mean": [0.0], "scale": [1.0],
+            "weights": [weight], "bias": math.log(p / (1 - p)), **({"fitted_with": {"threshold": threshold}} if threshold else {})}
+
+
+def test_each_side_withholds_at_its_own_maps_threshold(oracle_reader, tiny_hybrid_index, monkeypatch):
+    """Every answer here has confidence 0.5: the dense map's threshold (0.6) withholds it, the
+    BM25 map's (0.4) gives it; a map that records none falls back to MIN_CONFIDENCE (0.41), and
+    --min-confidence overrides them all."""
+    monkeypatch.setattr(oracle_reader.cfg, "calibration", {"by_kind": {"dense": _constant_map(0.5, 0.6),
+                                                                       "bm25": _constant_map(0.5, 0.4),
+                                                                       "hybrid": _constant_map(0.5)}})
+    searcher = open_searcher(tiny_hybrid_index)
+    got = {side: OpenQA(oracle_reader, searcher, k=6, side=side) for side in ("dense", "bm25", None)}
+    assert {side: qa.threshold for side, qa in got.items()} == {"dense": 0.6, "bm25": 0.4, None: 0.41}
+    answers = {side: qa.answer(["What is the capital of France?"])[0] for side, qa in got.items()}
+    assert answers["dense"].no_answer and answers["dense"].guess == "Paris"
+    assert answers["bm25"].answer == "Paris" and answers[None].answer == "Paris"
+    assert OpenQA(oracle_reader, searcher, k=6, side="bm25", min_confidence=0.55).answer(["What is the capital of France?"])[0].no_answer
+
+
+def test_a_verifier_that_rejects_an_answer_withholds_it(tiny_bert, tiny_dense_index, monkeypatch):
+    """The reader alone gives "Paris"; its verifier's P(supported) enters the confidence map, so
+    a verifier that rejects the answer's context withholds it."""
+    torch.manual_seed(0)
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).reading_titles().with_verifier()
+    reader.forward = lambda batch: reader.featurizer.answer_match(batch, [["Paris"]] * len(batch.texts)).float() * 10
+    monkeypatch.setattr(reader.cfg, "calibration", _constant_map(0.5, 0.5, feature="logit_verify", weight=1.0))
+    qa = OpenQA(reader, Searcher.open(tiny_dense_index), k=6)
+    for bias, withheld in ((-8.0, True), (8.0, False)):
+        with torch.no_grad():
+            reader.verify_head.weight.zero_()
+            reader.verify_head.bias.fill_(bias)
+        (a,) = qa.answer(["What is the capital of France?"])
+        assert a.guess == "Paris" and a.no_answer == withheld
+        assert a.signals["p_verify"] == pytest.approx(torch.sigmoid(torch.tensor(bias)).item(), rel=1e-4)
+        assert 0 < a.signals["coverage"] <= 1
+
+
+def test_calibration_pools_sets_over_their_own_indexes_and_chooses_the_threshold_per_set(oracle_reader, tiny_dense_index,
+                                                                                        tmp_path, monkeypatch):
+    """Questions over two indexes fit one map; its threshold answers at most the allowed share of
+    each set's unanswerable questions (cross-fitted); the map records the served k; a set read
+    with another k is refused."""
+    from ralm.eval.openqa import CalibrationSet
+
+    monkeypatch.setattr(oracle_reader.cfg, "calibration", None)
+    searcher = Searcher.open(tiny_dense_index)
+    qa = OpenQA(oracle_reader, searcher, k=6)
+    unanswerable = Question("u", "What is the capital of France?", ("unanswerable",), {"unanswerable": True})
+    main = [Question(f"m{i}", q.question, q.answers, {"title": f"a{i % 5}"})
+            for i, q in enumerate([QUESTIONS[i % 3] for i in range(40)])]
+    other = [Question(f"o{i}", "When did Armstrong walk on the Moon?", ("1969",), {"title": f"c{i % 4}"}) if i % 2 else
+             Question(f"o{i}", unanswerable.question, unanswerable.answers, {"title": f"c{i % 4}", "unanswerable": True})
+             for i in range(40)]
+    also = [CalibrationSet("generated", OpenQA(oracle_reader, searcher, k=6), other)]
+    result = evaluate_qa(qa, main, ks=(1,), show_progress=False, calibrate=True, also=also, max_unanswerable=0.1)
+    fit = result["calibration_fit"]
+    assert fit["sets"] == {"questions": {"questions": 40, "unanswerable": 0}, "generated": {"questions": 40, "unanswerable": 20}}
+    cal = qa.calibrations.for_kind("dense")
+    assert cal.fitted_with["k"] == 6 and cal.fitted_with["questions"] == 80 and cal.fitted_with["threshold"] == result["threshold"]
+    assert fit["maps"]["dense"]["by_set"]["generated"]["unanswerable_answered"] <= 0.1
+    assert qa.threshold == result["threshold"]  # served as fitted
+    with pytest.raises(RalmError, match="exactly as served"):
+        evaluate_qa(qa, main, ks=(1,), show_progress=False, calibrate=True,
+                    also=[CalibrationSet("other k", OpenQA(oracle_reader, searcher, k=3), other)])

@@ -340,3 +340,27 @@ def test_partial_reader_trains_and_saves_only_its_top_layers(tiny_bert, tmp_path
         assert torch.allclose(reader(batch), again(batch), atol=1e-6)
     with pytest.raises(RalmError, match="exceeds"):
         Reader.from_encoder(tiny_bert, trainable_layers=3)
+
+
+def test_a_reader_saved_without_titles_keeps_its_input_and_a_new_one_reads_them(reader, tmp_path):
+    """A checkpoint whose config predates `read_title` (ralm <= 0.4) reads `[CLS] q [SEP] body
+    [SEP]`; `reading_titles()` and `with_verifier()` turn a reader into the new form, which its
+    saved config then records (the verifier's head saved and loaded with it)."""
+    import json
+
+    reader.save_pretrained(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    for key in ("read_title", "verifier"):
+        config.pop(key)
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    old = Reader.from_pretrained(tmp_path / "old")
+    assert not old.cfg.read_title and not old.featurizer.read_title and old.verify_head is None
+    batch = old.featurizer.featurize(["who ?"], ["bob ."], titles=["a title"])
+    assert int(batch.evidence_start[0]) == 4  # [CLS] who ? [SEP] | bob . [SEP]
+    new = Reader.from_pretrained(tmp_path / "old").reading_titles().with_verifier()
+    with torch.no_grad():
+        new.verify_head.bias.fill_(0.25)
+    new.save_pretrained(tmp_path / "new")
+    again = Reader.from_pretrained(tmp_path / "new")
+    assert again.cfg.read_title and again.featurizer.read_title and again.verify_head.bias.item() == 0.25
+    assert int(again.featurizer.featurize(["who ?"], ["bob ."], titles=["a title"]).evidence_start[0]) > 4

@@ -128,3 +128,50 @@ def test_windows_cover_the_text_stride_apart(featurizer):
     assert batch.span_text(windows[1], int(batch.evidence_start[windows[1]]), 0)[0] == text[slice(*pieces[20])]
     with pytest.raises(RalmError, match="stride 100"):
         featurizer.featurize_windows(["q ?"], [text], stride=100)
+
+
+def test_a_title_reader_reads_the_title_between_the_question_and_the_body(tiny_bert):
+    """`[CLS] question [SEP] title [SEP] body [SEP]`: the title is evidence (segment B) but never
+    an answer span, and span offsets still index the body."""
+    tok = load_tokenizer(str(tiny_bert))
+    titled = ReaderFeaturizer(tok, max_len=64, max_query_len=16, max_span_width=10, max_positions=512, read_title=True)
+    batch = titled.featurize(["who painted it ?"], ["he painted the starry night ."], titles=["vincent van gogh"])
+    tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+    assert tokens[:12] == ["[CLS]", "who", "painted", "it", "?", "[SEP]", "vincent", "van", "gogh", "[SEP]", "he", "painted"]
+    assert int(batch.evidence_start[0]) == 10 and batch.token_type_ids[0, :6].sum() == 0 and batch.token_type_ids[0, 6:].all()
+    valid = valid_spans(batch, titled.max_span_width)
+    assert not valid[0, :10].any()  # no span starts in the question or the title
+    spans = {batch.span_text(0, i, w)[0] for i, w in valid[0].nonzero().tolist()}
+    assert "the starry night" in spans and not any("gogh" in s for s in spans)
+    # an old reader (read_title False) reads `[CLS] question [SEP] body [SEP]`, titles or not
+    old = ReaderFeaturizer(tok, max_len=64, max_query_len=16, max_span_width=10, max_positions=512)
+    plain = old.featurize(["who painted it ?"], ["he painted the starry night ."], titles=["vincent van gogh"])
+    assert tok.convert_ids_to_tokens(plain.input_ids[0].tolist())[5:8] == ["[SEP]", "he", "painted"]
+    assert int(plain.evidence_start[0]) == 6
+
+
+def test_no_span_crosses_a_line_or_a_table_cell(featurizer):
+    text = "Team: Client connections 20,000; Topics 500.\nPro: Client connections 5,000; Topics 50."
+    batch = featurizer.featurize(["how many ?"], [text])
+    valid = valid_spans(batch, featurizer.max_span_width)
+    spans = [batch.span_text(0, i, w) for i, w in valid[0].nonzero().tolist()]
+    assert {"20,000", "Client connections 20,000", "5,000", "Topics 500."} <= {s for s, _ in spans}
+    for s, (a, b) in spans:
+        assert "\n" not in text[a:b] and "; " not in text[a:b], s  # never "20,000; Topics" or "500.\nPro"
+    match = featurizer.answer_match(batch, [["20,000; Topics"]])
+    assert not match.any()  # a gold answer across a cell is no span either
+
+
+def test_the_verifier_reads_question_and_answer_then_title_and_context(tiny_bert):
+    from ralm.data.reader_features import answer_context
+
+    tok = load_tokenizer(str(tiny_bert))
+    f = ReaderFeaturizer(tok, max_len=64, max_query_len=16, max_span_width=10, max_positions=512, read_title=True)
+    text = "Vincent van Gogh moved to Arles. He painted the starry night in 1889. He died in 1890."
+    start = text.index("1889")
+    context = answer_context(text, (start, start + 4))
+    assert context == "Vincent van Gogh moved to Arles. He painted the starry night in 1889."  # its sentence and the one before
+    batch = f.featurize_verify(["when was it painted ?"], ["1889"], [context], titles=["the starry night"])
+    tokens = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+    assert tokens[:11] == ["[CLS]", "when", "was", "it", "painted", "?", "[SEP]", "1889", "[SEP]", "the", "starr"]
+    assert batch.token_type_ids[0, :9].sum() == 0 and batch.token_type_ids[0, 9 : int(batch.attention_mask[0].sum())].all()

@@ -1,5 +1,6 @@
 """The server under hostile clients: concurrent deletes, odd API keys, stalled requests, an
-update log that is not a file, /docs without a network, and what it logs."""
+update log that is not a file, /docs without a network, and what it logs; malformed Host
+headers, writes from another origin's page (CSRF) and the security headers on every answer."""
 
 from __future__ import annotations
 
@@ -139,3 +140,78 @@ def test_deletions_and_swaps_are_logged(index, caplog):
         assert svc.refresh()
     text = caplog.text
     assert "deleted document 'paris'" in text and "swapped" in text
+
+
+@pytest.mark.parametrize("extra", [(), ("*",)])
+@pytest.mark.parametrize("host", ["[::1]evil.com", "localhost:80@evil.com", "localhost:abc", "", "localhost:",
+                                  "[::1", "[fe80::1%eth0]", "local host", "localhost:99999", "127.0.0.1:8000/x"])
+def test_a_host_header_that_is_not_host_and_port_is_refused(index, host, extra):
+    """RFC 3986 host [":" port] only: a loopback name followed by anything else is no loopback name."""
+    with TestClient(create_app(_service(index, allowed_hosts=extra), start_watcher=False), base_url="http://127.0.0.1") as c:
+        r = c.get("/health", headers={"Host": host})
+        assert r.status_code == 400 and f"Host header {host!r} is not" in r.json()["error"], r.text
+        assert c.get("/health", headers={"Host": "[::1]:8000"}).status_code == 200
+
+
+FILE = "/documents/file?name=csrf.txt"  # a .txt file's document id is its name
+PLAIN = {"Content-Type": "text/plain"}  # a "simple" request: a browser sends it cross-origin without asking first
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "http://127.0.0.1:8001"},  # another port of this machine is another origin
+    {"Origin": "http://localhost:8000@evil.example"},
+    {"Origin": "null"},  # a sandboxed frame, a file:// page
+    {"Origin": "ftp://127.0.0.1:8000"},
+    {"Referer": "http://evil.example/page.html"},  # no Origin: the Referer's origin
+    {"Origin": "http://127.0.0.1:8000", "Sec-Fetch-Site": "cross-site"},
+])
+def test_writes_from_another_origin_are_refused_and_write_nothing(index, headers):
+    with TestClient(create_app(_service(index), start_watcher=False), base_url="http://127.0.0.1:8000") as c:
+        r = c.post(FILE, content=b"Zanzibar is famous for cloves.", headers={**PLAIN, **headers})
+        assert r.status_code == 403 and "refused" in r.json()["error"], r.text
+        assert c.post("/documents", json={"documents": [{"id": "zz", "text": "cloves"}]}, headers=headers).status_code == 403
+        assert c.delete("/documents/paris", headers=headers).status_code == 403
+        assert c.get("/documents/csrf.txt").status_code == 404 and c.get("/documents/zz").status_code == 404
+        assert c.get("/documents/paris").status_code == 200
+        assert not any(h["id"].startswith("csrf.txt") for h in c.post("/search", json={"query": "zanzibar cloves"}).json())
+        assert c.get("/health", headers=headers).status_code == 200  # reads stay open
+
+
+@pytest.mark.parametrize("base, extra, headers", [
+    ("http://127.0.0.1:8000", (), {"Origin": "http://127.0.0.1:8000"}),  # the server's own page
+    ("http://127.0.0.1:8000", (), {"Origin": "http://localhost:8000", "Sec-Fetch-Site": "same-site"}),  # another loopback name
+    ("http://127.0.0.1:8000", (), {"Referer": "http://127.0.0.1:8000/"}),
+    ("http://127.0.0.1", (), {"Origin": "http://127.0.0.1"}),  # no port: the scheme's own
+    ("http://ralm.internal", ("ralm.internal",), {"Origin": "https://ralm.internal"}),  # an --allowed-host behind TLS
+    ("http://anything.example:8000", ("*",), {"Origin": "http://anything.example:8000"}),  # any host: the one named
+    ("http://127.0.0.1:8000", (), {}),  # curl, Python, the CLI: no Origin, no Referer
+])
+def test_writes_from_the_servers_own_origin_or_no_page_are_accepted(index, base, extra, headers):
+    with TestClient(create_app(_service(index, allowed_hosts=extra), start_watcher=False), base_url=base) as c:
+        r = c.post(FILE, content=b"Zanzibar is famous for cloves.", headers={**PLAIN, **headers})
+        assert r.status_code == 200 and r.json()["added"] == ["csrf.txt"], r.text
+        assert c.get("/documents/csrf.txt").status_code == 200
+        assert any(h["id"].startswith("csrf.txt") for h in c.post("/search", json={"query": "zanzibar cloves"}).json())
+
+
+def test_any_host_still_refuses_an_origin_other_than_the_host_named(index):
+    with TestClient(create_app(_service(index, allowed_hosts=("*",)), start_watcher=False), base_url="http://ralm.example") as c:
+        r = c.post(FILE, content=b"cloves", headers={**PLAIN, "Origin": "http://evil.example"})
+        assert r.status_code == 403 and "ralm.example" in r.json()["error"]
+
+
+def test_every_answer_carries_the_security_headers(index):
+    with TestClient(create_app(_service(index), start_watcher=False), base_url="http://127.0.0.1") as c:
+        answers = {"page": c.get("/"), "static file": c.get("/static/app.js"), "API": c.get("/health"),
+                   "404": c.get("/nowhere"), "403": c.post(FILE, content=b"x", headers={"Origin": "http://evil.example"}),
+                   "400": c.get("/health", headers={"Host": "evil.example"}), "docs": c.get("/docs")}
+    for what, r in answers.items():
+        assert r.headers.get("X-Frame-Options") == "DENY", what
+        assert r.headers.get("X-Content-Type-Options") == "nosniff", what
+        assert r.headers.get("Referrer-Policy") == "same-origin", what
+        assert "frame-ancestors 'none'" in r.headers.get("Content-Security-Policy", ""), what
+    page = answers["page"].headers["Content-Security-Policy"]
+    assert "default-src 'none'" in page and "script-src 'self';" in page and "unsafe-inline" not in page
+    assert "<script>" not in answers["page"].text and " style=" not in answers["page"].text  # the policy lets the page work
+    assert "script-src 'self' 'unsafe-inline'" in answers["docs"].headers["Content-Security-Policy"]  # Swagger UI's inline start

@@ -40,7 +40,7 @@ def convert_hf_realm_cmd(
 
 def export(
     source: Path = typer.Argument(..., help="a retriever or reader checkpoint, or a run (its RUN/final/retriever or RUN/final/reader)"),
-    fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers) or hf (plain Hugging Face directories)"),
+    fmt: str = typer.Option(..., "--format", help="sentence-transformers (retrievers), hf (plain Hugging Face directories) or package (a reader in fp16 shards, as the package ships its own)"),
     dest: Path = typer.Option(..., "--out", help="the new directory to write"),
     *,
     part: Optional[str] = typer.Option(None, "--part", help="retriever or reader: which model of a run to export (needed when the "

@@ -9,6 +9,11 @@
                                      ralm_head.safetensors ({"weight" [D, H], "bias" [D]})
   reader, hf                         OUT/: the BertModel directory, the span scorer in
                                      span_scorer.safetensors and its config in ralm_reader.json
+  reader, package                    OUT/: the reader checkpoint as the package ships it
+                                     (src/ralm/data/reader): fp16 weights in two shards, the
+                                     word embeddings and the rest (no file over 30 MB), config,
+                                     tokenizer and made_by.json as they are; loading casts back
+                                     to fp32
 
 An exported tower gives the vectors of ralm's (tests/test_export.py): documents are encoded as
 the index encodes blocks, `title [SEP] text` (with an empty title: ` [SEP] text`); query vectors
@@ -27,7 +32,7 @@ from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever, Tower, is_retriever_dir
 from ralm.runtime import check_finite
 
-FORMATS = ("sentence-transformers", "hf")
+FORMATS = ("sentence-transformers", "hf", "package")
 
 
 PARTS = ("retriever", "reader")
@@ -79,6 +84,8 @@ def _export_reader(found: Path, out: Path, fmt: str) -> dict:
 
     from ralm.models.reader import Reader
 
+    if fmt == "package":
+        return _package_reader(found, out)
     if fmt != "hf":
         raise RalmError("a span reader has no sentence-transformers form; export it with --format hf")
     reader = Reader.from_pretrained(found)
@@ -92,6 +99,29 @@ def _export_reader(found: Path, out: Path, fmt: str) -> dict:
         config = {k: v for k, v in reader.cfg.__dict__.items() if k not in ("encoder", "base_model")}
         (tmp / "ralm_reader.json").write_text(json.dumps({"format": "ralm.reader/1", **config}, indent=2) + "\n")
     return {"kind": "reader", "source": str(found), "format": fmt, "out": str(out), "parts": {"reader": str(out)}}
+
+
+def _package_reader(found: Path, out: Path) -> dict:
+    """The reader's tensors in fp16, word embeddings in one shard and the rest in another, every
+    other file of its directory copied: the form of the package's reader."""
+    from safetensors.torch import save_file
+
+    from ralm.atomic import read_weights
+
+    state = read_weights(found)
+    if any(not v.is_floating_point() or not v.isfinite().all() for v in state.values()):
+        raise RalmError(f"{found}: weights that are not finite floating-point tensors cannot be packed")
+    embeddings = sorted(k for k in state if "word_embeddings" in k)
+    shards = [embeddings, sorted(k for k in state if k not in embeddings)]
+    with atomic_path(out) as tmp:
+        tmp.mkdir(parents=True)
+        for i, keys in enumerate(shards, 1):
+            save_file({k: state[k].half().contiguous() for k in keys}, str(tmp / f"model-{i:05d}-of-{len(shards):05d}.safetensors"),
+                      metadata={"format": "ralm.reader/1"})
+        for f in found.iterdir():
+            if f.is_file() and not (f.name.startswith("model") and f.name.endswith(".safetensors")):
+                (tmp / f.name).write_bytes(f.read_bytes())
+    return {"kind": "reader", "source": str(found), "format": "package", "out": str(out), "parts": {"reader": str(out)}}
 
 
 def check_sentence_transformers(retriever: Retriever) -> None:

@@ -27,7 +27,7 @@ from ralm.data.corpus import Document, file_documents, id_problem
 from ralm.defaults import READ_K
 from ralm.errors import RalmError, plural
 from ralm.serve.batching import MicroBatcher
-from ralm.serve.guards import BodyLimit, HeaderTimeoutH11, HostGuard, allowed_hosts, error
+from ralm.serve.guards import BodyLimit, HeaderTimeoutH11, HostGuard, OriginGuard, SecurityHeaders, allowed_hosts, error
 from ralm.serve.service import Service
 
 log = logging.getLogger("ralm.serve")
@@ -189,8 +189,12 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         finally:
             service.record_latency(endpoint, time.perf_counter() - start)
 
+    # the last added runs first: security headers on every answer, then Host, Origin, body size
+    hosts = allowed_hosts(service.cfg.host, service.cfg.allowed_hosts)
     app.add_middleware(BodyLimit, limit=service.cfg.max_body_bytes, timeout=BODY_TIMEOUT)
-    app.add_middleware(HostGuard, allowed=allowed_hosts(service.cfg.host, service.cfg.allowed_hosts))  # outermost
+    app.add_middleware(OriginGuard, allowed=hosts)
+    app.add_middleware(HostGuard, allowed=hosts)
+    app.add_middleware(SecurityHeaders, inline_pages=("/docs", "/redoc", app.swagger_ui_oauth2_redirect_url))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError):

@@ -361,13 +361,7 @@ class ReaderTrainer(QuestionTrainer):
                 teacher = self.teacher(replace(batch, input_ids=self.to_teacher[batch.input_ids]))  # [N, L, W]
         extra = {}
         valid = valid_spans(batch, width)
-        verify_logits = verify_labels = None
-        if self.reader.verify_head is not None:
-            rows, labels = verify_examples(batch, scores.detach(), valid, match, question, titles, examples)
-            if rows:
-                vbatch = self.reader.featurizer.featurize_verify([r[0] for r in rows], [r[1] for r in rows],
-                                                                 [r[2] for r in rows], titles=[r[3] for r in rows]).to(device)
-                verify_logits, verify_labels = self.reader.verify(vbatch), torch.tensor(labels, device=device)
+        verify_logits, verify_labels = self.verify_batch(batch, scores, valid, match, question, titles, examples)
         with full_precision(device):
             log_pz = torch.zeros(len(match), device=device)
             null = self.reader.null_scores(scores)
@@ -392,6 +386,18 @@ class ReaderTrainer(QuestionTrainer):
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if len(hit) else 0.0,
             "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match)), **extra}
+
+    def verify_batch(self, batch, scores, valid, match, question, titles, examples) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The verifier's logits [V] and labels [V] on the step's lessons (`verify_examples`), or
+        (None, None) for a reader without a verifier or a step without a valid span."""
+        if self.reader.verify_head is None:
+            return None, None
+        rows, labels = verify_examples(batch, scores.detach(), valid, match, question, titles, examples)
+        if not rows:
+            return None, None
+        questions, answers, contexts, row_titles = map(list, zip(*rows))
+        vbatch = self.reader.featurizer.featurize_verify(questions, answers, contexts, titles=row_titles).to(self.ctx.device)
+        return self.reader.verify(vbatch), torch.tensor(labels, device=self.ctx.device)
 
     def exports(self):
         return {"reader": self.reader}
