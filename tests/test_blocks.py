@@ -145,3 +145,33 @@ def test_document_rows_find_a_documents_blocks_reading_one_record(tmp_path, toke
     old = BlockStore(tmp_path / "blocks").document_rows()
     assert all(list(old.get(d["id"])) == truth[d["id"]] for d in docs) and old.get("doc") is None
     assert list(old) == [d["id"] for d in docs]
+
+
+def test_a_files_documents_are_found_by_the_hash_of_its_name_reading_only_their_records(tmp_path, tokenizer):
+    """file name -> its documents (its own id's, its sections' and pages'), from file_hash.npy:
+    one record read per document of the file, none of the others'; a store written before
+    file_hash.npy answers alike, and a compacted store keeps the hashes."""
+    from ralm.data.blocks import compact_block_store
+
+    ids = ["guide.md", "guide.md#setup", "other.md#setup", "guide.mdx", "paper.pdf#page=1", "paper.pdf#page=2", "C#.md",
+           "C#.md#intro", "guide.md#faq"]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "text": f"Text of {i}."}) + "\n" for i in ids))
+    store = build_block_store(corpus, tmp_path / "blocks", tokenizer, show_progress=False)
+    want = {"guide.md": ["guide.md", "guide.md#setup", "guide.md#faq"], "paper.pdf": ["paper.pdf#page=1", "paper.pdf#page=2"],
+            "C#.md": ["C#.md#intro"], "C": ["C#.md"], "guide.md#setup": [], "guide": [], "nowhere.md": []}
+    reads = []
+    record = store.record
+    store.record = lambda i: reads.append(i) or record(i)
+    rows = store.document_rows()
+    for name, found in want.items():
+        reads.clear()
+        assert rows.of_file(name) == found and len(reads) == len(found), name
+    (tmp_path / "blocks" / "file_hash.npy").unlink()
+    old = BlockStore(tmp_path / "blocks").document_rows()
+    assert {name: old.of_file(name) for name in want} == want
+    keep = np.flatnonzero(~np.isin(np.arange(len(store)), [1, 4]))  # guide.md#setup and paper.pdf#page=1 gone (a block each)
+    compacted = compact_block_store(store, keep, [], tmp_path / "compacted", origin={})
+    assert (tmp_path / "compacted" / "file_hash.npy").is_file()
+    assert compacted.document_rows().of_file("guide.md") == ["guide.md", "guide.md#faq"]
+    assert compacted.document_rows().of_file("paper.pdf") == ["paper.pdf#page=2"]

@@ -244,6 +244,17 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
 
         ask(page, CLOVES_Q)
         assert "Zanzibar" not in [t.inner_text() for t in page.query_selector_all("#evidence .title")]
+
+        guide = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"  # two sections, no text of the file's own id
+        urllib.request.urlopen(urllib.request.Request(url + "/documents/file?name=kb/cogs.md", guide, {"X-API-Key": "s3cret"}))
+        page.fill("#doc-id", "kb/cogs.md")
+        page.click("#delete-button")
+        page.wait_for_selector("#delete-confirm:not([hidden])")
+        assert page.is_hidden("#doc-exists")  # a save adds a document of that id: it replaces none
+        assert page.inner_text("#delete-question") == "Delete “kb/cogs.md”, every section of the file (2 documents), for good?"
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Deleted “kb/cogs.md”')")
+        assert page.inner_text("#doc-status") == "Deleted “kb/cogs.md”: 2 documents, every section of the file. Index v000001 now has 6 blocks."
         page.close()
 
 

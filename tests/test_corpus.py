@@ -115,3 +115,13 @@ def test_a_fifo_named_txt_in_a_folder_is_skipped_with_a_warning_not_waited_on(tm
     with pytest.warns(RalmWarning, match=r"skipped 1 entry that is not a regular file \(x.txt\)"):
         assert [d.id for d in read_corpus(tmp_path)] == ["ok.txt"]
     assert corpus_fingerprint(tmp_path)  # reads the regular files only
+
+
+def test_a_section_id_names_its_file_before_its_last_hash():
+    """What deleting a file's name deletes (retrieval/search/live.py): anchors hold no '#', a
+    file name may (`C#.md`)."""
+    from ralm.data.corpus import file_of
+
+    assert [file_of(i) for i in ("guide.md", "guide.md#setup", "paper.pdf#page=3", "C#.md#intro", "notes.txt")] == \
+        ["guide.md", "guide.md", "paper.pdf", "C#.md", "notes.txt"]
+    assert file_of("#top") == "#top"  # nothing before the '#': its own file

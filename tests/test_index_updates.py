@@ -165,6 +165,117 @@ def test_the_live_blocks_best_k_are_a_stable_sorts_first_k_ties_included():
         np.testing.assert_array_equal(best, np.take_along_axis(scores, cols, 1))
 
 
+# -- files read by sections: a file's name names every section and page of it ----------------
+
+ABOUT = """# About the club
+
+The Riverside Chess Club welcomes players of every level.
+
+## Where we meet
+
+We meet in the library hall every Tuesday evening.
+
+## Fees
+
+Membership costs twelve pounds a year, paid in banana bread.
+
+## Contact
+
+Write to the secretary, who keeps a pet penguin.
+"""
+ABOUT_IDS = ["about.md", "about.md#where-we-meet", "about.md#fees", "about.md#contact"]
+# the file edited: its last section gone, its fees changed
+CHANGED = ABOUT.split("## Contact")[0].replace("costs twelve pounds a year, paid in banana bread", "is now free for volcano researchers")
+
+
+def make_files(folder, *, about: str = ABOUT, pages: int = 2):
+    """A Markdown file of a preamble and three sections, a PDF of `pages` pages and a .txt file."""
+    from test_formats import write_pdf
+
+    folder.mkdir()
+    (folder / "about.md").write_text(about)
+    write_pdf(folder / "handbook.pdf", [("Rules", "Every game starts with a tractor joke."),
+                                        ("Ratings", "Ratings are updated after each saxophone concert.")][:pages], title="Handbook")
+    (folder / "notes.txt").write_text("Tea is served at nine.")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def filed_index(tmp_path_factory, tiny_bert):
+    """A hybrid index over a folder of about.md (4 documents), handbook.pdf (2 pages), notes.txt: a block each."""
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path_factory.mktemp("filed")
+    build_index(make_files(root / "files"), root / "idx", model=str(tiny_bert), dim=16, show_progress=False)
+    return root / "idx"
+
+
+def _holding(ralm, index, word):
+    """The blocks holding `word` that a search finds."""
+    code, out, err = ralm("search", index, word, "-k", 20, "--side", "bm25", "--json")
+    assert code == 0, err
+    return [h["id"] for h in json.loads(out) if word in h["text"].lower()]
+
+
+def test_deleting_a_files_name_deletes_its_every_section_and_page(ralm, filed_index, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(filed_index, index)
+    assert _holding(ralm, index, "penguin") == ["about.md#contact:0"] and _holding(ralm, index, "saxophone") == ["handbook.pdf#page=2:0"]
+    code, out, err = ralm("index", "delete", index, "about.md#fees", "--json")  # a section's id: that section alone
+    assert code == 0 and (json.loads(out)["deleted"], json.loads(out)["documents"]) == (1, ["about.md#fees"]), err
+    assert _holding(ralm, index, "banana") == [] and _holding(ralm, index, "penguin") == ["about.md#contact:0"]
+    assert ralm("index", "compact", index)[0] == 0  # the rest found in a compacted version's block store too
+    code, out, err = ralm("index", "delete", index, "about.md")
+    assert code == 0 and out.strip() == f"deleted 3 documents from {index} (every section of about.md): 3 blocks searchable", err
+    code, out, err = ralm("index", "delete", index, "handbook.pdf", "--json")  # pages only, no document of the name itself
+    assert code == 0, err
+    assert json.loads(out) == {"index": str(index), "deleted": 2, "blocks": 1, "index_version": "v000002",
+                               "documents": ["handbook.pdf#page=1", "handbook.pdf#page=2"]}
+    for word in ("chess", "library", "penguin", "tractor", "saxophone"):  # the last section's word too: nothing left to serve
+        assert _holding(ralm, index, word) == [], word
+    assert _holding(ralm, index, "tea") == ["notes.txt:0"]
+    code, out, err = ralm("index", "delete", index, "about.md")
+    assert code == 2 and "holds no document 'about.md'" in err
+
+
+def test_adding_a_changed_file_again_replaces_its_every_section_in_one_log_batch(ralm, filed_index, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(filed_index, index)
+    changed = make_files(tmp_path / "changed", about=CHANGED, pages=1)
+    code, out, err = ralm("index", "add", index, changed, "--json")
+    assert code == 0, err
+    assert (json.loads(out)["added"], json.loads(out)["deleted"], json.loads(out)["blocks"]) == (5, 2, 5)
+    assert _holding(ralm, index, "penguin") == [] and _holding(ralm, index, "saxophone") == []  # the sections it lost
+    assert _holding(ralm, index, "banana") == [] and _holding(ralm, index, "volcano") == ["about.md#fees:0"]  # the new text only
+    lines = (index / "updates.jsonl").read_text().splitlines()[1:]
+    assert [json.loads(line).get("more", False) for line in lines] == [True] * (len(lines) - 1) + [False]  # one batch
+    assert {json.loads(line)["id"] for line in lines if json.loads(line)["op"] == "delete"} == {"about.md#contact", "handbook.pdf#page=2"}
+
+
+def test_a_crash_while_a_changed_file_is_added_again_leaves_it_whole_as_it_was_or_as_it_is(ralm, filed_index, tmp_path):
+    """`ralm index add IDX about.md` killed at any byte of its append: a reader finds the file
+    whole, every section as it was (the append never acknowledged) or as it is now."""
+    written, crashed = tmp_path / "written", tmp_path / "crashed"
+    shutil.copytree(filed_index, written)
+    shutil.copytree(filed_index, crashed)
+    (tmp_path / "about.md").write_text(CHANGED)
+    assert ralm("index", "add", written, tmp_path / "about.md")[0] == 0
+    header, *lines = (written / "updates.jsonl").read_bytes().splitlines(keepends=True)
+    for state in written.glob("updates-*.bin"):  # written and fsync'd before the records
+        shutil.copy(state, crashed)
+    appended = b"".join(lines)
+    cuts = [sum(map(len, lines[:n])) for n in range(len(lines))] + [len(appended) - 3, len(appended)]
+    for cut in cuts:
+        (crashed / "updates.jsonl").write_bytes(header + appended[:cut])
+        live = LiveSearcher.open(crashed)
+        texts = " ".join(h.text for h in live.search(["penguin banana volcano"], 20, retriever="bm25")[0])
+        held = [i for i in ABOUT_IDS if live.exists(i)]
+        if cut < len(appended):
+            assert held == ABOUT_IDS and "banana" in texts and "volcano" not in texts, cut
+        else:
+            assert held == ABOUT_IDS[:3] and "volcano" in texts and "banana" not in texts and "penguin" not in texts
+
+
 # -- several processes sharing one index -----------------------------------------------------
 
 def test_a_reader_opening_while_another_process_appends_never_cuts_its_record(tiny_hybrid_index, tmp_path):

@@ -59,8 +59,9 @@ def test_every_endpoint(dirs):
         assert c.get("/documents/zanzibar").status_code == 404
         added = c.post("/documents", json={"documents": [NEW]}).json()
         assert added == {"added": ["zanzibar"], "corpus_blocks": len(DOCS) + 1, "index_version": "v000001", "blocks": len(DOCS) + 1}
-        assert c.get("/documents/zanzibar").json() == {"id": "zanzibar"}  # the web page asks before it replaces
-        assert c.delete("/documents/zanzibar").json() == {"deleted": "zanzibar", "index_version": "v000001", "blocks": len(DOCS)}
+        assert c.get("/documents/zanzibar").json() == {"id": "zanzibar", "documents": ["zanzibar"]}  # the web page asks before it replaces
+        assert c.delete("/documents/zanzibar").json() == {"deleted": "zanzibar", "documents": ["zanzibar"], "count": 1,
+                                                          "index_version": "v000001", "blocks": len(DOCS)}
         assert c.get("/documents/zanzibar").status_code == 404
         assert "ask-form" in c.get("/").text
         assert c.get("/static/app.js").status_code == 200
@@ -448,10 +449,51 @@ def test_a_file_posted_as_the_body_becomes_its_sections(dirs):
         assert (edited["added"], edited["deleted"], edited["blocks"]) == (["kb/cogs.md"], ["kb/cogs.md#sizes"], len(DOCS) + 1)
         c.post("/documents/file", params={"name": "kb/cogs.md"}, content=guide)
         assert c.delete("/documents/kb/cogs.md%23sizes").json()["deleted"] == "kb/cogs.md#sizes"
+        c.post("/documents/file", params={"name": "kb/cogs.md"}, content=guide)
+        gone = c.delete("/documents/kb/cogs.md").json()  # the file's name: the live file, every section of it
+        assert (gone["documents"], gone["count"], gone["blocks"]) == (["kb/cogs.md", "kb/cogs.md#sizes"], 2, len(DOCS))
         for params, body, message in (({"name": "a.docx"}, b"x", "unknown format"), ({"name": "s.pdf"}, b"%PDF-1.4 x", "not a readable PDF"),
                                       ({}, guide, "name")):
             answer = c.post("/documents/file", params=params, content=body)
             assert answer.status_code in (400, 422) and message in answer.json()["error"], answer.json()
+
+
+def test_deleting_a_files_name_deletes_its_every_section_and_page_and_a_new_version_replaces_them(tmp_path, tiny_bert):
+    from test_index_updates import ABOUT, ABOUT_IDS, CHANGED, make_files
+
+    build_index(make_files(tmp_path / "files"), tmp_path / "idx", model=str(tiny_bert), dim=16, show_progress=False)
+
+    def holding(c, word):
+        return [h["id"] for h in c.post("/search", json={"query": word, "k": 20, "side": "bm25"}).json() if word in h["text"].lower()]
+
+    with client(Service(ServeConfig(index=str(tmp_path / "idx")))) as c:
+        assert holding(c, "penguin") == ["about.md#contact:0"]
+        assert c.get("/documents/handbook.pdf").json() == {"id": "handbook.pdf", "documents": ["handbook.pdf#page=1", "handbook.pdf#page=2"]}
+        assert c.get("/documents/about.md").json()["documents"] == ABOUT_IDS
+        assert c.get("/documents/about.md%23fees").json()["documents"] == ["about.md#fees"]
+        one = c.delete("/documents/about.md%23fees").json()  # a section's id: that section alone
+        assert (one["deleted"], one["documents"], one["count"], one["blocks"]) == ("about.md#fees", ["about.md#fees"], 1, 6)
+        assert holding(c, "banana") == [] and holding(c, "penguin") == ["about.md#contact:0"]
+        whole = c.delete("/documents/about.md").json()
+        assert (whole["deleted"], whole["documents"], whole["count"], whole["blocks"]) == ("about.md", ABOUT_IDS[:2] + ABOUT_IDS[3:], 3, 3)
+        pages = c.delete("/documents/handbook.pdf")  # pages only, no document of the name itself: not a 404
+        assert pages.status_code == 200 and pages.json()["count"] == 2
+        for word in ("chess", "library", "penguin", "tractor", "saxophone"):
+            assert holding(c, word) == [], word
+        assert c.delete("/documents/about.md").status_code == 404 and c.get("/documents/about.md").status_code == 404
+        c.post("/documents/file", params={"name": "about.md"}, content=ABOUT.encode())  # back, live
+        edited = c.post("/documents/file", params={"name": "about.md"}, content=CHANGED.encode()).json()
+        assert (edited["added"], edited["deleted"], edited["blocks"]) == (ABOUT_IDS[:3], ["about.md#contact"], 4)
+        assert holding(c, "penguin") == [] and holding(c, "banana") == [] and holding(c, "volcano") == ["about.md#fees:0"]
+    index = tmp_path / "idx"
+    shutil.rmtree(index)
+    build_index(make_files(tmp_path / "again"), index, model=str(tiny_bert), dim=16, show_progress=False)
+    with client(Service(ServeConfig(index=str(index)))) as c:  # over the sections of the index itself, in one log batch
+        edited = c.post("/documents/file", params={"name": "about.md"}, content=CHANGED.encode()).json()
+        assert (edited["added"], edited["deleted"], edited["blocks"]) == (ABOUT_IDS[:3], ["about.md#contact"], 6)
+        assert holding(c, "penguin") == [] and holding(c, "banana") == [] and holding(c, "volcano") == ["about.md#fees:0"]
+    lines = (index / "updates.jsonl").read_text().splitlines()[1:]
+    assert [json.loads(line).get("more", False) for line in lines] == [True] * 3 + [False]
 
 
 def _visible_within(c, path: str, status: int, seconds: float) -> float:

@@ -198,7 +198,7 @@ def eval_qa(
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
     if calibrate:
-        check_question_count(len(qs))
+        check_question_count(len(qs) + sum(len(set_qs) for _, set_qs in extra_sets))  # every set's questions are fitted on
     positive("--batch-size", batch_size)
     _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
     from ralm.eval.openqa import default_predictions_path, evaluate_qa
@@ -229,6 +229,10 @@ def eval_qa(
     out.print(table)
     if "reliability" in result:
         print_reliability(result["reliability"])
+    if result.get("threshold") is not None:
+        em = "-" if result["answered_em"] is None else f"{result['answered_em']:.1f}% EM"
+        out.print(f"at the threshold in use, confidence >= {result['threshold']}: {result['answered']:.1f}% of questions "
+                  f"answered, {em}")
     if calibrate:
         fitted = sum(v["questions"] for v in result["calibration_fit"]["sets"].values())
         out.print(f"{qa.kind} calibration fitted on {fitted} questions (threshold {result['threshold']}); calibrated reader "

@@ -298,7 +298,8 @@ def index_add(
 @index_app.command("delete")
 def index_delete(
     index_dir: Path = typer.Argument(..., help="index directory"),
-    ids: list[str] = typer.Argument(..., help="document ids"),
+    ids: list[str] = typer.Argument(..., help="document ids; a file's name (guide.md) deletes its every section and page "
+                                    "(guide.md#setup, paper.pdf#page=2), a section's id that section alone"),
     as_json: bool = JsonOpt,
 ):
     """Delete documents by id (every side of the index), durably, through the index's update log."""
@@ -308,12 +309,16 @@ def index_delete(
     quiet_libraries()
     live = LiveSearcher.open(index_dir)
     ids = list(dict.fromkeys(ids))
-    missing = [i for i in ids if not live.exists(i)]
+    named = {i: live.documents_named(i) for i in ids}
+    missing = [i for i, found in named.items() if not found]
     if missing:
         raise RalmError(f"{index_dir} holds no document {missing[0]!r}" + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    live.delete(ids)
-    summary = {"index": str(index_dir), "deleted": len(ids), "blocks": len(live), "index_version": live.current.name}
-    print_summary(summary, as_json, f"[green]deleted[/green] {plural(summary['deleted'], 'document')} from {index_dir}: {plural(len(live), 'block')} searchable")
+    deleted = live.delete(ids)
+    files = [i for i, found in named.items() if found != [i]]  # names of files: their sections went too
+    summary = {"index": str(index_dir), "deleted": len(deleted), "blocks": len(live), "index_version": live.current.name,
+               "documents": deleted}
+    print_summary(summary, as_json, f"[green]deleted[/green] {plural(summary['deleted'], 'document')} from {index_dir}"
+                  + (f" (every section of {', '.join(files)})" if files else "") + f": {plural(len(live), 'block')} searchable")
 
 
 @index_app.command("compact")

@@ -11,6 +11,8 @@ The store is a folder, written to a temporary name and renamed into place when c
   doc_index.npy   ordinal of the source document of each block (to exclude trivial retrievals)
   doc_hash.npy    a 64-bit hash of each document's id, in document order (finds a document's
                   blocks without reading blocks.jsonl: `BlockStore.document_rows`)
+  file_hash.npy   the same of each document's file name (`data/corpus.py file_of`: guide.md of
+                  guide.md#setup), finding a file's every section the same way
   blocks.jsonl    {"id", "doc_id", "title", "text"} per block; blocks.idx.npy holds byte offsets
 """
 
@@ -22,6 +24,7 @@ import os
 import re
 from array import array
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -29,7 +32,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ralm.atomic import atomic_path, manifest_file, read_manifest, read_npy
-from ralm.data.corpus import Document, corpus_fingerprint, read_corpus
+from ralm.data.corpus import Document, corpus_fingerprint, file_of, read_corpus
 from ralm.data.formats import EVERY_FILE, FileFilter
 from ralm.data.geometry import GEOMETRY
 from ralm.data.ragged import RaggedArray, RaggedWriter
@@ -162,7 +165,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
     (published atomically when complete)."""
     corpus = Path(corpus)
     total = _count_documents(corpus) if corpus.exists() else None
-    id_hashes = array("q")
+    id_hashes, file_hashes = array("q"), array("q")
     with atomic_path(out) as tmp:
         tmp.mkdir()
         tokens = RaggedWriter(tmp / "tokens", np.int32)
@@ -172,6 +175,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
             task = bar.add_task("blocking", total=total)
             for doc, blocks in iter_blocks(read_corpus(corpus, files=files), hf_tokenizer, cfg):
                 id_hashes.append(id_hash(doc.id))
+                file_hashes.append(id_hash(file_of(doc.id)))
                 for size in _append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index, meta=meta):
                     line_offsets.append(line_offsets[-1] + size)
                 n_docs += 1
@@ -181,6 +185,7 @@ def build_block_store(corpus: str | os.PathLike, out: str | os.PathLike, hf_toke
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
         np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
         np.save(tmp / "doc_hash.npy", np.frombuffer(id_hashes, dtype=np.int64))
+        np.save(tmp / "file_hash.npy", np.frombuffer(file_hashes, dtype=np.int64))
         np.save(tmp / "blocks.idx.npy", np.frombuffer(line_offsets, dtype=np.int64))
         manifest = {
             "format": FORMAT,
@@ -233,7 +238,9 @@ def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tup
     manifest, saying what it was made from."""
     runs = np.split(keep, np.flatnonzero(np.diff(keep) != 1) + 1) if len(keep) else []
     kept_docs, doc_index = np.unique(source.doc_index[keep], return_inverse=True)  # the kept documents, renumbered in order
-    id_hashes = array("q", source.document_rows().hashes[kept_docs].astype(np.int64).tobytes())
+    rows = source.document_rows()
+    id_hashes = array("q", rows.hashes[kept_docs].astype(np.int64).tobytes())
+    file_hashes = array("q", rows.file_hashes[kept_docs].astype(np.int64).tobytes())
     doc_index, body_start = array("q", doc_index.astype(np.int64).tobytes()), array("i", source.body_start[keep].astype(np.int32).tobytes())
     with atomic_path(out) as tmp:
         tmp.mkdir()
@@ -250,9 +257,11 @@ def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tup
                 lengths.append(np.array(_append_blocks(doc, blocks, n_docs, tokens=tokens, body_start=body_start, doc_index=doc_index,
                                                        meta=meta), dtype=np.int64))
                 id_hashes.append(id_hash(doc.id))
+                file_hashes.append(id_hash(file_of(doc.id)))
                 n_docs += 1
         tokens.close()
         np.save(tmp / "doc_hash.npy", np.frombuffer(id_hashes, dtype=np.int64))
+        np.save(tmp / "file_hash.npy", np.frombuffer(file_hashes, dtype=np.int64))
         np.save(tmp / "body_start.npy", np.frombuffer(body_start, dtype=np.int32))
         np.save(tmp / "doc_index.npy", np.frombuffer(doc_index, dtype=np.int64))
         np.save(tmp / "blocks.idx.npy", np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64))
@@ -340,8 +349,9 @@ class BlockStore:
 class DocumentRows:
     """document id -> range of its block rows (a document's blocks are consecutive), or None:
     found by the id's hash in doc_hash.npy and confirmed by the block's record, so a lookup reads
-    one record, not blocks.jsonl. A store written before doc_hash.npy existed hashes the ids
-    once, reading one record per document."""
+    one record, not blocks.jsonl; file name -> its documents (`of_file`) alike, by file_hash.npy.
+    A store written before doc_hash.npy (or file_hash.npy) existed hashes the ids once, reading
+    one record per document."""
 
     def __init__(self, store: BlockStore):
         self.store = store
@@ -349,6 +359,7 @@ class DocumentRows:
         self.bounds = np.append(starts, len(store))  # document d: rows bounds[d]:bounds[d + 1]
         path = store.folder / "doc_hash.npy"
         self._ids: list[str] | None = None  # every document id, read on first need
+        self._file_index: tuple[np.ndarray, np.ndarray] | None = None  # built by `file_index`
         if path.is_file():
             hashes = read_npy(path, None)
         else:
@@ -386,9 +397,38 @@ class DocumentRows:
     def __contains__(self, doc_id: str) -> bool:
         return self.get(doc_id) is not None
 
+    @cached_property
+    def file_hashes(self) -> np.ndarray:
+        """The hash of each document's file name (`file_of` its id), in document order, from
+        file_hash.npy; a store written before it existed hashes every id once (a record read
+        per document, on the first lookup of a file, not at open)."""
+        path = self.store.folder / "file_hash.npy"
+        hashes = read_npy(path, None) if path.is_file() else np.array([id_hash(file_of(i)) for i in self], dtype=np.int64)
+        if len(hashes) != len(self.hashes):
+            raise RalmError(f"{path} is damaged ({len(hashes)} entries for {len(self.hashes)} documents); rebuild the index")
+        return hashes
+
+    def file_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the documents in order of their file's hash, those hashes): what `of_file` searches,
+        built once, at its first use (a writer builds it before it takes the lock)."""
+        if self._file_index is None:
+            order = np.argsort(self.file_hashes, kind="stable")  # a file's documents in document order
+            self._file_index = order, self.file_hashes[order]
+        return self._file_index
+
+    def of_file(self, name: str) -> list[str]:
+        """The ids of the documents of file `name` (those whose `file_of` is `name`: its own id's
+        and its sections' and pages'), in document order: one search for the name's hash, one
+        record read per document it finds (confirming it), none of the other documents'."""
+        order, hashes = self.file_index()
+        h = id_hash(name)
+        found = order[np.searchsorted(hashes, h, "left"):np.searchsorted(hashes, h, "right")]
+        ids = (self.store.record(int(self.bounds[d]))["doc_id"] for d in np.sort(found))
+        return [i for i in ids if file_of(i) == name]
+
     def __iter__(self) -> Iterator[str]:
-        """Every document id, in document order: read once (a record per document), then kept,
-        so a file's every upload (`LiveSearcher.replace_files`) does not read them again."""
+        """Every document id, in document order: read once (a record per document), then kept
+        (what a store without file_hash.npy hashes the file names of)."""
         if self._ids is None:
             self._ids = [self.store.record(int(r))["doc_id"] for r in self.bounds[:-1]]
         return iter(self._ids)

@@ -78,6 +78,14 @@ def id_problem(doc_id: str) -> str | None:
     return f"holds a control character ({bad!r}); ids must be printable" if bad else None
 
 
+def file_of(doc_id: str) -> str:
+    """The file whose section or page `doc_id` is: the id before its last '#' (`guide.md` of
+    `guide.md#setup` and `paper.pdf#page=3`; an anchor holds no '#', a file name may:
+    `C#.md#intro` is of `C#.md`); an id without one is its own file's. Deleting a file's name
+    deletes every document of that file (retrieval/search/live.py `documents_named`)."""
+    return doc_id.rpartition("#")[0] or doc_id
+
+
 def _document(obj, where: str) -> Document:
     """A corpus record as a Document; `where` (file:line) prefixes the error."""
     if not isinstance(obj, dict):

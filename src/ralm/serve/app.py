@@ -263,31 +263,34 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         after = await index_after()
         return {"added": ids, "deleted": gone, "corpus_blocks": after["blocks"], **after}
 
-    @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it)",
+    @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it), and what a delete of the id deletes",
              responses=_errors(404, 422))
     async def get_document(doc_id: str):
-        if not await asyncio.to_thread(service.exists, doc_id):  # a snapshot's answer: no wait behind writes
+        named = await asyncio.to_thread(service.documents_named, doc_id)  # a snapshot's answer: no wait behind writes
+        if not named:
             raise HTTPException(404, f"no document with id {doc_id!r}")
-        return {"id": doc_id}
+        return {"id": doc_id, "documents": named}
 
-    @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)], summary="Delete a document",
-                responses=_errors(401, 404, 422))
+    @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)],
+                summary="Delete a document, or every section and page of a file by its name", responses=_errors(401, 404, 422))
     async def delete_document(doc_id: str):
-        if not await run(delete_if_present, doc_id):
+        deleted = await run(delete_if_present, doc_id)
+        if not deleted:
             raise HTTPException(404, f"no document with id {doc_id!r}")
-        log.info("deleted document %r", doc_id)
-        return {"deleted": doc_id, **await index_after()}
+        whole = "" if deleted == [doc_id] else f" ({plural(len(deleted), 'document')}: every section of the file)"
+        log.info("deleted document %r%s", doc_id, whole)
+        return {"deleted": doc_id, "documents": deleted, "count": len(deleted), **await index_after()}
 
-    def delete_if_present(doc_id: str) -> bool:
+    def delete_if_present(doc_id: str) -> list[str]:
         """Check and delete under one lock: of two concurrent DELETEs of an id, the second gets
-        404, as does one of an id another process deleted (the delete checks the log again)."""
-        if not service.exists(doc_id):
-            return False
+        404, as does one of an id another process deleted (the delete checks the log again).
+        The ids deleted; [] when it names none."""
+        if not service.documents_named(doc_id):
+            return []
         try:
-            service.delete(doc_id)
+            return service.delete(doc_id)
         except KeyError:
-            return False
-        return True
+            return []
 
     @app.get("/health", responses=_errors())
     async def health():

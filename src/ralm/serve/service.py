@@ -148,11 +148,12 @@ class Service:
     def add_file(self, docs: Sequence[Document], name: str) -> tuple[list[str], list[str]]:
         return self.live.replace_files(docs, [name])
 
-    def delete(self, doc_id: str) -> None:
-        self.live.delete([doc_id])
+    def delete(self, doc_id: str) -> list[str]:
+        """Delete what `doc_id` names (a file's name: its every section and page); the ids deleted."""
+        return self.live.delete([doc_id])
 
-    def exists(self, doc_id: str) -> bool:
-        return self.live.exists(doc_id)
+    def documents_named(self, doc_id: str) -> list[str]:
+        return self.live.documents_named(doc_id)
 
     # -- stats ----------------------------------------------------------------------------
     def stats(self) -> dict:

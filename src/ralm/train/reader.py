@@ -227,7 +227,7 @@ def best_span(scores: torch.Tensor, valid: torch.Tensor, question: torch.Tensor,
     return window, at[window]
 
 
-def verify_examples(batch: ReaderBatch, scores: torch.Tensor, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor,
+def verify_examples(batch: ReaderBatch, scores: torch.Tensor, *, valid: torch.Tensor, match: torch.Tensor, question: torch.Tensor,
                     titles: Sequence[str], examples: Sequence[ReadingExample]) -> tuple[list[tuple[str, str, str, str]], list[float]]:
     """The verifier's lessons of a step: each question's best span over all it read (right or
     wrong, as the pipeline would answer) and, where it is wrong, its best gold span, each as
@@ -361,7 +361,8 @@ class ReaderTrainer(QuestionTrainer):
                 teacher = self.teacher(replace(batch, input_ids=self.to_teacher[batch.input_ids]))  # [N, L, W]
         extra = {}
         valid = valid_spans(batch, width)
-        verify_logits, verify_labels = self.verify_batch(batch, scores, valid, match, question, titles, examples)
+        verify_logits, verify_labels = self.verify_batch(batch, scores, valid=valid, match=match, question=question, titles=titles,
+                                                         examples=examples)
         with full_precision(device):
             log_pz = torch.zeros(len(match), device=device)
             null = self.reader.null_scores(scores)
@@ -387,12 +388,13 @@ class ReaderTrainer(QuestionTrainer):
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if len(hit) else 0.0,
             "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match)), **extra}
 
-    def verify_batch(self, batch, scores, valid, match, question, titles, examples) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def verify_batch(self, batch, scores, *, valid, match, question, titles, examples) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The verifier's logits [V] and labels [V] on the step's lessons (`verify_examples`), or
         (None, None) for a reader without a verifier or a step without a valid span."""
         if self.reader.verify_head is None:
             return None, None
-        rows, labels = verify_examples(batch, scores.detach(), valid, match, question, titles, examples)
+        rows, labels = verify_examples(batch, scores.detach(), valid=valid, match=match, question=question, titles=titles,
+                                       examples=examples)
         if not rows:
             return None, None
         questions, answers, contexts, row_titles = map(list, zip(*rows))

@@ -6,6 +6,10 @@ An overlay (search/overlay.py) sits on top of the searcher's current index versi
     their document-tower embeddings; BM25: their terms, scored with the version's statistics),
     searched beside the version;
   - replaced and deleted documents hide their main-index blocks (tombstones).
+A file read by sections (`guide.md`, `guide.md#setup`, `paper.pdf#page=2`: data/corpus.py
+`file_of`) is one thing to a user: deleting its name deletes its every section and page
+(`documents_named`, found by the hash of their file's name), and adding it again
+(`replace_files`) deletes the sections it lost in the same log batch as it adds the rest.
 Every change goes to the index's one update log (search/update_log.py), with what each side
 keeps of its blocks, before it is applied; opening replays the log without recomputing any of
 it. A writer appends under the index's writer lock after catching up with the log, and
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import logging
 import threading
 from dataclasses import dataclass, field, replace
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from ralm.data.blocks import DocumentRows
-from ralm.data.corpus import Document
+from ralm.data.corpus import Document, file_of
 from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import check_k
 from ralm.retrieval.index.store import VersionManifest
@@ -279,6 +282,23 @@ class LiveSearcher(Searcher):
         """Add or replace documents; durable (logged + fsync'd) before they are searchable.
         An id given twice keeps its last version, as a replay of the log would. The blocks are
         embedded before the writer lock is taken."""
+        latest, live, version = self._prepared(docs)
+        self._write(self._entries(live, version), adds=live, version=version)
+        return [d.id for d in latest]
+
+    def replace_files(self, docs: Sequence[Document], names: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Add `docs`, read from the files `names` (a section's id is its file's name, '#' and its
+        anchor: data/formats.py), and delete every document of those files that `docs` do not
+        hold (a heading or page an edited file lost), in one durable update: a crash leaves each
+        file as it was or as it is now, never a mix. Returns (the ids added, the ids deleted)."""
+        latest, live, version = self._prepared(docs)
+        self._rows_by_doc(version).file_index()  # outside the lock
+        gone = self._write(self._entries(live, version), adds=live, files=list(dict.fromkeys(names)), version=version)
+        return [d.id for d in latest], gone
+
+    def _prepared(self, docs: Sequence[Document]) -> tuple[list[Document], list[LiveDoc], LoadedVersion]:
+        """(the last version of each id, their blocks and states, the version they were split
+        for): the work of an add done before the writer lock is taken."""
         for d in docs:
             if not d.id.strip() or not d.text.strip():
                 raise RalmError("a document needs a non-empty 'id' and 'text'")
@@ -286,48 +306,58 @@ class LiveSearcher(Searcher):
         version = self._snap.version
         live = self._split(latest, version)
         self._rows_by_doc(version)  # outside the lock
-        self._write(self._entries(live, version), adds=live, version=version)
-        return [d.id for d in latest]
+        return latest, live, version
 
-    def delete(self, doc_ids: Sequence[str]) -> None:
-        """Delete documents, all or none (KeyError names the first id the index does not hold),
-        in one pass over the overlay and one durable log append however many there are."""
+    def delete(self, doc_ids: Sequence[str]) -> list[str]:
+        """Delete what each id names (`documents_named`: its document, and a file's every section
+        and page), all or none (KeyError names the first id that names nothing), in one pass over
+        the overlay and one durable log append however many there are. Returns the ids deleted."""
         if isinstance(doc_ids, str):  # would delete each of its characters
             raise RalmError("delete() takes a list of document ids; wrap a single id in a list")
         ids = list(dict.fromkeys(doc_ids))
-        self._rows_by_doc(self._snap.version)  # outside the lock
-        self._write([Entry({"op": "delete", "id": i}) for i in ids], deleted=ids)
+        self._rows_by_doc(self._snap.version).file_index()  # outside the lock
+        return self._write([], named=ids)
 
-    def _write(self, entries: list[Entry], *, adds: Sequence[LiveDoc] = (), deleted: Sequence[str] = (),
-               version: LoadedVersion | None = None) -> None:
-        """Append `entries` to the log and apply them, under the writer lock, after catching up
-        with what others appended (a delete of an id they deleted meanwhile is a KeyError)."""
+    def documents_named(self, doc_id: str) -> list[str]:
+        """What a delete of `doc_id` deletes, as the current snapshot holds it: the document of
+        that id, and every document of the file it names (`guide.md`: `guide.md#setup`,
+        `guide.md#faq`; `paper.pdf`: `paper.pdf#page=1` ...; data/corpus.py `file_of`), the
+        document first, then the index's, then the live ones; [] when it names none. A
+        section's id names that section alone."""
+        snap = self._snap
+        return _named(snap, doc_id, self._rows_by_doc(snap.version))
+
+    def _write(self, entries: list[Entry], *, adds: Sequence[LiveDoc] = (), named: Sequence[str] = (),
+               files: Sequence[str] = (), version: LoadedVersion | None = None) -> list[str]:
+        """Append to the log, as one batch, a delete of every document that the ids `named` name
+        (a KeyError names the first that names none) and of each document of `files` that
+        `adds` do not replace, then `entries`; and apply them. Under the writer lock, after
+        catching up with what others appended, so what is deleted is what the log holds then.
+        Returns the ids deleted."""
         with self._synced(exclusive=True) as snap:
             if version is not None and not snap.version.sides.keys() <= version.sides.keys():
                 raise RalmError(f"{self.index.root}: a version with more sides was published meanwhile; add the documents again")
-            missing = next((i for i in deleted if not _exists(snap, i, self._rows_by_doc(snap.version))), None)
-            if missing is not None:
-                raise KeyError(missing)
+            rows = self._rows_by_doc(snap.version)
+            gone: dict[str, None] = {}
+            for doc_id in named:
+                found = _named(snap, doc_id, rows)
+                if not found:
+                    raise KeyError(doc_id)
+                gone.update(dict.fromkeys(found))
+            added = {a.doc.id for a in adds}
+            for name in files:
+                gone.update(dict.fromkeys(i for i in _named(snap, name, rows) if i not in added))
+            entries = [Entry({"op": "delete", "id": i}) for i in gone] + entries
             position = snap.log
             end = self.updates.append(entries, log_id=position.id, at=position.end)
-            delta = applied(snap.delta, adds, deleted)
+            delta = applied(snap.delta, adds, gone)
             self._snap = self._snapshot(snap.version, delta, LogPosition(position.id, end, position.lines + len(entries),
                                                                           position.records + len(entries)))
-
-    def replace_files(self, docs: Sequence[Document], names: Iterable[str]) -> tuple[list[str], list[str]]:
-        """Add `docs`, read from the files `names` (a section's id is its file's name, '#' and its
-        anchor: data/formats.py), and delete the sections of those files that `docs` no longer
-        hold (a heading or page an edited file lost). Returns (the ids added, the ids deleted)."""
-        ids = self.add(docs)
-        names, kept = set(names), set(ids)
-        snap = self._snap
-        main = (d for d in self._rows_by_doc(snap.version) if d not in snap.delta.hidden_docs)
-        stale = sorted(d for d in itertools.chain(main, snap.delta.docs) if d not in kept and d.split("#", 1)[0] in names)
-        if stale:
-            self.delete(stale)
-        return ids, stale
+            return list(gone)
 
     def exists(self, doc_id: str) -> bool:
+        """Whether a document of this very id is searchable (a file's name whose sections are
+        but whose own text is not: False; `documents_named` finds those)."""
         snap = self._snap
         return _exists(snap, doc_id, self._rows_by_doc(snap.version))
 
@@ -398,6 +428,20 @@ def _best(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _exists(snap: Snapshot, doc_id: str, rows_of: Container[str]) -> bool:
     return doc_id in snap.delta.docs or (doc_id not in snap.delta.hidden_docs and doc_id in rows_of)
+
+
+def _named(snap: Snapshot, doc_id: str, rows: DocumentRows) -> list[str]:
+    """`LiveSearcher.documents_named` on `snap`: the index's documents of the file `doc_id`
+    (by the hashes of their files' names) not hidden, its live ones, and, where its own file is
+    another (`C#.md` is of `C`), the document of that id."""
+    hidden = snap.delta.hidden_docs
+    found = dict.fromkeys(i for i in rows.of_file(doc_id) if i not in hidden)
+    found.update(dict.fromkeys(snap.delta.files.get(doc_id, ())))
+    if doc_id not in found and file_of(doc_id) != doc_id and _exists(snap, doc_id, rows):
+        found[doc_id] = None
+    if doc_id in found:  # the document first, as a folder lists a file's text before its sections
+        return [doc_id, *(i for i in found if i != doc_id)]
+    return list(found)
 
 
 def _stored(doc: Document, spans: list | None, state: dict | None, sides: dict) -> LiveDoc | None:

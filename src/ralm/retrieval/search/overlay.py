@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ralm.data.blocks import BlockConfig, BlockStore, iter_blocks
-from ralm.data.corpus import Document
+from ralm.data.corpus import Document, file_of
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class Delta:
     records: tuple[dict, ...] = ()  # {"id", "doc_id", "title", "text"} per overlay block
     state: dict = field(default_factory=dict)  # side -> [one state per overlay block]
     row_of: dict = field(default_factory=dict)  # block id -> its index in `records`
+
+    @cached_property
+    def files(self) -> dict[str, tuple[str, ...]]:
+        """file name -> the ids of its live documents (data/corpus.py `file_of`), in live order:
+        built at the first lookup of a file, once per Delta."""
+        out: dict[str, list[str]] = {}
+        for doc_id in self.docs:
+            out.setdefault(file_of(doc_id), []).append(doc_id)
+        return {name: tuple(ids) for name, ids in out.items()}
 
 
 def applied(old: Delta, adds: Sequence[LiveDoc] = (), deleted: Iterable[str] = ()) -> Delta:

@@ -192,14 +192,19 @@ async function ask(event) {
 
 let knownId = null;  // the id whose existence the page last checked and showed: {id, exists}
 
-async function exists(id) {
+// The ids a delete of `id` deletes: its document, and a file's every section and page ([]: none).
+async function named(id) {
   try {
-    await api(`/documents/${encodeURIComponent(id)}`, null, "GET");
-    return true;
+    return (await api(`/documents/${encodeURIComponent(id)}`, null, "GET")).documents ?? [id];
   } catch (e) {
-    if (e.status === 404) return false;
+    if (e.status === 404) return [];
     throw e;
   }
+}
+
+// Whether a document of this very id exists (a save replaces it).
+async function exists(id) {
+  return (await named(id)).includes(id);
 }
 
 function forgetId() {
@@ -225,7 +230,8 @@ async function checkId() {
 }
 
 function afterWrite(verb, id, r) {
-  $("doc-status").textContent = `${verb} “${id}”. Index ${r.index_version} now has ${r.blocks} blocks.`;
+  const many = r.count > 1 ? `: ${r.count} documents, every section of the file` : "";
+  $("doc-status").textContent = `${verb} “${id}”${many}. Index ${r.index_version} now has ${r.blocks} blocks.`;
   refreshStats();
 }
 
@@ -259,8 +265,10 @@ async function askDelete() {
     $("doc-id").focus();
     return;
   }
+  let docs;
   try {
-    if (!(await exists(id))) {
+    docs = await named(id);
+    if (!docs.length) {
       $("doc-status").textContent = `There is no document with the id “${id}”.`;
       return;
     }
@@ -268,7 +276,8 @@ async function askDelete() {
     $("doc-status").textContent = `Not deleted: ${e.message}`;
     return;
   }
-  $("delete-question").textContent = `Delete “${id}” for good?`;
+  const file = docs.length > 1 || docs[0] !== id ? `, every section of the file (${docs.length} documents),` : "";
+  $("delete-question").textContent = `Delete “${id}”${file} for good?`;
   $("delete-confirm").dataset.id = id;
   $("delete-confirm").hidden = false;
   $("delete-yes").focus();
