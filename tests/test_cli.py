@@ -5,11 +5,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import DOCS
+from ralm.defaults import MAX_QUESTION_CHARS
 
 
 def test_index_build_search_and_eval_retrieval(ralm, tiny_bert, corpus_file, tmp_path):
@@ -178,6 +180,8 @@ def test_mistakes_are_named_before_torch_is_imported(tiny_hybrid_index, tmp_path
     (tmp_path / "office" / "report.docx").write_text("x")
     twenty = tmp_path / "twenty.jsonl"
     twenty.write_text("".join(json.dumps({"id": str(i), "question": f"q{i}", "answers": ["a"]}) + "\n" for i in range(20)))
+    long = tmp_path / "long.jsonl"
+    long.write_text("".join(json.dumps({"question": q, "answers": ["a"]}) + "\n" for q in ("q", "x" * (MAX_QUESTION_CHARS + 1))))
     index = str(tiny_hybrid_index)
     cases = {("ask", "q", "--index", str(tmp_path / "none")): "not an index directory",
              ("search", index, "q", "-k", "0"): "-k must be a positive integer",
@@ -188,7 +192,13 @@ def test_mistakes_are_named_before_torch_is_imported(tiny_hybrid_index, tmp_path
                  "calibration needs at least 50 held-back questions, got 20",
              ("ask", "q", "--index", index, "--device", "gpu"): "--device must be auto, cpu, cuda or cuda:N",
              ("ask", "q", "--index", index, "--dtype", "fp16"): "--dtype must be one of auto, fp32, bf16",
-             ("serve", "--index", index, "--max-body-mb", "0"): "--max-body-mb must be a positive integer"}
+             ("serve", "--index", index, "--max-body-mb", "0"): "--max-body-mb must be a positive integer",
+             ("eval", "qa", "--index", index, "--questions", str(twenty), "--predictions", str(twenty)):
+                 f"--predictions {twenty} is what --questions reads",
+             ("export", index, "--format", "hf", "--out", str(tiny_hybrid_index / "exported")): "an index directory, which ralm never writes into",
+             ("ask", "x" * (MAX_QUESTION_CHARS + 1), "--index", index): f"the question holds {MAX_QUESTION_CHARS + 1:,} characters",
+             ("search", index, "x" * (MAX_QUESTION_CHARS + 1)): f"the query holds {MAX_QUESTION_CHARS + 1:,} characters",
+             ("eval", "qa", "--index", index, "--questions", str(long)): f"{long}:2: field 'question' holds {MAX_QUESTION_CHARS + 1:,} characters"}
     code = ("import sys\nfrom ralm.cli import main\nsys.argv = ['ralm', *sys.argv[1:]]\ntry:\n    main()\n"
             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
@@ -252,3 +262,46 @@ def test_index_build_with_precomputed_embeddings_checks_its_options_first(ralm, 
     assert rc == 0, err
     assert json.loads(out)["faiss"] is None and np.array_equal(
         np.load(next((tmp_path / "b" / "versions").iterdir()) / "embeddings.npy"), np.load(emb))
+
+
+def test_an_output_never_overwrites_an_input_or_a_file_of_an_index(ralm, corpus_file, tmp_path):
+    """`--predictions` naming the questions file (or a link to it) would overwrite it; naming
+    INDEX/manifest.json would leave an index that no longer opens. Both are one line, and
+    nothing is written."""
+    assert ralm("index", "build", corpus_file, "--out", tmp_path / "idx", "--kind", "bm25")[0] == 0
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "Who created Python?", "answers": ["Guido van Rossum"]}) + "\n")
+    (tmp_path / "link.jsonl").symlink_to(questions)
+    manifest = tmp_path / "idx" / "manifest.json"
+    before = questions.read_bytes(), manifest.read_bytes()
+    qa = ("eval", "qa", "--index", tmp_path / "idx", "--questions", questions, "--predictions")
+    _one_line_error(*ralm(*qa, questions)[::2], f"--predictions {questions} is what --questions reads")
+    _one_line_error(*ralm(*qa, tmp_path / "link.jsonl")[::2], "is what --questions reads")
+    _one_line_error(*ralm(*qa, manifest)[::2], f"lies inside {tmp_path / 'idx'}, an index directory")
+    retrieval = ("eval", "retrieval", "--index", tmp_path / "idx", "--questions", questions, "--predictions")
+    _one_line_error(*ralm(*retrieval, questions)[::2], "is what --questions reads")
+    _one_line_error(*ralm(*retrieval, tmp_path / "idx" / "versions" / "v000001" / "p.jsonl")[::2], "an index directory")
+    _one_line_error(*ralm("index", "build", corpus_file, "--out", corpus_file, "--kind", "bm25")[::2], "is what CORPUS reads")
+    assert (questions.read_bytes(), manifest.read_bytes()) == before
+    rc, out, err = ralm("search", tmp_path / "idx", "Who created Python?", "--json")
+    assert rc == 0 and json.loads(out)[0]["id"] == "python:0", err  # the index still opens
+    rc, _, err = ralm("eval", "retrieval", "--index", tmp_path / "idx", "--questions", questions, "--predictions", tmp_path / "p.jsonl")
+    assert rc == 0 and (tmp_path / "p.jsonl").is_file(), err  # an output beside them is written
+
+
+def test_an_endless_stdin_line_is_refused_after_a_bounded_read(tiny_hybrid_index, tmp_path):
+    """`ralm ask < /dev/zero` read one endless line into memory (MemoryError): a line is read
+    at most MAX_QUESTION_CHARS characters' worth at a time, so 10 MB without a newline is one
+    line naming stdin:1 and the limit, in about a second, having read a few kilobytes of it."""
+    endless = tmp_path / "endless.txt"
+    endless.write_bytes(b"a" * 10_000_000)  # no newline
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    with open(endless, "rb") as stdin:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "ralm", "ask", "--index", str(tiny_hybrid_index)], stdin=stdin,
+                              capture_output=True, text=True, env=env, timeout=60)
+        seconds = time.perf_counter() - start
+        read = os.lseek(stdin.fileno(), 0, os.SEEK_CUR)  # the child shared this file offset: how far it read
+    _one_line_error(proc.returncode, proc.stderr, f"stdin:1: the line holds more than {MAX_QUESTION_CHARS:,} characters")
+    assert seconds < 10, seconds
+    assert read < 100_000, read

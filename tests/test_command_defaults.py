@@ -14,12 +14,11 @@ from ralm.commands.from_config import config_options
 from ralm.commands.index import EvalRetrievalConfig, IndexBuildConfig, IndexUpgradeConfig, SearchConfig
 from ralm.commands.lm import KnnlmEvalConfig, LmBatchConfig, RetroDbConfig, RetroEvalConfig, RetroGenerateConfig
 from ralm.data.geometry import GEOMETRY
-from ralm.models.confidence import MIN_CONFIDENCE
 from test_from_config import _commands
 
 # Options a command declares itself whose value defaults have their own single home (the
 # shared typer options of commands/shared.py: the Runtime's "auto", the confidence maps' threshold).
-SHARED = {"device": "auto", "dtype": "auto", "min_confidence": MIN_CONFIDENCE}
+SHARED = {"device": "auto", "dtype": "auto", "min_confidence": None}  # None: each confidence map's own threshold
 
 # (config, field) -> (the library callable the command hands it to, its parameter, the field's
 # value as that parameter takes it)
@@ -36,6 +35,7 @@ LIBRARY = {
     (DemoConfig, "rebuild"): ("ralm.demo:run_demo", "rebuild", None),
     (EvalQaConfig, "k"): ("ralm.pipeline:OpenQA.open", "k", None),
     (EvalQaConfig, "batch_size"): ("ralm.eval.openqa:evaluate_qa", "batch_size", None),
+    (EvalQaConfig, "max_unanswerable"): ("ralm.eval.openqa:evaluate_qa", "max_unanswerable", None),
     (ServeOptions, "host"): ("ralm.serve.service:ServeConfig", "host", None),
     (ServeOptions, "max_body_mb"): ("ralm.serve.service:ServeConfig", "max_body_bytes", lambda v: v << 20),
     (ServeOptions, "compact_after"): ("ralm.serve.service:ServeConfig", "compact_after", None),

@@ -1,14 +1,20 @@
 """The HTTP API: every endpoint, live documents, hot swap under load, restart replay, 4xx."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from fastapi.testclient import TestClient
 
+from pathlib import Path
+
 from ralm.data.corpus import Document
+from ralm.defaults import MAX_QUESTION_CHARS
 from ralm.errors import RalmError
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.store import IndexDir
@@ -144,6 +150,8 @@ def test_hot_swap_under_concurrent_requests_has_zero_failures(dirs, tiny_bert):
     ("post", "/ask", {"k": 2}, 422, "question"),
     ("post", "/search", {"query": "x", "retriever": "magic"}, 422, "retriever"),
     ("post", "/search", {"query": 42}, 422, "query"),
+    ("post", "/ask", {"question": "x" * (MAX_QUESTION_CHARS + 1)}, 422, f"at most {MAX_QUESTION_CHARS} characters"),
+    ("post", "/search", {"query": "x" * (MAX_QUESTION_CHARS + 1)}, 422, f"at most {MAX_QUESTION_CHARS} characters"),
     ("post", "/documents", {"documents": []}, 422, "documents"),
     ("post", "/documents", {"documents": [{"id": "a", "text": ""}]}, 422, "text"),
     ("delete", "/documents/no-such-doc", None, 404, "no-such-doc"),
@@ -153,6 +161,30 @@ def test_bad_requests_get_a_4xx_with_a_json_error(dirs, method, path, body, stat
         r = getattr(c, method)(path, json=body) if body is not None else getattr(c, method)(path)
         assert r.status_code == status, r.text
         assert needle in r.json()["error"]
+
+
+def test_the_server_and_the_command_line_hold_questions_to_one_limit(tmp_path):
+    """MAX_QUESTION_CHARS (src/ralm/defaults.py) is the one home of the limit: set to 50 before
+    ralm is imported, /ask's and /search's schemas, `ralm ask`, `ralm search` and a question
+    file all allow 50 characters, and no other number."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "x" * 51, "answers": ["a"]}) + "\n")
+    code = ("import json, sys\nimport ralm.defaults\nralm.defaults.MAX_QUESTION_CHARS = 50\n"
+            "from ralm.serve.app import AskRequest, SearchRequest\nfrom ralm.cli import main\n"
+            "schema = {'ask': AskRequest.model_json_schema()['properties']['question']['maxLength'],\n"
+            "          'search': SearchRequest.model_json_schema()['properties']['query']['maxLength']}\n"
+            "print(json.dumps(schema))\n"
+            "for argv in (['ask', 'x' * 51, '--index', 'none'], ['search', 'none', 'x' * 51], ['ask', 'x' * 50, '--index', 'none'],\n"
+            "             ['eval', 'qa', '--index', 'none', '--questions', sys.argv[1]]):\n"
+            "    sys.argv = ['ralm', *argv]\n    try:\n        main()\n    except SystemExit as e:\n        print(e.code)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, str(questions)], capture_output=True, text=True, env=env, timeout=120)
+    lines = proc.stdout.splitlines()
+    assert json.loads(lines[0]) == {"ask": 50, "search": 50}, proc.stderr
+    assert lines[1:] == ["2"] * 4, proc.stderr
+    errors = proc.stderr.splitlines()
+    assert [e.endswith("holds at most 50") for e in errors] == [True, True, False, True], proc.stderr
+    assert "not an index directory" in errors[2]  # 50 characters passed the limit, on to the next check
 
 
 def test_oversized_body_unavailable_retriever_missing_reader_and_api_key(dirs):

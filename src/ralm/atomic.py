@@ -21,7 +21,7 @@ import socket
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -112,6 +112,58 @@ def _check_replaceable(target: Path) -> None:
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise RalmError(f"{target} is not a regular file (a device, FIFO or socket); ralm writes its outputs to files: "
                         "name a file path")
+
+
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _artifact(folder: Path) -> str | None:
+    """What `folder` is when ralm reads it as a whole: an index (its manifest beside versions/),
+    another ralm artifact (a ralm manifest: an index version, a block store, a chunk DB, a
+    datastore) or a model directory (config.json beside weights: ralm's, Hugging Face's); else None."""
+    try:
+        manifest = manifest_file(folder)
+        if manifest.is_file():
+            if (folder / "versions").is_dir():
+                return "an index directory"
+            try:
+                fmt = str(json.loads(manifest.read_bytes()).get("format", ""))
+            except (ValueError, AttributeError):  # not JSON, not an object: no manifest of ralm's
+                fmt = ""
+            family = fmt.removeprefix("ralm.").split("/")[0] if fmt.startswith("ralm.") else None
+            if family is not None:
+                return "an index directory" if family == "index" else f"a ralm {family} directory"
+        if (folder / "config.json").is_file() and (any((folder / w).is_file() for w in _WEIGHTS)
+                                                   or any(folder.glob("model-*-of-*.safetensors"))):
+            return "a model directory"
+    except OSError:  # a folder this user cannot read: not one ralm could have read either
+        return None
+    return None
+
+
+def check_output(option: str, output: str | os.PathLike, inputs: Iterable[tuple[str, object]] = ()) -> None:
+    """Refuse an output path the user gave (`--predictions`, `--out`) that would destroy what
+    ralm reads: the same file (or folder) as one of the command's `inputs`, (option, path) pairs
+    such as ("--questions", path), also under another name (a link), or a path inside an index,
+    a model or another ralm artifact directory (`--predictions INDEX/manifest.json` would leave
+    an index that no longer opens). An input that is no path (a hub model name, None) is skipped.
+    Cheap (a few stat calls): the CLI checks its outputs before it imports torch."""
+    for name, given in inputs:
+        if isinstance(given, (str, os.PathLike)) and given != "" and _same_file(output, given):
+            raise RalmError(f"{option} {output} is what {name} reads ({given}); ralm never writes over an input: "
+                            "name another path")
+    found = [(folder, what) for folder in Path(os.path.realpath(output)).parents if (what := _artifact(folder))]
+    if found:
+        folder, what = found[-1]  # the outermost: INDEX, not INDEX/versions/v000001
+        raise RalmError(f"{option} {output} lies inside {folder}, {what}, which ralm never writes into: name a path "
+                        "outside it")
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either does not exist (a new output), or is no path at all
+        return False
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ralm.atomic import check_output
 from ralm.commands.convert import convert_app, export
 from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
@@ -31,6 +32,7 @@ from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError, option
+from ralm.data.qa import check_length, read_question_line
 from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, MAX_UNANSWERABLE, QA_BATCH, READ_K, SERVE_HOST
 from ralm.errors import RalmError, RalmWarning, plural
 
@@ -185,6 +187,11 @@ def eval_qa(
         raise RalmError(f"--out {calibrated_out} exists and is not an empty directory")
     if also and not calibrate:
         raise RalmError("--also adds calibration sets: add --calibrate or drop --also")
+    inputs = [("--questions", questions), ("--index", index_dir), ("--model", model),
+              *(("--also", path) for spec in also for path in spec.split("=", 1))]
+    for flag, output in (("--predictions", predictions), ("--out", calibrated_out)):
+        if output is not None:
+            check_output(flag, output, inputs)
     if not 0 <= cfg.max_unanswerable <= 1:
         raise RalmError(f"--max-unanswerable must be in [0, 1], got {cfg.max_unanswerable}")
     extra_sets = []
@@ -206,7 +213,9 @@ def eval_qa(
     from ralm.pipeline import resolve_reader
 
     qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
-    predictions = predictions or default_predictions_path(questions, index_dir, qa.kind)
+    if predictions is None:
+        predictions = default_predictions_path(questions, index_dir, qa.kind)
+        check_output("--predictions", predictions, inputs)  # the current folder may be an index's
     from ralm.eval.openqa import CalibrationSet
     from ralm.pipeline import OpenQA, open_searcher
 
@@ -259,13 +268,21 @@ def ask(
                                                        "text, retrieval_score, span}]} (one line per question when read from stdin)"),
 ):
     """Answer a question with evidence: the most probable answer over the top-k blocks."""
-    if question is not None and not question.strip():
-        raise RalmError("the question is empty")
+    if question is not None:
+        if not question.strip():
+            raise RalmError("the question is empty")
+        check_length(question, "the question")
     k = cfg.k
     side = side_given(side, old_side)
     _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
+    questions = [question] if question is not None else _stdin_questions()
+    if question is None and not sys.stdin.isatty():  # piped: the first line is read, and a bad one named, before the models load
+        first = next(questions, None)
+        if first is None:
+            return
+        questions = itertools.chain([first], questions)
     qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
-    for q in [question] if question is not None else _stdin_questions():
+    for q in questions:
         answer = qa.answer([q])[0]
         if as_json:
             print_json(answer.to_json(), ensure_ascii=False)
@@ -274,22 +291,20 @@ def ask(
 
 
 def _stdin_questions():
-    """Non-empty lines of stdin; on a terminal, a prompt before each. A line that is not UTF-8
-    stops with one line naming it (stdin:N)."""
-    from ralm.data.corpus import decode_line
-
+    """Non-empty lines of stdin; on a terminal, a prompt before each. A line that is not UTF-8 or
+    holds more than MAX_QUESTION_CHARS characters stops with one line naming it (stdin:N); each
+    line is read a bounded number of bytes at a time (data/qa.py), never an endless one whole."""
     prompt = sys.stdin.isatty()
     if prompt:
         err.print("ready: one question a line, Ctrl-D to end")
     for lineno in itertools.count(1):
         if prompt:
             err.print("[bold]?[/bold] ", end="")
-        raw = sys.stdin.buffer.readline()
-        if not raw:
+        line = read_question_line(sys.stdin.buffer, "stdin", lineno)
+        if line is None:
             return
-        line = decode_line(raw, "stdin", lineno).strip()
-        if line:
-            yield line
+        if line.strip():
+            yield line.strip()
 
 
 @app.command()

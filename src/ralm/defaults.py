@@ -15,6 +15,7 @@ COMPACT_AFTER = 10_000  # update records an index's log holds before a server co
 # Defaults of the other commands, each read by the library function it configures and by the
 # command's config (commands/), so that the two cannot drift apart.
 SEARCH_K = 5  # passages `ralm search` (and Searcher.search) returns
+MAX_QUESTION_CHARS = 2000  # the longest question or search query: argv, stdin, question files and HTTP alike (50 MB ran 340 s)
 INDEX_KIND = "hybrid"  # what an index version holds: a dense and a BM25 side, searched fused
 FAISS_AUTO = "auto"  # the dense side's search chosen from the number of vectors (faiss_index.auto_spec)
 EMBED_BATCH = 64  # blocks (chunks) embedded per forward pass: memory against speed

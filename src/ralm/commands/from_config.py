@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ralm.atomic import check_output
 from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime
 from ralm.configs import ConfigError, Recipe, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
@@ -240,6 +241,7 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
             missing = [o.flag for o in options if o.required and values[o.name] in (None, ...)]
             if missing:
                 raise RalmError(f"missing option {missing[0]}: give it, or a --recipe that sets it")
+            check_output("--out", run, [(o.flag, values[o.name]) for o in options if o.path])
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
             rt = runtime(device, cfg.dtype)

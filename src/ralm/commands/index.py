@@ -11,11 +11,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from ralm.atomic import check_output
 from ralm.commands.from_config import config_command
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, OldSideOpt, SideOpt, check_runtime, corpus_files,
                                   index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime, side_given)
 from ralm.configs import CORPUS_HELP, option
 from ralm.data.geometry import GEOMETRY
+from ralm.data.qa import check_length
 from ralm.console import out, print_hits, print_json, print_summary
 from ralm.defaults import EMBED_BATCH, FAISS_AUTO, INDEX_KIND, RETRIEVAL_KS, SEARCH_K
 from ralm.errors import RalmError, plural
@@ -74,6 +76,7 @@ def index_build(
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     start = time.perf_counter()
+    check_output("--out", out_dir, [("CORPUS", corpus), ("--model", model), ("--embeddings", embeddings)])
     files = corpus_files(corpus, include, exclude)
     kind, faiss, dim, batch_size = cfg.kind, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
     check_runtime(device, dtype)
@@ -166,6 +169,7 @@ def search(
     side = side_given(side, old_side)
     if not query.strip():
         raise RalmError("the query is empty")
+    check_length(query, "the query")
     index_path(index_dir)
     check_runtime(device, dtype)
     from ralm.retrieval.search.live import LiveSearcher
@@ -208,6 +212,8 @@ def eval_retrieval(
         raise RalmError(f"--ks must be comma-separated integers, got {ks!r}") from None
     if not cutoffs:
         raise RalmError("--ks names no cut-off")
+    if predictions is not None:
+        check_output("--predictions", predictions, [("--questions", questions), ("--index", index_dir), ("--model", model)])
     qs = read_questions(questions)
     if limit is not None:
         qs = qs[: positive("--limit", limit)]

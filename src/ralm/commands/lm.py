@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ralm.atomic import check_output
 from ralm.commands.from_config import TrainerCommand, config_command, config_options, lazy_trainer_group
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries,
                                   removed_on_error, runtime, token_limit, torch_device)
@@ -136,6 +137,7 @@ def retro_build_db(
     as_json: bool = JsonOpt,
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
+    check_output("--out", db, [("CORPUS", corpus), ("--model", model)])
     chunk_len, batch_size = cfg.chunk_len, cfg.batch_size
     from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
 
@@ -234,6 +236,7 @@ def knnlm_build(
     as_json: bool = JsonOpt,
 ):
     """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
+    check_output("--out", store, [("--model", model), ("--text", text)])
     batch_size = cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.models.knnlm import build_datastore

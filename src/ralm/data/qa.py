@@ -1,4 +1,5 @@
-"""Question files and SQuAD answer normalisation.
+"""Question files, the length a question may have (MAX_QUESTION_CHARS) and SQuAD answer
+normalisation.
 
 A question file is JSON Lines: {"id", "question", "answers": [...]} (other keys kept in
 `extra`, e.g. "doc_id" for analysis; never used at prediction time).
@@ -11,9 +12,10 @@ import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
-from ralm.data.corpus import check_unicode, iter_jsonl
+from ralm import defaults
+from ralm.data.corpus import check_unicode, decode_line, iter_jsonl
 from ralm.errors import RalmError
 
 
@@ -23,6 +25,37 @@ class Question:
     question: str
     answers: tuple[str, ...]
     extra: dict = field(default_factory=dict, compare=False)
+
+
+def too_long(where: str, chars: int | None = None) -> RalmError:
+    """The error of a question or search query over MAX_QUESTION_CHARS (src/ralm/defaults.py, the
+    server's limit too), naming `where` it was read: `chars` characters, or more than the limit
+    when a bounded read stopped before the end."""
+    limit = defaults.MAX_QUESTION_CHARS
+    held = f"{chars:,}" if chars is not None else f"more than {limit:,}"
+    return RalmError(f"{where} holds {held} characters; a question or search query holds at most {limit:,}")
+
+
+def check_length(text: str, where: str) -> str:
+    """`text`, a question or a search query, refused when it is longer than MAX_QUESTION_CHARS."""
+    if len(text) > defaults.MAX_QUESTION_CHARS:
+        raise too_long(where, len(text))
+    return text
+
+
+def read_question_line(stream: BinaryIO, where: str, lineno: int) -> str | None:
+    """Line `lineno` of a byte stream of questions (stdin), without its line break; None at the
+    end. At most the bytes of MAX_QUESTION_CHARS characters (4 each in UTF-8) and a line break are
+    read, so a longer line, an endless one too (`< /dev/zero`), is refused naming where:N after a
+    few kilobytes, never read into memory; so is a line that is not UTF-8."""
+    cap = 4 * defaults.MAX_QUESTION_CHARS + 2  # + "\r\n"
+    raw = stream.readline(cap)
+    if not raw:
+        return None
+    if len(raw) == cap and not raw.endswith(b"\n"):
+        raise too_long(f"{where}:{lineno}: the line")
+    line = decode_line(raw, where, lineno).rstrip("\r\n")
+    return check_length(line, f"{where}:{lineno}: the line")
 
 
 def read_questions(path: str | os.PathLike) -> list[Question]:
@@ -47,6 +80,7 @@ def iter_questions(path: str | os.PathLike) -> Iterator[Question]:
             raise RalmError(f"{path}:{lineno}: field 'question' must be a non-empty string")
         if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
             raise RalmError(f"{path}:{lineno}: field 'answers' must be a list of strings")
+        check_length(obj["question"], f"{path}:{lineno}: field 'question'")
         for key, value in (("question", obj["question"]), *(("answers", a) for a in answers)):
             check_unicode(value, f"{path}:{lineno}", key)
         extra = {k: v for k, v in obj.items() if k not in ("id", "question", "answers")}

@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ralm.data.corpus import Document, file_documents, id_problem
-from ralm.defaults import READ_K
+from ralm.defaults import MAX_QUESTION_CHARS, READ_K, SEARCH_K
 from ralm.errors import RalmError, plural
 from ralm.serve.batching import MicroBatcher
 from ralm.serve.guards import BodyLimit, HeaderTimeoutH11, HostGuard, OriginGuard, SecurityHeaders, allowed_hosts, error
@@ -77,13 +77,13 @@ class Searching(Strict):
 
 
 class AskRequest(Searching):
-    question: NonBlank = Field(..., max_length=2000, description="the question")
+    question: NonBlank = Field(..., max_length=MAX_QUESTION_CHARS, description="the question")
     k: int = Field(READ_K, ge=1, le=100, description="number of passages to read")
 
 
 class SearchRequest(Searching):
-    query: NonBlank = Field(..., max_length=2000)
-    k: int = Field(5, ge=1, le=100)
+    query: NonBlank = Field(..., max_length=MAX_QUESTION_CHARS)
+    k: int = Field(SEARCH_K, ge=1, le=100)
 
 
 class DocumentIn(Strict):
