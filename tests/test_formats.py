@@ -275,6 +275,15 @@ def test_a_paragraph_stays_one_line_and_key_value_lines_stay_lines():
     assert section.text.splitlines() == [prose, "Port: 7431", "Host: broker.local"]
 
 
+def test_prose_wrapped_in_its_source_is_one_line_and_key_value_lines_are_not():
+    """A Markdown paragraph wrapped at 80 columns is one line (an answer may run across the wrap:
+    "Vincent van / Gogh"); one whose every line is `key: value` keeps its lines."""
+    [section] = markdown_sections(b"The office was opened by Vincent van\nGogh in 1998 and has 46\ndesks.\n\n"
+                                  b"Lead: Maria Santos\nDesks: 46\n", "w.md")
+    assert section.text.splitlines() == ["The office was opened by Vincent van Gogh in 1998 and has 46 desks.",
+                                         "Lead: Maria Santos", "Desks: 46"]
+
+
 def test_damaged_and_foreign_files_are_named(tmp_path):
     (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 this is not a PDF")
     with pytest.raises(RalmError, match=r"bad.pdf: not a readable PDF"):
