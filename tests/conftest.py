@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -121,3 +122,20 @@ def ralm(capsys, monkeypatch):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tiny_bm25_index(tmp_path_factory) -> Path:
+    """A BM25 index of DOCS (no model: quick to build)."""
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path_factory.mktemp("bm25")
+    build_index(DOCS, root / "bm25", kind="bm25", show_progress=False)
+    return root / "bm25"
+
+
+@pytest.fixture
+def bm25_index(tiny_bm25_index, tmp_path) -> Path:
+    """A test's own copy of tiny_bm25_index, which it may write (the update log is inside)."""
+    shutil.copytree(tiny_bm25_index, tmp_path / "bm25")
+    return tmp_path / "bm25"

@@ -59,7 +59,7 @@ def test_bad_inputs_get_one_clear_line_and_exit_code_2(ralm, tiny_bert, tmp_path
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text" "oops"}\n')
     _one_line_error(*ralm("index", "build", bad, "--out", tmp_path / "x", "--model", tiny_bert, "--dim", 16)[::2], "bad.jsonl:2")
-    _one_line_error(*ralm("index", "build", bad, "--out", tmp_path / "y", "--model", tmp_path / "nomodel")[::2], "model directory not found")
+    _one_line_error(*ralm("index", "build", bad, "--out", tmp_path / "y", "--model", tmp_path / "nomodel")[::2], "no such directory")
     _one_line_error(*ralm("search", tiny_dense_index, "paris", "-k", 0)[::2], "-k must be a positive integer")
     _one_line_error(*ralm("search", tmp_path, "paris")[::2], "not an index directory")
     empty = tmp_path / "empty.jsonl"
@@ -205,6 +205,62 @@ def test_mistakes_are_named_before_torch_is_imported(tiny_hybrid_index, tmp_path
     for argv, message in cases.items():
         proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env)
         assert proc.stdout.split() == ["2", "False"] and message in proc.stderr, (argv, proc.stdout, proc.stderr)
+
+
+def _before_torch(argv) -> tuple[int, bool, str]:
+    """(exit code, whether torch was imported, stderr) of `ralm ARGV...` in a fresh process."""
+    code = ("import sys\nfrom ralm.cli import main\nsys.argv = ['ralm', *sys.argv[1:]]\ntry:\n    main()\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, env=env)
+    rc, torch_imported = proc.stdout.decode().split()
+    return int(rc), torch_imported == "True", proc.stderr.decode("utf-8", "replace")
+
+
+def test_late_mistakes_are_one_line_before_torch_is_imported(tiny_hybrid_index, tiny_bert, corpus_file, tmp_path):
+    """Issue #64 item 3 and #69 item 5: each mistake below used to surface only after torch and the
+    models loaded (5-23 s), or as a crash; each is one line and exit code 2 before torch."""
+    import socket
+
+    import numpy as np
+    import torch
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    torch.save({"w": torch.zeros(1)}, pickled / "pytorch_model.bin")
+    np.savez(tmp_path / "emb.npz", a=np.zeros((len(DOCS), 32), dtype=np.float32))
+    (tmp_path / "names").mkdir()
+    (tmp_path / "names" / "ok.txt").write_text("Readable text.")
+    with open(os.fsencode(tmp_path / "names") + b"/caf\xe9.txt", "wb") as f:  # a Latin-1 file name
+        f.write(b"text")
+    (tmp_path / "pdfs").mkdir()
+    (tmp_path / "pdfs" / "scan.pdf").write_bytes(b"\x00garbage, no header" * 50)
+    index, bert, corpus = str(tiny_hybrid_index), str(tiny_bert), str(corpus_file)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = str(taken.getsockname()[1])
+        cases = [(("index", "build", corpus, "--out", str(afile)), "--out " + str(afile) + " is a file"),
+                 (("ict", "--corpus", corpus, "--out", str(afile), "--model", bert), "is a file"),
+                 (("export", bert, "--format", "hf", "--out", str(afile)), "is a file"),
+                 (("ask", "q", "--index", index, "--model", "nosuch"), "--model: no such directory: nosuch"),
+                 (("search", index, "q", "--model", "nosuch"), "--model nosuch: no such directory, nor (offline"),
+                 (("index", "build", corpus, "--out", str(tmp_path / "a"), "--model", str(afile)), "is a file; name a model directory"),
+                 (("index", "build", corpus, "--out", str(tmp_path / "b"), "--model", str(pickled)), "ralm loads safetensors only"),
+                 (("serve", "--index", index, "--port", busy), f"cannot listen on 127.0.0.1:{busy}: Address already in use"),
+                 (("index", "build", str(tmp_path / "pdfs"), "--out", str(tmp_path / "c")), "scan.pdf: not a readable PDF"),
+                 (("index", "build", str(tmp_path / "names"), "--out", str(tmp_path / "d")), "the file name 'caf\\xe9.txt' is not UTF-8"),
+                 (("ask", b"caf\xe9?", "--index", index), "the question is not UTF-8 text (byte 0xe9 at character 3)"),
+                 (("search", index, b"caf\xe9"), "the query is not UTF-8 text (byte 0xe9 at character 3)"),
+                 (("index", "build", corpus, "--out", str(tmp_path / "e"), "--model", bert, "--embeddings", str(tmp_path / "emb.npz")),
+                  "is a .npz archive"),
+                 (("index", "build", corpus, "--out", str(tmp_path / "f"), "--model", bert, "--faiss", "HNSW0"), "HNSW0 is too small")]
+        for argv, message in cases:
+            rc, torch_imported, err = _before_torch(argv)
+            assert (rc, torch_imported) == (2, False) and message in err, (argv, err)
+            assert len(err.strip().splitlines()) == 1 and "weights_only" not in err, err
+    assert not any((tmp_path / d).exists() for d in "abcdef")  # nothing half-built
 
 
 def test_one_shot_search_and_ask_import_no_transformers(served, tmp_path):

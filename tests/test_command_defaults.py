@@ -27,6 +27,7 @@ LIBRARY = {
     (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", None),
     (IndexBuildConfig, "faiss"): ("ralm.retrieval.index.build:build_index", "faiss_spec", None),
     (IndexBuildConfig, "batch_size"): ("ralm.retrieval.index.build:build_index", "batch_size", None),
+    (IndexBuildConfig, "replace"): ("ralm.retrieval.index.build:build_index", "replace", None),
     (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
     (IndexUpgradeConfig, "batch_size"): ("ralm.retrieval.index.build:upgrade_index", "batch_size", None),
     (EvalRetrievalConfig, "ks"): ("ralm.eval.retrieval:evaluate_retrieval", "ks", lambda v: tuple(int(x) for x in v.split(","))),

@@ -193,3 +193,16 @@ def test_cli_prints_the_gain_and_errors_in_one_line(ralm, run, tiny_dense_index)
     code, _, err = ralm("eval", "evidence", "--model", run, "--index", tiny_dense_index, "--corpus", run / "held_out.jsonl",
                         "--limit", -1)
     assert code == 2 and err.strip() == "error: --limit must be a positive integer, got -1"
+
+
+def test_the_printed_line_gives_no_interval_from_one_article():
+    """Articles are the units the interval resamples: one gives a zero-width interval, not a finding."""
+    from types import SimpleNamespace
+
+    from ralm.commands.evidence import summary_line
+
+    s = SimpleNamespace(evidence_gain=0.12, gain_ci95=(0.12, 0.12), articles=1, loss_null=3.0, loss_retrieved=2.88,
+                        helped_share=0.6, sentences=40, wordpieces=90)
+    assert "one article: no interval" in summary_line(s) and "95%" not in summary_line(s)
+    s.articles, s.gain_ci95 = 5, (0.05, 0.2)
+    assert "95% interval +0.0500 to +0.2000 over 5 articles" in summary_line(s)

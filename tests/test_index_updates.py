@@ -450,3 +450,80 @@ def test_a_searcher_that_cannot_load_a_compacted_version_keeps_what_it_served(ti
     assert server.current.name == "v000001" and server.exists("zanzibar") and not server.exists("paris")  # not the new log over v1
     with pytest.raises(RalmError, match="cannot be searched here"):
         server.add([Document(**NEW[1])])
+
+
+THREE = [*NEW, {"id": "serengeti", "title": "Serengeti", "text": "The Serengeti is a plain where wildebeest migrate."}]
+
+
+def _added_three(ralm, tiny_hybrid_index, tmp_path, *, compacted: bool):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    docs = tmp_path / "three.jsonl"
+    docs.write_text("".join(json.dumps(d) + "\n" for d in THREE))
+    assert ralm("index", "add", index, docs)[0] == 0
+    if compacted:  # what a server does by itself every 10,000 updates
+        assert ralm("index", "compact", index)[0] == 0
+    return index
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["logged", "compacted"])
+def test_a_build_over_live_updates_is_refused_whether_or_not_a_compaction_folded_them(ralm, tiny_hybrid_index, tiny_bert,
+                                                                                       corpus_file, tmp_path, monkeypatch,
+                                                                                       compacted):
+    from ralm.retrieval.index import build
+
+    index = _added_three(ralm, tiny_hybrid_index, tmp_path, compacted=compacted)
+    latest = (index / "LATEST").read_text()
+    monkeypatch.setattr(build, "ensure_block_store", lambda *a, **k: pytest.fail("refused only after reading the corpus"))
+    code, _, err = ralm("index", "build", corpus_file, "--out", index, "--model", tiny_bert, "--dim", 16)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "3 documents added and 0 deleted by live updates" in err and "--replace" in err and "new directory" in err
+    assert (index / "LATEST").read_text() == latest  # nothing published
+    assert all(LiveSearcher.open(index).exists(d["id"]) for d in THREE)
+    with pytest.raises(RalmError, match="3 documents added"):  # the Python API refuses the same
+        build.build_index(corpus_file, index, model=str(tiny_bert), dim=16, show_progress=False)
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["logged", "compacted"])
+def test_a_build_with_replace_holds_its_corpus_alone_and_starts_the_log_anew(ralm, tiny_hybrid_index, tiny_bert, corpus_file,
+                                                                             tmp_path, compacted):
+    index = _added_three(ralm, tiny_hybrid_index, tmp_path, compacted=compacted)
+    code, _, err = ralm("index", "build", corpus_file, "--out", index, "--model", tiny_bert, "--dim", 16, "--replace")
+    assert code == 0, err
+    live = LiveSearcher.open(index)
+    assert len(live) == len(DOCS) and not any(live.exists(d["id"]) for d in THREE)
+    assert live.current.log.records == 0 and UpdateLog(index).read().records == []
+    code, _, err = ralm("index", "build", corpus_file, "--out", index, "--model", tiny_bert, "--dim", 16)
+    assert code == 0, err  # nothing live left: a plain rebuild goes on
+
+
+def test_deletes_count_and_an_upgrade_keeps_what_a_compaction_folded(ralm, tiny_dense_index, corpus_file, tmp_path):
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_dense_index, index)
+    assert ralm("index", "delete", index, "paris", "tokyo")[0] == 0
+    assert ralm("index", "compact", index)[0] == 0
+    assert ralm("index", "delete", index, "nile")[0] == 0  # one folded, one in the log
+    assert ralm("index", "upgrade", index)[0] == 0  # the upgraded version still holds the folded deletes
+    code, _, err = ralm("index", "build", corpus_file, "--out", index)
+    assert code == 2 and "0 documents added and 3 deleted" in err, err
+
+
+def test_a_build_that_a_compaction_overtook_publishes_nothing_and_keeps_the_folded_documents(tiny_hybrid_index, tiny_bert,
+                                                                                             corpus_file, tmp_path, monkeypatch):
+    from ralm.retrieval.index import build
+    from ralm.retrieval.search.compaction import compact_index
+
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    blocks = build.ensure_block_store
+
+    def meanwhile(*args, **kwargs):  # a server adds and compacts while the build runs
+        live = LiveSearcher.open(index)
+        live.add([Document(**NEW[0])])
+        compact_index(live)
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(build, "ensure_block_store", meanwhile)
+    with pytest.raises(RalmError, match="published while this build ran"):
+        build.build_index(corpus_file, index, model=str(tiny_bert), dim=16, show_progress=False)
+    assert (index / "LATEST").read_text().strip() == "v000002" and LiveSearcher.open(index).exists("zanzibar")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import socket
 import time
 
@@ -22,17 +21,9 @@ from ralm.serve.app import create_app, serve_forever, serve_in_background
 from ralm.serve.service import ServeConfig, Service
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hardening")
-    build_index(DOCS, root / "bm25", kind="bm25", show_progress=False)
-    return root
-
-
 @pytest.fixture
-def index(built, tmp_path):
-    shutil.copytree(built / "bm25", tmp_path / "bm25")  # the update log is written inside
-    return tmp_path / "bm25"
+def index(bm25_index):
+    return bm25_index
 
 
 def _service(index, **kw) -> Service:
@@ -136,7 +127,7 @@ def test_deletions_and_swaps_are_logged(index, caplog):
     with caplog.at_level(logging.INFO, logger="ralm"), \
             TestClient(create_app(svc, start_watcher=False), base_url="http://127.0.0.1") as c:
         assert c.delete("/documents/paris", headers={"X-API-Key": "k"}).status_code == 200
-        build_index(DOCS[:3], index, kind="bm25", show_progress=False)
+        build_index(DOCS[:3], index, kind="bm25", show_progress=False, replace=True)  # over the delete: replace it
         assert svc.refresh()
     text = caplog.text
     assert "deleted document 'paris'" in text and "swapped" in text

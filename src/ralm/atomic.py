@@ -141,17 +141,21 @@ def _artifact(folder: Path) -> str | None:
     return None
 
 
-def check_output(option: str, output: str | os.PathLike, inputs: Iterable[tuple[str, object]] = ()) -> None:
+def check_output(option: str, output: str | os.PathLike, inputs: Iterable[tuple[str, object]] = (), *,
+                 directory: bool = False) -> None:
     """Refuse an output path the user gave (`--predictions`, `--out`) that would destroy what
     ralm reads: the same file (or folder) as one of the command's `inputs`, (option, path) pairs
     such as ("--questions", path), also under another name (a link), or a path inside an index,
     a model or another ralm artifact directory (`--predictions INDEX/manifest.json` would leave
     an index that no longer opens). An input that is no path (a hub model name, None) is skipped.
+    With `directory` (every `--out`: a directory is written there), an existing file is refused.
     Cheap (a few stat calls): the CLI checks its outputs before it imports torch."""
     for name, given in inputs:
         if isinstance(given, (str, os.PathLike)) and given != "" and _same_file(output, given):
             raise RalmError(f"{option} {output} is what {name} reads ({given}); ralm never writes over an input: "
                             "name another path")
+    if directory and os.path.lexists(output) and not os.path.isdir(output):
+        raise RalmError(f"{option} {output} is a file; {option} names the directory to write: name a new one")
     found = [(folder, what) for folder in Path(os.path.realpath(output)).parents if (what := _artifact(folder))]
     if found:
         folder, what = found[-1]  # the outermost: INDEX, not INDEX/versions/v000001

@@ -27,7 +27,7 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, OldSideOpt, SideOpt, check_runtime, finite_floats,
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, OldSideOpt, SideOpt, check_models, check_runtime, finite_floats,
                                   index_path, os_error_line, positive, quiet_libraries, refuse_second_index, runtime, side_given)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
@@ -35,6 +35,7 @@ from ralm.configs import ConfigError, option
 from ralm.data.qa import check_length, read_question_line
 from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, MAX_UNANSWERABLE, QA_BATCH, READ_K, SERVE_HOST
 from ralm.errors import RalmError, RalmWarning, plural
+from ralm.serve.listen import listen
 
 app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
                   pretty_exceptions_show_locals=False, help="Retrieval-augmented language models on your own corpus.")
@@ -126,11 +127,12 @@ app.add_typer(knnlm_app, name="knnlm")
 
 # -- open-domain QA: `ralm eval qa`, `ralm ask`, `ralm serve` (pipeline.py; the trainers: commands/train.py) --
 
-def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optional[Path]) -> None:
+def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optional[Path], model: Optional[str] = None) -> None:
     """What `_open_qa` is given, checked before the heavy imports."""
     refuse_second_index("--hybrid", hybrid, index_dir)
     positive("-k", k)
     index_path(index_dir)
+    check_models(model, hub=False)  # a reader is a local directory (a run or a checkpoint), never a hub name
     check_runtime(device, dtype)
 
 
@@ -207,7 +209,7 @@ def eval_qa(
     if calibrate:
         check_question_count(len(qs) + sum(len(set_qs) for _, set_qs in extra_sets))  # every set's questions are fitted on
     positive("--batch-size", batch_size)
-    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
+    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid, model=model)
     from ralm.eval.openqa import default_predictions_path, evaluate_qa
     from ralm.models.reader import save_calibrated
     from ralm.pipeline import resolve_reader
@@ -274,7 +276,7 @@ def ask(
         check_length(question, "the question")
     k = cfg.k
     side = side_given(side, old_side)
-    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid)
+    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid, model=model)
     questions = [question] if question is not None else _stdin_questions()
     if question is None and not sys.stdin.isatty():  # piped: the first line is read, and a bad one named, before the models load
         first = next(questions, None)
@@ -329,7 +331,9 @@ def serve(
         raise RalmError(f"--port must be in 1..65535, got {port}")
     positive("--max-body-mb", max_body_mb)
     index_path(index_dir)
+    check_models(model, hub=False)
     check_runtime(device, dtype)
+    sock = listen(host, port)  # bound before the models load: a busy port is named in about a second
     from ralm.pipeline import resolve_reader
     from ralm.serve.app import serve_forever
     from ralm.serve.service import ServeConfig, Service
@@ -340,7 +344,7 @@ def serve(
                               max_body_bytes=max_body_mb << 20, compact_after=cfg.compact_after),
                   runtime(device, dtype))
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    serve_forever(svc, host, port, announce=lambda: err.print(
+    serve_forever(svc, host, port, sock=sock, announce=lambda: err.print(
         f"serving on {url} ({index_dir}: {plural(svc.stats()['corpus_blocks'], 'block')}; "
         f"kinds: {', '.join(svc.kinds())}; reader: {svc.cfg.model})", highlight=False))
 

@@ -108,8 +108,8 @@ RECIPE_FORMAT = "ralm.recipe/1"
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A recipe file: what a trainer command is run with to make an artifact (the shipped
-    reader's is recipes/reader.json), so anyone can rebuild it with the product's own command:
+    """A recipe file: what a trainer command is run with to make an artifact (e.g.
+    recipes/reader.json, a reader's), so anyone can rebuild it with the product's own command:
 
         {"format": "ralm.recipe/1", "command": "train-reader", "about": "...",
          "config": {field: value, ...},          # the trainer config's fields, as in RUN/config.json

@@ -24,7 +24,7 @@ def convert_hf_realm_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the conversion summary as JSON"),
 ):
     """Convert Hugging Face REALM weights (safetensors or pytorch_model.bin, weights only) into our checkpoints."""
-    check_output("--out", run, [("SRC", src), ("--doc-embedder", doc_embedder)])
+    check_output("--out", run, [("SRC", src), ("--doc-embedder", doc_embedder)], directory=True)
     from ralm.convert.hf_realm import convert_hf_realm
 
     quiet_libraries()
@@ -51,7 +51,7 @@ def export(
 ):
     """Export a trained retriever (query and document towers) or reader into the directories
     sentence-transformers and transformers load as they are (docs/interop.md)."""
-    check_output("--out", dest, [("SOURCE", source)])
+    check_output("--out", dest, [("SOURCE", source)], directory=True)
     from ralm.convert.export import export_model
 
     quiet_libraries()

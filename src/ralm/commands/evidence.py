@@ -38,8 +38,14 @@ def eval_evidence(
         values["limit"] = limit or None  # 0: every sentence
     cfg = EvidenceConfig(str(model), str(encoder or model), str(index), str(corpus), **values)  # a bad field: cli.main names its flag
     s = evidence_gain(cfg, runtime(device, dtype))
-    print_summary(s.to_json(), as_json,
-                  f"evidence gain {s.evidence_gain:+.4f} nats per masked wordpiece (95% interval {s.gain_ci95[0]:+.4f} to "
-                  f"{s.gain_ci95[1]:+.4f} over {s.articles} articles; null only {s.loss_null:.4f}, with "
-                  f"retrieval {s.loss_retrieved:.4f}); retrieval helps {100 * s.helped_share:.1f}% of {s.sentences} "
-                  f"sentences ({s.wordpieces} masked wordpieces)")
+    print_summary(s.to_json(), as_json, summary_line(s))
+
+
+def summary_line(s) -> str:
+    """The line `eval evidence` prints for its EvidenceScores."""
+    # articles are the units resampled: from one, every draw is the same and the interval says nothing
+    interval = (f"95% interval {s.gain_ci95[0]:+.4f} to {s.gain_ci95[1]:+.4f} over {s.articles:,} articles" if s.articles > 1
+                else "one article: no interval")
+    return (f"evidence gain {s.evidence_gain:+.4f} nats per masked wordpiece ({interval}; null only {s.loss_null:.4f}, with "
+            f"retrieval {s.loss_retrieved:.4f}); retrieval helps {100 * s.helped_share:.1f}% of {s.sentences} "
+            f"sentences ({s.wordpieces} masked wordpieces)")

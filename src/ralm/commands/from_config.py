@@ -241,7 +241,7 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
             missing = [o.flag for o in options if o.required and values[o.name] in (None, ...)]
             if missing:
                 raise RalmError(f"missing option {missing[0]}: give it, or a --recipe that sets it")
-            check_output("--out", run, [(o.flag, values[o.name]) for o in options if o.path])
+            check_output("--out", run, [(o.flag, values[o.name]) for o in options if o.path], directory=True)
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
             rt = runtime(device, cfg.dtype)
@@ -264,6 +264,15 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     return typer.main.get_command(app)
 
 
+def _check_run_arg(args: list[str]) -> None:
+    """A trainer's --out read from its arguments before they are parsed: its options are known only
+    once its module (torch, seconds) is imported, and --out naming a file is a mistake to name first."""
+    for i, arg in enumerate(args):
+        run = arg.partition("=")[2] if arg.startswith("--out=") else args[i + 1] if arg == "--out" and i + 1 < len(args) else None
+        if run:
+            check_output("--out", run, directory=True)
+
+
 def lazy_trainer_group(trainers: dict[str, TrainerCommand]) -> type[TyperGroup]:
     """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands."""
 
@@ -273,6 +282,11 @@ def lazy_trainer_group(trainers: dict[str, TrainerCommand]) -> type[TyperGroup]:
 
         def list_commands(self, ctx: typer.Context) -> list[str]:
             return [*super().list_commands(ctx), *trainers]
+
+        def resolve_command(self, ctx: typer.Context, args: list[str]):
+            if args and args[0] in trainers and "--help" not in args:
+                _check_run_arg(args[1:])
+            return super().resolve_command(ctx, args)
 
         def get_command(self, ctx: typer.Context, cmd_name: str):
             trainer = trainers.get(cmd_name)

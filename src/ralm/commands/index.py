@@ -13,8 +13,9 @@ from rich.table import Table
 
 from ralm.atomic import check_output
 from ralm.commands.from_config import config_command
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, OldSideOpt, SideOpt, check_runtime, corpus_files,
-                                  index_path, main_rank, positive, quiet_libraries, removed_on_error, runtime, side_given)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, OldSideOpt, SideOpt, check_faiss_spec, check_models,
+                                  check_npy, check_runtime, corpus_files, index_path, main_rank, positive, quiet_libraries,
+                                  removed_on_error, runtime, side_given)
 from ralm.configs import CORPUS_HELP, option
 from ralm.data.geometry import GEOMETRY
 from ralm.data.qa import check_length
@@ -36,6 +37,8 @@ class IndexBuildConfig:
     dim: int = option(0, "0: the encoder's own vectors, no projection (keeps its recall); N: a fresh PCA-initialised "
                       f"projection to N (REALM's {GEOMETRY.dim})")
     batch_size: int = option(EMBED_BATCH, BATCH_HELP)
+    replace: bool = option(False, "into an index holding live updates (`index add/delete`, a server's writes, compacted or "
+                           "not): drop them, the new version holding CORPUS alone (refused without it)", flag="--replace")
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,16 @@ def index_build(
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     start = time.perf_counter()
-    check_output("--out", out_dir, [("CORPUS", corpus), ("--model", model), ("--embeddings", embeddings)])
+    check_output("--out", out_dir, [("CORPUS", corpus), ("--model", model), ("--embeddings", embeddings)], directory=True)
     files = corpus_files(corpus, include, exclude)
     kind, faiss, dim, batch_size = cfg.kind, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
+    check_models(model)
+    check_faiss_spec("--faiss", faiss)
+    check_npy("--embeddings", embeddings)
     check_runtime(device, dtype)
+    from ralm.retrieval.index.live_updates import check_rebuild
+
+    check_rebuild(out_dir, replace=cfg.replace)  # before torch loads; the build checks again
     from ralm.retrieval.backends.faiss_index import AUTO, FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
     from ralm.retrieval.index.kinds import sides_of
@@ -100,7 +109,7 @@ def index_build(
     with removed_on_error(out_dir):
         index, version = build_index(corpus, out_dir, kind=kind, model=model, dim=dim or None, faiss_spec=spec, files=files,
                                      batch_size=batch_size, runtime=rt, show_progress=reports,
-                                     embeddings=embeddings)
+                                     embeddings=embeddings, replace=cfg.replace)
     if not reports:
         return
     summary = {**index.summary(version), "seconds": round(time.perf_counter() - start, 1)}
@@ -171,6 +180,7 @@ def search(
         raise RalmError("the query is empty")
     check_length(query, "the query")
     index_path(index_dir)
+    check_models(model)
     check_runtime(device, dtype)
     from ralm.retrieval.search.live import LiveSearcher
 
@@ -218,6 +228,7 @@ def eval_retrieval(
     if limit is not None:
         qs = qs[: positive("--limit", limit)]
     index_path(index_dir)
+    check_models(model)
     check_runtime(device, dtype)
     from ralm.eval.retrieval import evaluate_retrieval
     from ralm.retrieval.search.live import LiveSearcher
@@ -256,6 +267,7 @@ def index_upgrade(
     start = time.perf_counter()
     index_path(index_dir)
     kind, batch_size = cfg.kind, positive("--batch-size", cfg.batch_size)
+    check_models(model)
     check_runtime(device, dtype)
     from ralm.retrieval.index.build import upgrade_index
     from ralm.retrieval.index.store import IndexDir

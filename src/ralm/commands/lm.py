@@ -13,7 +13,7 @@ import typer
 
 from ralm.atomic import check_output
 from ralm.commands.from_config import TrainerCommand, config_command, config_options, lazy_trainer_group
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, optional_positive, positive, quiet_libraries,
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, check_faiss_spec, check_models, optional_positive, positive, quiet_libraries,
                                   removed_on_error, runtime, token_limit, torch_device)
 from ralm.configs import TEXT_HELP, option
 from ralm.console import out, print_json, print_perplexity, print_summary
@@ -137,7 +137,9 @@ def retro_build_db(
     as_json: bool = JsonOpt,
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
-    check_output("--out", db, [("CORPUS", corpus), ("--model", model)])
+    check_output("--out", db, [("CORPUS", corpus), ("--model", model)], directory=True)
+    check_models(model)
+    check_faiss_spec("--faiss", faiss)
     chunk_len, batch_size = cfg.chunk_len, cfg.batch_size
     from ralm.retrieval.lm.chunkdb import build_chunk_db, chunk_db_summary
 
@@ -236,7 +238,9 @@ def knnlm_build(
     as_json: bool = JsonOpt,
 ):
     """Store (LM final hidden state -> next token) for every position of a text, with a faiss index."""
-    check_output("--out", store, [("--model", model), ("--text", text)])
+    check_output("--out", store, [("--model", model), ("--text", text)], directory=True)
+    check_models(model, hub=False)
+    check_faiss_spec("--faiss", faiss)
     batch_size = cfg.batch_size
     from ralm.data.chunks import tokenize_text
     from ralm.models.knnlm import build_datastore

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator, Optional, get_args
@@ -69,6 +70,48 @@ def check_runtime(device: str, dtype: str) -> None:
     """--device and --dtype spelled right (whether this machine has the device is `runtime`'s check)."""
     check_device_name(device)
     check_dtype_name(dtype)
+
+
+# faiss parses these factory strings, then aborts the process (HNSW0: a C++ assertion, SIGABRT),
+# crashes (HNSW1, RR0) or hangs (NSG2) once vectors are added: the smallest count each takes
+_FAISS_MIN_COUNT = {"HNSW": 2, "NSG": 3}
+_FAISS_COUNT = re.compile(r"^([A-Za-z]+)(\d+)")
+
+
+def check_faiss_spec(option: str, spec: str | None) -> None:
+    """A faiss factory string's counts (IVF lists, HNSW links, PQ sub-quantizers ...) large enough
+    to build: a regex over its parts, so it runs before any import; whether faiss parses the rest
+    is the library's check (retrieval.backends.faiss_index.check_spec)."""
+    for part in re.split(r"[,_]", spec or ""):
+        m = _FAISS_COUNT.match(part.strip())
+        if m and int(m.group(2)) < _FAISS_MIN_COUNT.get(m.group(1), 1):
+            least = _FAISS_MIN_COUNT.get(m.group(1), 1)
+            raise RalmError(f"{option} {spec!r}: {m.group(0)} is too small to build (faiss would abort while adding vectors); "
+                            f"{m.group(1)} takes {least} or more, e.g. {m.group(1)}{max(least, 32)}")
+
+
+def check_npy(option: str, path: Optional[Path]) -> None:
+    """A file given as one numpy array (.npy) is one: an .npz archive or another file is named by
+    its first bytes, before any import, not by numpy failing halfway through a build."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise RalmError(f"{option} {path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head != b"\x93NUMPY":
+        what = "a .npz archive (several arrays)" if head.startswith(b"PK") else "not a .npy file"
+        raise RalmError(f"{option} {path} is {what}; give one float array [blocks, dim] saved with numpy.save(path, array)")
+
+
+def check_models(*models: str | Path | None, option: str = "--model", hub: bool = True) -> None:
+    """Each model given (None: the default) exists: a local directory, or with `hub` a hub name
+    (in the cache when offline); see encoders.locate."""
+    from ralm.encoders.locate import check_model_location
+
+    for model in models:
+        if model is not None:
+            check_model_location(model, option, hub=hub)
 
 
 def index_path(path: Path) -> Path:

@@ -9,6 +9,7 @@ no body, which holds no evidence, and one stub should not stop a 13M-document bu
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -107,7 +108,7 @@ def _document(obj, where: str) -> Document:
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) of each non-blank line; errors name file:line."""
-    with open(path, "rb") as f:
+    with reading(path), open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             line = decode_line(raw, path, lineno).strip()
             if not line:
@@ -133,7 +134,7 @@ def _read_jsonl(path: Path) -> Iterator[tuple[str, Document]]:
 def _read_tsv(path: Path) -> Iterator[tuple[str, Document]]:
     """TSV with a header naming at least `id` and `text` columns (DPR's psgs_w100 layout works).
     A field may be as long as its line, and hold a bare carriage return."""
-    with open(path, "rb") as f:
+    with reading(path), open(path, "rb") as f:
         header = decode_line(f.readline(), path, 1).rstrip("\r\n").split("\t")
         missing = {"id", "text"} - set(header)
         if missing:
@@ -160,8 +161,23 @@ def _documents(data: bytes, path: str, rel: str) -> Iterator[Document]:
         yield Document(rel + section.anchor, section.title, visible(section.text))
 
 
+@contextlib.contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError while reading `path` (no permission, a disk's read error, a folder by a file's
+    name) as the input's error, naming the file."""
+    try:
+        yield
+    except OSError as e:
+        raise RalmError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+def read_bytes(file: Path) -> bytes:
+    with reading(file):
+        return file.read_bytes()
+
+
 def _read_file(file: Path, rel: str) -> Iterator[tuple[str, Document]]:
-    for doc in _documents(file.read_bytes(), str(file), rel):
+    for doc in _documents(read_bytes(file), str(file), rel):
         yield f"{file}{doc.id[len(rel):]}", doc  # where: the file, and the section's anchor
 
 
@@ -259,8 +275,35 @@ def check_corpus(path: str | os.PathLike, *, files: FileFilter = EVERY_FILE) -> 
         listing = list_folder(path, files)
         if not listing.files:
             raise RalmError(f"{path}: the corpus is empty ({_why_empty(0, listing)})")
+        for file, rel in listing.files:
+            _check_file_name(path, rel)
+            _check_pdf_header(file)
     elif _file_reader(path) is None:
         raise _unknown_format(path)
+    else:
+        _check_pdf_header(path)
+
+
+def _check_file_name(folder: Path, rel: str) -> None:
+    """A file name that is not UTF-8 (os.listdir gives it surrogate-escaped) cannot be a
+    document id, nor be written to the block store's JSON."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+        raise RalmError(f"{folder}: the file name '{shown}' is not UTF-8; rename it (e.g. `convmv -f latin1 -t utf8`) "
+                        "or leave it out with --exclude") from None
+
+
+def _check_pdf_header(file: Path) -> None:
+    """A .pdf that does not start with %PDF- (PDF readers look for it in the first 1,024 bytes) is
+    damaged or another format renamed: named before any model loads, not after encoding began."""
+    if file.suffix.lower() != ".pdf":
+        return
+    with open(file, "rb") as f:
+        head = f.read(1024)
+    if b"%PDF-" not in head:
+        raise RalmError(f"{file}: not a readable PDF (no %PDF- header: damaged, or another format named .pdf)")
 
 
 def _file_reader(path: Path) -> Callable[[Path], Iterator[tuple[str, Document]]] | None:

@@ -69,7 +69,7 @@ def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) ->
     title = title or fallback
     sections: list[tuple[str, list[str], list[str]]] = [("", [], [])]  # (anchor, heading path, body)
     stack: list[tuple[int, str]] = []
-    used: set[str] = set()
+    anchors = _Anchors()
     for level, text in parts:
         if not level:
             sections[-1][2].append(text)
@@ -77,12 +77,29 @@ def sectioned(parts: Iterable[tuple[int, str]], *, title: str, fallback: str) ->
         while stack and stack[-1][0] >= level:
             stack.pop()
         stack.append((level, text))
-        base = slug(text) or "section"
-        anchor = next(a for a in (base if n == 0 else f"{base}-{n}" for n in itertools.count()) if a not in used)
-        used.add(anchor)  # "Care", "Care", "Care 1": care, care-1, care-1-1 (ids are unique)
-        sections.append((f"#{anchor}", [t for _, t in stack], []))
+        sections.append((f"#{anchors.new(slug(text) or 'section')}", [t for _, t in stack], []))
     # a heading with no text of its own lives on in its subsections' titles
     return [DocumentSection(anchor, PATH_SEPARATOR.join([title, *path]), "\n".join(body)) for anchor, path, body in sections if body]
+
+
+class _Anchors:
+    """Unique anchors: a slug as it is, else with the first free number ("Care", "Care",
+    "Care 1": care, care-1, care-1-1). Each slug remembers the number it reached, so 20,000
+    identical headings cost 20,000 steps, not a scan of every earlier number each."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+        self.tried: dict[str, int] = {}  # slug -> the number its last anchor took (0: the slug itself)
+
+    def new(self, base: str) -> str:
+        n = self.tried.get(base, 0)  # the numbers below it were taken when it was reached, and stay taken
+        anchor = base if n == 0 else f"{base}-{n}"
+        while anchor in self.used:
+            n += 1
+            anchor = f"{base}-{n}"
+        self.tried[base] = n
+        self.used.add(anchor)
+        return anchor
 
 
 # -- structure as lines: tables, definition lists ------------------------------------------
@@ -131,6 +148,24 @@ def definition_line(terms: Sequence[str], definitions: Sequence[str]) -> str:
     return f"{term}: {definition}" if term and definition else term or definition
 
 
+def parser_errors(what: str) -> Callable:
+    """A reader whose parser's own exceptions on a damaged or hostile file (pypdf's
+    LimitReachedError on a deflate bomb, NotImplementedError on a filter it lacks, a
+    RecursionError) are the input's error, naming the file: a bad upload is a 400, not a 500."""
+    def wrap(read: Callable[[bytes, str], list[DocumentSection]]) -> Callable[[bytes, str], list[DocumentSection]]:
+        @functools.wraps(read)
+        def reader(data: bytes, name: str) -> list[DocumentSection]:
+            try:
+                return read(data, name)
+            except (RalmError, MemoryError):
+                raise
+            except Exception as e:  # noqa: BLE001 - the libraries raise anything on what they cannot read
+                detail = " ".join(str(e).split())[:200]
+                raise RalmError(f"{name}: not {what} ({type(e).__name__}{': ' + detail if detail else ''})") from None
+        return reader
+    return wrap
+
+
 def decode_utf8(data: bytes, name: str) -> str:
     try:
         return data.decode("utf-8-sig")
@@ -141,6 +176,7 @@ def decode_utf8(data: bytes, name: str) -> str:
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
+@parser_errors("readable Markdown")
 def markdown_sections(data: bytes, name: str) -> list[DocumentSection]:
     """CommonMark (plus tables) rendered to plain text: markup, link targets and raw HTML
     tags dropped, code kept as written, list items and table rows one a line (table_lines)."""
@@ -230,7 +266,9 @@ def _inline_text(children) -> str:
 
 
 def _strip_tags(markup: str) -> str:
-    return html.unescape(re.sub(r"<[^>]*>", "", markup))
+    # past the last ">" no tag ends: searched there, each "<" would scan to the end (quadratic)
+    end = markup.rfind(">") + 1
+    return html.unescape(re.sub(r"<[^>]*>", "", markup[:end]) + markup[end:])
 
 
 # Elements that are never a page's content, skipped inside a <main> or <article> too.
@@ -238,6 +276,7 @@ _BOILERPLATE = ["nav", "header", "footer", "aside", "form", "[role=navigation]",
 _HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.DOTALL)
 
 
+@parser_errors("readable HTML")
 def html_sections(data: bytes, name: str) -> list[DocumentSection]:
     """The page's main content with its headings: the <main>, <article> or role=main element
     where the page marks one (its navigation, header, footer and asides dropped), else
@@ -246,7 +285,11 @@ def html_sections(data: bytes, name: str) -> list[DocumentSection]:
     from resiliparse.parse.encoding import bytes_to_str, detect_encoding
     from resiliparse.parse.html import HTMLTree
 
-    tree = HTMLTree.parse(bytes_to_str(data, detect_encoding(data)))
+    from ralm.data.html_depth import bounded_markup, check_tree_depth
+
+    # lexbor's time grows with the tree's depth: a tree no page needs is refused before it is built
+    tree = HTMLTree.parse(bounded_markup(bytes_to_str(data, detect_encoding(data)), name))
+    check_tree_depth(tree.document, name)
     _lines_for_structure(tree)
     main = tree.body.query_selector("main, article, [role=main]") if tree.body else None
     if main is not None:
@@ -468,28 +511,26 @@ def _node_text(node) -> str:
     return " ".join("".join(out).split())
 
 
+@parser_errors("a readable PDF")
 def pdf_sections(data: bytes, name: str) -> list[DocumentSection]:
     """One section per page (empty for a page without a text layer: a scan, which the corpus
     reader counts and names): pypdf's plain text, with the tables its layout-mode text shows
     read as table_lines (pdf_page_text)."""
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
 
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise RalmError(f"{name}: the PDF is encrypted; decrypt it first")
-        texts = [page.extract_text() or "" for page in reader.pages]
-        layouts = [_layout_text(page) for page in reader.pages]
-        meta_title = (reader.metadata.title if reader.metadata else None) or ""
-    except (PdfReadError, ValueError, KeyError, TypeError) as e:  # pypdf's errors on damaged files are not all its own
-        raise RalmError(f"{name}: not a readable PDF ({type(e).__name__}: {e})") from None
+    reader = PdfReader(io.BytesIO(data))
+    if reader.is_encrypted and not reader.decrypt(""):
+        raise RalmError(f"{name}: the PDF is encrypted; decrypt it first")
+    texts = [page.extract_text() or "" for page in reader.pages]
+    layouts = [_layout_text(page) for page in reader.pages]
+    meta_title = (reader.metadata.title if reader.metadata else None) or ""
     first_line = next((line.strip() for text in texts for line in text.splitlines() if line.strip()), "")
     title = " ".join(meta_title.split()) or first_line[:200] or stem_title(name)
-    chapters = _outline(reader)
+    chapters, chapter = deque(_outline(reader)), None  # in page order: the page's is the last begun by it
     sections = []
     for i, (text, layout) in enumerate(zip(texts, layouts)):
-        chapter = next((t for page, t in reversed(chapters) if page <= i), None)
+        while chapters and chapters[0][0] <= i:
+            chapter = chapters.popleft()[1]
         sections.append(DocumentSection(f"#page={i + 1}", title + (PATH_SEPARATOR + chapter if chapter else ""),
                                         pdf_page_text(text, layout)))
     return sections

@@ -37,9 +37,18 @@ def too_long(where: str, chars: int | None = None) -> RalmError:
 
 
 def check_length(text: str, where: str) -> str:
-    """`text`, a question or a search query, refused when it is longer than MAX_QUESTION_CHARS."""
+    """`text`, a question or a search query, refused when it is longer than MAX_QUESTION_CHARS or
+    is not Unicode text: bytes of argv that are not UTF-8 arrive as lone surrogates (Python's
+    surrogateescape), which no tokenizer takes."""
     if len(text) > defaults.MAX_QUESTION_CHARS:
         raise too_long(where, len(text))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        what = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        raise RalmError(f"{where} is not UTF-8 text ({what} at character {e.start}); the terminal or "
+                        "script sent another encoding: give it as UTF-8") from None
     return text
 
 

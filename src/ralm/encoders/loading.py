@@ -10,6 +10,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ralm.encoders.locate import check_model_location, check_weights_format
 from ralm.errors import RalmError
 
 
@@ -21,12 +22,10 @@ def default_model_path() -> str:
 
 
 def _check_local(path: str) -> None:
+    check_model_location(path, "model", weights=False)  # a tokenizer's loader: the weights are load_hf_encoder's
     local = Path(path)
-    if local.exists() or path.startswith((".", "/", "~")):
-        if not local.is_dir():
-            raise RalmError(f"model directory not found: {path}")
-        if not (local / "config.json").is_file():
-            raise RalmError(f"{path}: not a Hugging Face model directory (no config.json)")
+    if local.is_dir() and not (local / "config.json").is_file():
+        raise RalmError(f"{path}: not a Hugging Face model directory (no config.json)")
 
 
 def _loading(path: str, load):
@@ -66,6 +65,8 @@ def load_hf_encoder(path: str):
     from transformers.utils import logging
 
     tokenizer = load_tokenizer(path)
+    if Path(path).is_dir():
+        check_weights_format(Path(path), "model")
     was_on = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     try:

@@ -7,6 +7,7 @@ schema documents each of them with the request constraints the server enforces.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
 import time
@@ -143,6 +144,7 @@ ERRORS = {
     409: "no reader is loaded (start the server with --model)",
     413: "the request body exceeds the limit (1 MiB by default)",
     422: "the request does not match the schema; the message names the field",
+    507: "the server's disk is full (a write found no room)",
 }
 
 
@@ -208,6 +210,13 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException):
         return error(exc.status_code, str(exc.detail), exc.headers)
 
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a write the disk had no room for: not a bug, not the client's
+            log.error("disk full: %s", exc)
+            return error(507, f"the server's disk is full ({exc.strerror or exc})")
+        return await server_error(request, exc)
+
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception):
         log.error("internal error", exc_info=exc)
@@ -243,7 +252,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         return {"index_version": stats["index_version"], "blocks": stats["corpus_blocks"]}
 
     @app.post("/documents", dependencies=[Depends(require_key)], summary="Add or replace documents (durable, live)",
-              responses=_errors(401, 413, 422))
+              responses=_errors(401, 413, 422, 507))
     async def add_documents(req: DocumentsRequest):
         docs = [Document(d.id, d.title.strip(), d.text.strip()) for d in req.documents]
         ids = await run(service.add, docs)
@@ -251,7 +260,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         after = await index_after()
         return {"added": ids, "corpus_blocks": after["blocks"], **after}
 
-    @app.post("/documents/file", dependencies=[Depends(require_key)], responses=_errors(401, 413, 422),
+    @app.post("/documents/file", dependencies=[Depends(require_key)], responses=_errors(401, 413, 422, 507),
               summary="Add or replace the documents of a Markdown, HTML, PDF or .txt file, sent as the request body",
               openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def add_file(request: Request, name: str = Query(..., min_length=1, max_length=500, description=(
@@ -318,15 +327,13 @@ def _server(app: FastAPI, host: str, port: int):
                                          timeout_keep_alive=5))
 
 
-def serve_forever(service: Service, host: str, port: int, announce: Callable[[], None]) -> None:
-    """Bind host:port, then `announce()` (only now is "serving on ..." true), then serve until
-    interrupted. The server logs, on stderr, index swaps, refused swaps and document writes."""
-    import socket
+def serve_forever(service: Service, host: str, port: int, announce: Callable[[], None], *, sock=None) -> None:
+    """Bind host:port (unless `sock`, from serve.listen, is bound already), then `announce()`
+    (only now is "serving on ..." true), then serve until interrupted. The server logs, on
+    stderr, index swaps, refused swaps and document writes."""
+    from ralm.serve.listen import listen
 
-    try:
-        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-    except OSError as e:
-        raise RalmError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock = sock or listen(host, port)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("ralm").addHandler(handler)

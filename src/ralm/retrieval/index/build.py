@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -25,7 +25,9 @@ from ralm.retrieval.index.kinds import (
     side_class,
     sides_of,
 )
+from ralm.retrieval.index.live_updates import check_rebuild
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.update_log import UpdateLog
 from ralm.runtime import Runtime
 
 Corpus = str | os.PathLike | Iterable[Document | dict | str]  # a corpus file or folder, or the documents
@@ -52,7 +54,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
                 dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = EMBED_BATCH,
                 runtime: Runtime | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
-                embeddings: str | os.PathLike | None = None,
+                embeddings: str | os.PathLike | None = None, replace: bool = False,
                 device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Build (or add a new version to) the index at `out`; returns (index, version name).
     `corpus`: a corpus file or folder (of a folder: the files `files` picks), or the documents
@@ -67,6 +69,10 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     `faiss_spec`: a faiss index to build over the dense side; AUTO chooses from N
     (backends/faiss_index.py `auto_spec`: exact search for small indexes); None: exact.
     The version manifest records each part's seconds ("build_seconds": blocks, each side).
+    Into an existing index: the new version holds the corpus alone, so a build is refused when the
+    index holds live updates (adds and deletes since its last build, in the update log or folded
+    by a compaction: index/live_updates.py) unless `replace`, which drops them and starts the
+    log anew; one that a compaction overtakes publishes nothing (RalmError).
 
     Under torchrun every rank prepares its share (dense: embeds its blocks, see
     backends/sharded.py). One function on purpose: rank 0 creates, every rank prepares, rank 0
@@ -74,6 +80,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     sides = sides_of(kind)
     if batch_size <= 0:
         raise RalmError(f"batch size must be positive, got {batch_size}")
+    replaces = check_rebuild(out, replace=replace)  # on every rank, before any work: the files agree
     env = dist_env()
     rt = Runtime.of(runtime, device=device, dtype=dtype)
     device, dtype = env.device(rt.device), rt.dtype
@@ -91,19 +98,26 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=model, dim=dim, faiss_spec=faiss_spec, batch_size=batch_size,
                        device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows,
                        embeddings=Path(embeddings) if embeddings is not None else None)
-    name = _publish(ctx, sides, {}, seconds) if env.is_main else None
+    # replace: the log starts anew with the version; else no version may come between (a compaction folding the log)
+    name = _publish(ctx, sides, {}, seconds, expect=None if replace else replaces,
+                    then=(lambda _: _start_log_anew(index)) if replace else None) if env.is_main else None
     if not env.is_main:
         for side in sides:
             side_class(side).builder(ctx)
     env.barrier()
-    return index, env.broadcast_object(name)
+    name = env.broadcast_object(name)
+    if name is None:
+        raise _overtaken(out, "build")
+    return index, name
 
 
-def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dict | None = None, *, carried: dict | None = None) -> str:
+def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dict | None = None, *, carried: dict | None = None,
+             expect: str | None = None, then: Callable[[str], None] | None = None) -> str | None:
     """Prepare each side missing from `kept` (side -> (a version folder to link its files
     from, its section)), then publish one version with all of them. `seconds`: what the build
     took before (the block store), recorded with each side's time. `carried`: fields of the version it
-    replaces that stay (an upgrade keeps the update log position a compaction recorded)."""
+    replaces that stay (an upgrade keeps the update log position and counts a compaction recorded).
+    `expect`, `then`: as `IndexDir.publish`'s (None returned when `expect` is not LATEST)."""
     seconds = dict(seconds or {})
     builders = {}
     for s in sides:
@@ -124,7 +138,19 @@ def _publish(ctx: BuildContext, sides: tuple[str, ...], kept: dict, seconds: dic
             seconds[side] += time.perf_counter() - start
         return {**manifest, "build_seconds": {k: round(v, 2) for k, v in seconds.items()}}
 
-    return ctx.index.publish(write)
+    return ctx.index.publish(write, expect=expect, then=then)
+
+
+def _overtaken(path: str | os.PathLike, what: str) -> RalmError:
+    return RalmError(f"{path}: another version was published while this {what} ran (a compaction folding live updates, "
+                     f"or another build); this {what} published nothing: run it again")
+
+
+def _start_log_anew(index: IndexDir) -> None:
+    """An empty update log (under the writer lock, as the version replacing its updates is published)."""
+    log = UpdateLog(index.root)
+    if log.path.exists():
+        log.rewrite([])
 
 
 def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = EMBED_BATCH,
@@ -149,5 +175,9 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
                        show_progress=show_progress, piece_rows=1 << 20)
     carried = {k: v for k, v in manifest.to_json().items()
                if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus", "sections")}
-    return index, _publish(ctx, want, {s: (index.version_path(latest), manifest.sections[s].to_json()) for s in have},
-                           carried=carried)
+    # expect: a compaction meanwhile starts the log anew, which the position carried here would not hold
+    name = _publish(ctx, want, {s: (index.version_path(latest), manifest.sections[s].to_json()) for s in have},
+                    carried=carried, expect=latest)
+    if name is None:
+        raise _overtaken(path, "upgrade")
+    return index, name

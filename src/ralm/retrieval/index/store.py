@@ -17,6 +17,9 @@ version is being written (by `ralm index build` or the pre-training refresher).
   DIR/updates-<id>.bin      with what each side keeps of their blocks
   DIR/.lock                 the writer lock: held by whoever appends to the log or publishes
 
+A build publishes its corpus alone, so it refuses an index holding live updates, logged or
+folded by a compaction, unless told to replace them (live_updates.py).
+
 A version directory is complete before it gets its name, and LATEST moves only after that,
 so a reader never sees a partial version. The name and LATEST move under the writer lock,
 so a process that reads LATEST and the update log under it (shared) sees them agree. A version is written in `versions/.building-<pid>@...`
@@ -69,11 +72,12 @@ class VersionManifest:
     seconds: float | None = None  # and how long it took
     files: dict | None = None  # verify.py's inventory; None: published before inventories existed
     log: dict | None = None  # a compaction: {"id", "offset"}, the update log it holds up to that byte
+    folded: dict | None = None  # and {"added", "deleted"}: documents live updates changed since the last build (live_updates.py)
     extra: dict = field(default_factory=dict)
 
     TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
         "version": (str,), "count": (int,), "blocks": (str,), "sections": (dict,), "created": (int, float), "corpus": (str,),
-        "step": (int,), "seconds": (int, float), "files": (dict,), "log": (dict,)}
+        "step": (int,), "seconds": (int, float), "files": (dict,), "log": (dict,), "folded": (dict,)}
 
     @classmethod
     def from_json(cls, raw: dict, where: str | os.PathLike, sides: tuple[str, ...] = ()) -> VersionManifest:
@@ -90,6 +94,9 @@ class VersionManifest:
         log = raw.get("log")
         if log is not None and not (isinstance(log.get("id"), str) and isinstance(log.get("offset"), int) and log["offset"] >= 0):
             fail("log", 'an object {"id": str, "offset": int}')
+        folded = raw.get("folded")
+        if folded is not None and not all(isinstance(folded.get(k), int) and folded[k] >= 0 for k in ("added", "deleted")):
+            fail("folded", 'an object {"added": int, "deleted": int}')
         if raw["count"] < 0:
             fail("count", "positive")
         classes = {s: side_class(s).Section for s in held}

@@ -5,7 +5,9 @@ The new version holds the current version's blocks minus the hidden (deleted or 
 documents, then the live documents' blocks, in a new block store (DIR/blocks/compacted-<key>).
 Each side writes its files from what it has (`Side.write_compacted`): the dense side carries
 the stored embeddings over, nothing is embedded again; BM25 is indexed anew, its statistics
-being the whole corpus's. The version records the log's id and the byte offset it holds.
+being the whole corpus's. The version records the log's id and the byte offset it holds, and
+how many documents live updates added and deleted since the last build ("folded", summed over
+compactions), so that a build into the index refuses to drop them (index/live_updates.py).
 Publishing it and starting the log anew with what was appended after that offset happen under
 the writer lock, so every process sees the old version with the whole log or the new one with
 the rest; a crash between the two is read as the new version and the old log from that offset.
@@ -32,11 +34,13 @@ from ralm.data.blocks import compact_block_store, iter_blocks
 from ralm.distributed import dist_env
 from ralm.retrieval.index.build import version_manifest
 from ralm.retrieval.index.kinds import BuildContext
+from ralm.retrieval.index.live_updates import folded_counts
 from ralm.retrieval.search.live import LiveSearcher, Snapshot
 from ralm.retrieval.search.overlay import split_docs
 
 PREFIX = "compacted-"  # the block stores compactions write, removed once no version uses them
-_COMMON = ("version", "created", "kind", "sides", "count", "blocks", "corpus", "files", "log", "step", "seconds", "sections")
+_COMMON = ("version", "created", "kind", "sides", "count", "blocks", "corpus", "files", "log", "folded", "step", "seconds",
+           "sections")
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ def _publish(live: LiveSearcher, snap: Snapshot, *, show_progress: bool) -> str 
         for i, d in zip(stale, fresh):
             docs[i] = d
     held = {"id": snap.log.id, "offset": snap.log.end}
+    # counted so that a build over the index knows what it would drop (index/live_updates.py)
+    folded = folded_counts(version.manifest, added=len(snap.delta.docs), deleted=len(snap.delta.hidden_docs - snap.delta.docs.keys()))
     key = PREFIX + hashlib.sha256(f"{version.manifest.blocks} {held}".encode()).hexdigest()[:16]
     blocks = compact_block_store(version.blocks, keep, split, index.blocks_dir / key,
                                  origin={"blocks": version.manifest.blocks, "log": held})
@@ -98,7 +104,8 @@ def _publish(live: LiveSearcher, snap: Snapshot, *, show_progress: bool) -> str 
         sections = {name: {**version.manifest.sections[name].to_json(),
                            **side.write_compacted(tmp, ctx, keep=keep, live=[s for d in docs for s in d.states[name]])}
                     for name, side in version.sides.items()}
-        return {**carried, **version_manifest(key, blocks, version.manifest.sides, sections), "log": held}
+        return {**carried, **version_manifest(key, blocks, version.manifest.sides, sections), "log": held,
+                **({"folded": folded} if folded else {})}
 
     name = index.publish(write, expect=version.name, then=lambda _: live.updates.restart(snap.log.id, after=snap.log.end))
     if name is None:
