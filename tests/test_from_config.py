@@ -148,8 +148,27 @@ def test_preset_cpu_sets_what_the_command_line_leaves_unset(ralm, tmp_path, corp
     cpu = preset_values(LMTrainConfig, "cpu")
     assert saved["steps"] == 2 and saved["batch_size"] == cpu["batch_size"] != LMTrainConfig.batch_size
     assert saved["model"]["dim"] == 16 and saved["text"] == str(corpus_file)
-    assert "s/step over the first steps" not in err  # 2 steps: nothing left to estimate
-    code, _, err = ralm("lm", "train", "--text", corpus_file, "--out", tmp_path / "g", "--tokenizer", tiny_bert, "--dim", 16,
-                        "--layers", 1, "--heads", 2, "--seq-len", 8, "--steps", 8, "--log-every", 4, "--device", "cpu")
+
+
+def test_the_estimate_and_the_preset_hint_come_before_the_first_metrics(ralm, tmp_path, corpus_file, tiny_bert, monkeypatch):
+    from ralm.train.lm import LMTrainConfig
+
+    monkeypatch.setenv("RALM_NO_PROGRESS", "0")
+    monkeypatch.setattr(LMTrainConfig, "presets", {"cpu": {"batch_size": 2}})  # an eighth of the default 16 a step
+    args = ("lm", "train", "--text", corpus_file, "--tokenizer", tiny_bert, "--dim", 16, "--layers", 1, "--heads", 2,
+            "--seq-len", 8, "--steps", 3, "--log-every", 1, "--device", "cpu")
+    code, _, err = ralm(*args, "--out", tmp_path / "a")
     err = " ".join(err.split())  # rich wraps long lines
-    assert code == 0 and "--preset cpu sizes the run for a CPU" in err and "s/step over the first steps: about" in err, err
+    assert code == 0, err
+    estimate, hint, metrics = err.find("about 2 steps x "), err.find("on this CPU try --preset cpu: about 3 steps x "), err.find("step 1 ")
+    assert -1 < estimate < hint < metrics, err  # told after the first step's work, before its metrics line
+    assert "(the first step's time; checkpoints not counted)" in err
+
+    code, _, err = ralm(*args, "--out", tmp_path / "b", "--preset", "cpu")  # sized for the CPU already: no hint
+    assert code == 0 and "about 2 steps x " in " ".join(err.split()) and "try --preset cpu" not in err, err
+
+    code, out, err = ralm(*args, "--out", tmp_path / "c", "--json")
+    assert code == 0 and out.startswith("{") and "steps x" not in err and "try --preset" not in err, err
+    monkeypatch.setenv("RALM_NO_PROGRESS", "1")
+    code, _, err = ralm(*args, "--out", tmp_path / "d")
+    assert code == 0 and "steps x" not in err and "try --preset" not in err, err

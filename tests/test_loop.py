@@ -367,3 +367,22 @@ def test_a_run_resumes_from_another_folder_and_from_a_copy_of_its_corpus(tmp_pat
         f.write('{"id": "extra", "title": "Extra", "text": "One more document."}\n')
     code, _, err = ralm(*_lm_args("copy.jsonl", "../a/run", 6, tiny_bert))
     assert code == 2 and "text copy.jsonl named other content" in err, err
+
+
+def test_the_wall_time_is_told_after_the_first_step_and_corrected_once_if_far_off(monkeypatch):
+    from ralm.train import loop
+    from ralm.train.loop import StepEstimate, WallTimeEstimate
+
+    def told(times: list[float]) -> list[StepEstimate]:
+        clock = iter(times)
+        monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+        heard: list[StepEstimate] = []
+        estimate = WallTimeEstimate(100, heard.append)
+        for step in range(1, len(times)):
+            estimate.after(step)
+        return heard
+
+    # the first step pays for set-up (10 s); the next five take 2 s each
+    assert told([0, 10, 12, 14, 16, 18, 20, 22, 24]) == [StepEstimate(99, 10.0), StepEstimate(94, 2.0, first=False)]
+    assert told([0, 2, 4, 6.5, 8.5, 10.5, 12.5, 14.5]) == [StepEstimate(99, 2.0)]  # within 30%: told once
+    assert StepEstimate(999, 34.0).line().startswith("about 999 steps x 34 s = 9 h 26 min (the first step's time")

@@ -34,11 +34,10 @@ from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, re
 from ralm.configs import ConfigError, Recipe, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
+from ralm.progress import progress_enabled
 
 RECIPE_HELP = ("a recipe file (JSON: the config's fields, e.g. recipes/reader.json): the run it describes; options given "
                "here override it")
-PRESET_HELP = ("cpu: a run sized for a CPU (fewer, smaller steps; minutes to an hour on a few cores); gpu: the config's "
-               "defaults. Options given here override the preset")
 
 
 @dataclass(frozen=True)
@@ -192,14 +191,45 @@ def config_command(fn: Callable) -> Callable:
     return command
 
 
-def _after(notes: list[str], show: Callable[[Any], None]) -> Callable[[Any], None]:
-    """`show`, printing the pending `notes` first: a note about the run waits until the trainer
-    has checked its inputs and speaks, so an input error stays one line."""
-    def shown(message) -> None:
-        while notes:
-            notify(notes.pop(0))
-        show(message)
-    return shown
+def _preset_help(config_cls: type, options: list[ConfigOption]) -> str:
+    """--preset's help: what the CPU preset sets, and what a step of it costs (measured for ICT)."""
+    cpu = preset_values(config_cls, "cpu")
+    sets = ", ".join(f"{flag_of(options, k)} {v}" for k, v in cpu.items())
+    return ((f"cpu: a run sized for a few CPU cores ({sets}; ICT's steps take about 16 s each on 2 busy cores, its "
+             "200 steps about an hour); " if cpu else "")
+            + "gpu: the config's defaults. Options given here override the preset. After its first step a trainer "
+              "prints its time estimate")
+
+
+def _cpu_sized(config_cls: type, trainer: TrainerCommand, values: dict, given: set) -> Any | None:
+    """The config `--preset cpu` would give this command line (the options given still win), or
+    None where the trainer has no CPU preset or the options given do not go with it."""
+    cpu = preset_values(config_cls, "cpu")
+    try:
+        return (trainer.build or build_config)(config_cls, {**values, **{k: v for k, v in cpu.items() if k not in given}},
+                                               given) if cpu else None
+    except ConfigError:
+        return None
+
+
+def _estimate_teller(cfg, cpu_cfg, shown: bool) -> Callable[[Any], None]:
+    """What a trainer command prints of the loop's wall-time estimate (train.loop.StepEstimate): its
+    line, and with the first one, when `cpu_cfg` (the run under --preset cpu) would take less than
+    half the time, that run's estimate from the same timed step scaled by its `step_work`. Nothing
+    unless `shown`."""
+    from ralm.train.loop import format_duration
+
+    def tell(e) -> None:
+        if not shown:
+            return
+        notify(e.line())
+        if cpu_cfg is None or not e.first or e.steps < cfg.steps - 1:  # a resumed run keeps its config
+            return
+        seconds = e.seconds * cpu_cfg.step_work() / cfg.step_work()
+        if cpu_cfg.steps * seconds < 0.5 * (e.steps + 1) * e.seconds:
+            notify(f"on this CPU try --preset cpu: about {cpu_cfg.steps} steps x {seconds:.3g} s = "
+                   f"{format_duration(cpu_cfg.steps * seconds)} (the options given still win)")
+    return tell
 
 
 def _resume_line(e) -> str:
@@ -219,7 +249,8 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
                                  annotation=Optional[o.annotation] if o.required else o.annotation) for o in options]
     params += [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=OutOpt, annotation=Path),
                inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                                 default=typer.Option(None, "--preset", help=PRESET_HELP, metavar="cpu|gpu")),
+                                 default=typer.Option(None, "--preset", help=_preset_help(config_cls, options),
+                                                     metavar="cpu|gpu")),
                inspect.Parameter("recipe", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                                  default=typer.Option(None, "--recipe", help=RECIPE_HELP, metavar="FILE")),
                inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default=DeviceOpt, annotation=str),
@@ -245,10 +276,9 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
             values.update({k: v for k, v in preset_values(config_cls, preset or "gpu").items() if k not in given})
             cfg = (trainer.build or build_config)(config_cls, values, given)
             rt = runtime(device, cfg.dtype)
-            notes = ["note: training on the CPU with defaults sized for a GPU; --preset cpu sizes the run for a CPU (the "
-                     "options given still win)"] if rt.device.type == "cpu" and preset is None and preset_values(config_cls, "cpu") else []
-            result = train(cfg, run, runtime=rt, notify=_after(notes, notify), on_metrics=_after(notes, print_train_metrics),
-                           made_by=made_by)
+            cpu_cfg = _cpu_sized(config_cls, trainer, values, given) if rt.device.type == "cpu" and preset is None else None
+            result = train(cfg, run, runtime=rt, notify=notify, on_metrics=print_train_metrics, made_by=made_by,
+                           on_estimate=_estimate_teller(cfg, cpu_cfg, shown=not as_json and progress_enabled()))
         except ConfigError as e:
             raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
         except TrainingInterrupted as e:

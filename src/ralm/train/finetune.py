@@ -63,6 +63,9 @@ class FinetuneConfig(LoopConfig):
     non_negative_fields = ("trainable_layers",)
     presets = {"cpu": {"steps": 200, "batch_size": 4, "k": 4, "warmup": 20, "trainable_layers": 2, "save_every": 50}}
 
+    def step_work(self) -> float:
+        return self.batch_size * self.k  # the reader reads k blocks a question
+
 
 @dataclass
 class FinetuneResult(TrainResult):

@@ -9,7 +9,8 @@
   log_every     the window's metrics, averaged over its steps and over ranks, with the learning
                 rates and `steps_per_s`: a line of RUN/metrics.jsonl, and `on_metrics`
   save_every    a checkpoint and the exports in RUN/final (rank 0), then a barrier
-  first steps   an estimate of the run's wall time (`notify`)
+  first step    an estimate of the run's wall time, before its metrics (`on_estimate`, by
+                default a line to `notify` while progress shows)
   Ctrl-C        (SIGINT or SIGTERM) the step in progress finishes, a checkpoint is saved and
                 `TrainingInterrupted` says where; the same call (or command) resumes from it.
                 A second Ctrl-C stops at once
@@ -37,7 +38,7 @@ from torch import nn
 
 from ralm.atomic import atomic_path
 from ralm.configs import DTYPE_HELP, DTYPES, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
-from ralm.progress import progress_bar
+from ralm.progress import progress_bar, progress_enabled
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import SEEDS, autocast, check_finite
 from ralm.train.checkpoints import load_checkpoint, save_checkpoint
@@ -70,6 +71,12 @@ class LoopConfig:
     non_negative_fields: ClassVar[tuple[str, ...]] = ()
     fraction_fields: ClassVar[tuple[str, ...]] = ()
     presets: ClassVar[dict[str, dict]] = {}
+
+    def step_work(self) -> float:
+        """One step's compute, relative: a step timed under this config, scaled by the ratio of
+        another config's, estimates that one's (the --preset cpu hint). Examples per step here;
+        a trainer reading several blocks per example multiplies them in."""
+        return self.batch_size
 
     def __post_init__(self):
         """The checks every trainer config runs before anything loads: the loop's fields and the
@@ -248,27 +255,47 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600:.0f} h {seconds % 3600 / 60:02.0f} min"
 
 
-class WallTimeEstimate:
-    """The run's remaining wall time from its first steps in this process, told once: after 5
-    timed steps or 20 s of them. The first step is not timed (it pays for lazy set-up)."""
+@dataclass(frozen=True)
+class StepEstimate:
+    """The run's remaining wall time as timed in this process: `steps` left at `seconds` each;
+    `first`: timed on the first step alone (which also pays for lazy set-up)."""
 
-    def __init__(self, total: int, notify: Callable[[str], None]):
-        self.total, self.notify = total, notify
+    steps: int
+    seconds: float
+    first: bool = True
+
+    def line(self) -> str:
+        how = "the first step's time" if self.first else "the mean of the first steps"
+        return (f"about {self.steps} steps x {self.seconds:.3g} s = {format_duration(self.steps * self.seconds)} "
+                f"({how}; checkpoints not counted)")
+
+
+class WallTimeEstimate:
+    """Tells (`tell(StepEstimate)`) the run's remaining wall time as soon as the first step in this
+    process is done, before its metrics; then once more, after 5 timed steps or 20 s of them, if
+    their mean is more than 30% off the first step's (lazy set-up, a GPU warming up)."""
+
+    def __init__(self, total: int, tell: Callable[[StepEstimate], None]):
+        self.total, self.tell = total, tell
+        self.begun = time.perf_counter()
         self.start: tuple[int, float] | None = None  # (step, time) at the end of the first step
+        self.first = 0.0  # its seconds
         self.told = False
 
     def after(self, step: int) -> None:
         now = time.perf_counter()
         if self.start is None:
-            self.start = (step, now)
+            self.start, self.first = (step, now), now - self.begun
+            if step < self.total:
+                self.tell(StepEstimate(self.total - step, self.first))
             return
         timed, seconds = step - self.start[0], now - self.start[1]
         if self.told or not (timed >= 5 or seconds >= 20) or step >= self.total:
             return
         self.told = True
         per_step = seconds / timed
-        self.notify(f"{per_step:.3g} s/step over the first steps: about {format_duration(per_step * (self.total - step))} "
-                    f"for the {self.total - step} steps left (checkpoints not counted)")
+        if abs(per_step - self.first) > 0.3 * self.first:
+            self.tell(StepEstimate(self.total - step, per_step, first=False))
 
 
 # -- the loop -----------------------------------------------------------------------------
@@ -308,19 +335,23 @@ class TrainLoop:
 
     def run(self, step: Step, kind: str, *, exports: Mapping[str, object] | None = None, plots: Sequence[str] = ("loss",),
             log_extra: Callable[[dict], dict] | None = None, checkpoint_extra: Callable[[], dict] | None = None,
-            on_metrics: Callable[[dict], None] | None = None) -> TrainResult:
+            on_metrics: Callable[[dict], None] | None = None,
+            on_estimate: Callable[[StepEstimate], None] | None = None) -> TrainResult:
         """Train from `self.step` to cfg.steps. `kind` names the trainer (progress, trainer.json);
         `exports` are saved in RUN/final with every checkpoint; `log_extra(record)` adds fields to
-        a logged record, `checkpoint_extra()` state to a checkpoint (back as `.resumed`)."""
+        a logged record, `checkpoint_extra()` state to a checkpoint (back as `.resumed`);
+        `on_estimate` hears the wall-time estimate (WallTimeEstimate)."""
         ctx, cfg = self.ctx, self.cfg
         log = MetricsLog(ctx.path, self.step) if ctx.env.is_main else None
         start = window_start = time.perf_counter()
         window: list[dict[str, float]] = []
-        estimate = WallTimeEstimate(cfg.steps, ctx.notify)
+        quiet = not ctx.env.is_main or (on_estimate is None and not progress_enabled(ctx.show_progress))
+        tell = (lambda _: None) if quiet else on_estimate or (lambda e: ctx.notify(e.line()))
         try:
             with progress_bar(ctx.show_progress) as bar, StopRequest(ctx.notify) as stop:
                 task = bar.add_task(f"training ({kind})", total=cfg.steps, completed=self.step)
                 first = self.step
+                estimate = WallTimeEstimate(cfg.steps, tell)
                 while self.step < cfg.steps:
                     window.append(self._one_step(step))
                     self.step += 1

@@ -96,6 +96,9 @@ class PretrainConfig(LoopConfig):
         MaskingConfig(self.masking, self.random_prob)
         self.realm_config()
 
+    def step_work(self) -> float:
+        return self.batch_size * (self.k + 1)  # the encoder reads k blocks and the null document an example
+
     def realm_config(self) -> RealmConfig:
         return RealmConfig(self.k, self.max_len, self.max_query_len, self.null_doc, self.exclude_trivial)
 

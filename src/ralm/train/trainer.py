@@ -29,7 +29,7 @@ from ralm.data.qa import read_questions
 from ralm.retrieval.towers.projection import init_projection
 from ralm.rundir import record_leg
 from ralm.runtime import Runtime
-from ralm.train.loop import LoopConfig, Schedule, TrainLoop, TrainResult, warmup_constant
+from ralm.train.loop import LoopConfig, Schedule, StepEstimate, TrainLoop, TrainResult, warmup_constant
 from ralm.train.parallel import RunContext, start_run
 
 
@@ -99,13 +99,15 @@ class Trainer:
     @classmethod
     def fit(cls, cfg: LoopConfig, run: str | os.PathLike, device: torch.device | None = None, *, runtime: Runtime | None = None,
             show_progress: bool = True, notify: Callable[[str], None] | None = None,
-            on_metrics: Callable[[dict], None] | None = None, made_by: dict | None = None, **inputs) -> TrainResult:
+            on_metrics: Callable[[dict], None] | None = None, on_estimate: Callable[[StepEstimate], None] | None = None,
+            made_by: dict | None = None, **inputs) -> TrainResult:
         """Train (or resume) the run at `run`. Under torchrun every rank trains on its
         `batch_size` share of a `batch_size x world` global batch; rank 0 writes the run.
         `runtime`: where and how it trains, resolved once here (None: `device`, by default the
-        CPU, with `cfg.dtype`; see `start_run`). `made_by` (the command line and recipe that
-        started it) goes to RUN/legs.jsonl and every export's made_by.json. `inputs` go to the
-        trainer's constructor."""
+        CPU, with `cfg.dtype`; see `start_run`). `on_estimate` hears the wall-time estimate after
+        the first step (rank 0; None: a line to `notify` while progress shows). `made_by` (the
+        command line and recipe that started it) goes to RUN/legs.jsonl and every export's
+        made_by.json. `inputs` go to the trainer's constructor."""
         trainer = cls(cfg, **inputs)
         trainer.ctx = start_run(run, cfg, runtime, device=device, show_progress=show_progress, notify=notify)
         try:
@@ -119,7 +121,8 @@ class Trainer:
                            trainer.loop.step)
             trainer.started()
             done = trainer.loop.run(trainer.step, cls.name, exports=trainer.exports(), plots=cls.plots, log_extra=trainer.log_extra,
-                                    checkpoint_extra=trainer.checkpoint_extra, on_metrics=on_metrics)
+                                    checkpoint_extra=trainer.checkpoint_extra, on_metrics=on_metrics,
+                                    on_estimate=on_estimate)
         finally:
             trainer.close()
         return trainer.result(done)
