@@ -92,9 +92,12 @@ def test_the_python_api_guide_runs_and_prints_as_written(tmp_path, monkeypatch):
 
 def test_the_guide_states_the_defaults_the_code_has():
     from ralm.models.confidence import MIN_CONFIDENCE
+    from ralm.pipeline import OpenQA
 
     text = DOC.read_text(encoding="utf-8")
-    assert float(re.search(r"below `min_confidence` \(default ([0-9.]+)\)", text).group(1)) == MIN_CONFIDENCE
+    said = re.search(r"below `min_confidence` \(default None: the\s+threshold the side's confidence map was fitted with, "
+                     r"else ([0-9.]+)\)", text)
+    assert float(said.group(1)) == MIN_CONFIDENCE and signature(OpenQA).parameters["min_confidence"].default is None
     assert re.search(r'build_index\(corpus, out, kind="([a-z]+)"', text).group(1) == signature(build_index).parameters["kind"].default
     assert printed_as_said("Retriever(dim=128, base_model='/x/y')", "Retriever(dim=..., base_model=...)")
     assert not printed_as_said("[('eiffel:0', 12.4)]", "[('eiffel:0', 17.3)]")

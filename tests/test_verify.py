@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
+from ralm.errors import RalmError
 from ralm.retrieval.index.verify import check_full, check_open, inventory
 
 
@@ -36,10 +37,51 @@ def _copy(indexes, tmp_path, kind):
     return root, root / "versions" / "v000001", next((root / "blocks").iterdir())
 
 
-def _flip_byte(path, offset=-5):
+def _flip_byte(path, offset=-5, mask=0xFF):
     data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
+    data[offset] ^= mask
     path.write_bytes(bytes(data))
+
+
+def _flip_in(path, after: bytes, mask=0x01):
+    """Flip the byte just after `after`'s first occurrence, staying ASCII (mask 1): the file
+    still parses, so only a checksum can tell."""
+    _flip_byte(path, path.read_bytes().index(after) + len(after), mask)
+
+
+def _shift_offsets(b):
+    """A bit flipped high in every offset but the last of blocks.idx.npy (same size, shape, dtype):
+    each read of a record would ask for exabytes."""
+    path = b / "blocks.idx.npy"
+    n = len(np.load(path))
+    data = bytearray(path.read_bytes())
+    header = len(data) - 8 * n
+    for i in range(1, n - 1):
+        data[header + 8 * i + 7] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+NEW_DOC = {"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar is an archipelago off Tanzania, known for its cloves."}
+
+
+def _logged(r):
+    """One live add in the index's update log (its record and, in updates-<id>.bin, its states)."""
+    from ralm.data.corpus import Document
+    from ralm.retrieval.search.live import LiveSearcher
+
+    LiveSearcher.open(r).add([Document(**NEW_DOC)])
+    return r / "updates.jsonl", next(r.glob("updates-*.bin"))
+
+
+def _edit_logged_text(r):
+    log, _ = _logged(r)
+    log.write_bytes(log.read_bytes().replace(b"cloves", b"nutmeg"))  # valid JSON, a text edited by hand
+
+
+def _old_log(r):
+    """What ralm <= 0.5 wrote: a header without "checksums", records without "crc"."""
+    (r / "updates.jsonl").write_text(json.dumps({"op": "log", "id": "0123456789abcdef"}) + "\n"
+                                     + json.dumps({"op": "add", **NEW_DOC}) + "\n")
 
 
 def test_the_inventory_records_every_file_the_version_uses(indexes):
@@ -99,6 +141,25 @@ DAMAGES = {
     "token values flipped byte": ("dense", lambda v, b, r: _flip_byte(b / "tokens" / "values.bin"), "values.bin", False),
     "block offsets reshaped": ("bm25", lambda v, b, r: np.save(b / "tokens" / "offsets.npy", np.zeros((2, 7), np.int64)),
                                "offsets.npy", True),
+    # a flipped byte in each kind of file (#69): caught by `check`, and where the file is read at open, by opening
+    "version manifest, a digit flipped": ("bm25", lambda v, b, r: _flip_in(v / "manifest.json", b'"created": 1'),
+                                          "v000001/manifest.json", False),
+    "block record offsets flipped high": ("bm25", lambda v, b, r: _shift_offsets(b), "blocks.idx.npy", True),
+    "block records flipped byte": ("bm25", lambda v, b, r: _flip_byte(b / "blocks.jsonl", 40), "blocks.jsonl", False),
+    "bm25 params flipped byte": ("bm25", lambda v, b, r: _flip_byte(v / "bm25" / "params.index.json", 20), "params.index.json", True),
+    "bm25 vocab flipped byte": ("bm25", lambda v, b, r: _flip_byte(v / "bm25" / "vocab.index.json", 40), "vocab.index.json", True),
+    "tokenizer.json flipped byte": ("dense", lambda v, b, r: _flip_byte(next((r / "retriever").glob("*/tokenizer.json")), 5000),
+                                    "tokenizer.json", True),
+    "tokenizer config flipped byte": ("dense", lambda v, b, r: _flip_byte(next((r / "retriever").glob("*/tokenizer_config.json")), 30),
+                                      "tokenizer_config.json", True),
+    "model config flipped byte": ("dense", lambda v, b, r: _flip_byte(next((r / "retriever").glob("*/config.json")), 30),
+                                  "config.json", True),
+    "safetensors header, a key edited": ("dense", lambda v, b, r: _flip_in(next((r / "retriever").glob("*/model.safetensors")),
+                                                                             b'"dtyp'), "model.safetensors", True),
+    "live state flipped byte": ("dense", lambda v, b, r: _flip_byte(_logged(r)[1], 30), "updates-", True),
+    "update log record edited by hand": ("bm25", lambda v, b, r: _edit_logged_text(r), "updates.jsonl:2", True),
+    "update log record flipped byte": ("bm25", lambda v, b, r: _flip_byte(_logged(r)[0], -30), "updates.jsonl:2", True),
+    "update log header, its id flipped": ("bm25", lambda v, b, r: _flip_in(_logged(r)[0], b'"id": "'), "updates.jsonl:1", True),
 }
 
 
@@ -123,9 +184,10 @@ def test_a_sound_index_checks_clean_and_an_old_version_still_opens(ralm, indexes
         assert rc == 0, err
         summary = json.loads(out)
         assert summary["sound"] and summary["versions"][0]["verified"] and summary["versions"][0]["files"] > 5
+        assert summary["versions"][0]["manifest_checksum"] and summary["log_checksums"]
     root, version, _ = _copy(indexes, tmp_path, "bm25")
     m = json.loads((version / "manifest.json").read_text())
-    del m["files"]  # a version published before inventories existed
+    del m["files"], m["checksum"]  # a version published before inventories (and manifest checksums) existed
     (version / "manifest.json").write_text(json.dumps(m))
     rc, out, err = ralm("search", root, "capital", "-k", 2, "--json")
     assert rc == 0 and json.loads(out)[0]["id"] in ("paris:0", "tokyo:0")
@@ -155,3 +217,74 @@ def test_non_finite_scores_never_print_a_bare_nan(ralm, indexes, tmp_path):
         rc, out, err = ralm("search", root, "capital", "-k", 2, *args)
         assert "nan" not in out.lower()
         _one_line_error(rc, err, f"ralm index check {root}")
+
+
+def test_a_damaged_block_offset_is_named_by_every_read_of_a_document(ralm, indexes, tmp_path):
+    """GET and DELETE of a document read its records by their offsets: one flipped high is the
+    index file's damage, named, never a MemoryError from asking for exabytes."""
+    from ralm.data.blocks import BlockStore
+
+    root, _, blocks = _copy(indexes, tmp_path, "bm25")
+    _shift_offsets(blocks)
+    store = BlockStore(blocks)  # opens: only the last offset is read there
+    with pytest.raises(RalmError, match="blocks.idx.npy is damaged"):
+        store.record(1)
+    with pytest.raises(RalmError, match="blocks.idx.npy is damaged"):
+        store.check_line_offsets()
+    _one_line_error(*ralm("index", "delete", root, "paris")[::2], "blocks.idx.npy")
+
+
+def test_an_offset_inside_another_record_is_named(indexes, tmp_path):
+    from ralm.data.blocks import BlockStore
+
+    _, _, blocks = _copy(indexes, tmp_path, "bm25")
+    offsets = np.load(blocks / "blocks.idx.npy")
+    offsets[2] -= 3  # still inside blocks.jsonl, but not where a line starts
+    np.save(blocks / "blocks.idx.npy", offsets)
+    store = BlockStore(blocks)
+    assert store.record(0)["id"]  # untouched
+    with pytest.raises(RalmError, match=r"blocks.jsonl is damaged \(block 1 .*blocks.idx.npy"):
+        store.record(1)
+
+
+def test_a_log_from_before_checksums_still_replays_and_check_says_it_is_unverified(ralm, indexes, tmp_path):
+    root, _, _ = _copy(indexes, tmp_path, "bm25")
+    _old_log(root)
+    rc, out, err = ralm("search", root, "archipelago cloves", "-k", 1, "--json")
+    assert rc == 0 and json.loads(out)[0]["id"] == "zanzibar:0", err
+    rc, out, err = ralm("index", "check", root)
+    assert rc == 0 and "predates record checksums" in out, err
+    assert json.loads(ralm("index", "check", root, "--json")[1])["log_checksums"] is False
+
+
+def test_every_logged_line_and_state_carries_its_checksum(indexes, tmp_path):
+    """The log as written: a header saying so, each line ending in its CRC, each add's state's CRC."""
+    import zlib
+
+    from ralm.retrieval.search.update_log import UpdateLog
+
+    root, _, _ = _copy(indexes, tmp_path, "dense")
+    log, states = _logged(root)
+    header, record = (json.loads(line) for line in log.read_text().splitlines())
+    assert header["checksums"] == "crc32" and "crc" in header and "crc" in record
+    where = record["state"]
+    assert where["crc32"] == zlib.crc32(states.read_bytes()[where["offset"]:where["offset"] + sum(where["sizes"].values())])
+    read = UpdateLog(root).check()
+    assert read.checksums and [r["id"] for r in read.records] == ["zanzibar"] and "crc" not in read.records[0]
+
+
+def test_damaged_live_state_is_named_not_searched(ralm, indexes, tmp_path):
+    """The issue's case: one flipped byte in updates-<id>.bin once made dense queries find another
+    block first while `check` said sound; now both name the file."""
+    root, _, _ = _copy(indexes, tmp_path, "dense")
+    _, states = _logged(root)
+    assert ralm("search", root, "archipelago cloves", "--json")[0] == 0
+    _flip_byte(states, 3, 0x01)  # the smallest change: one bit of one float
+    for args in (("index", "check", root), ("search", root, "archipelago cloves", "--json")):
+        _one_line_error(*ralm(*args)[::2], states.name)
+    states.unlink()  # what the error advises: the states are computed anew, then folded
+    rc, _, err = ralm("index", "compact", root)
+    assert rc == 0, err
+    rc, out, err = ralm("search", root, "archipelago cloves", "-k", 1, "--json")
+    assert rc == 0 and json.loads(out)[0]["id"] == "zanzibar:0", err
+    assert ralm("index", "check", root)[0] == 0

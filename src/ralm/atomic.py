@@ -270,9 +270,16 @@ def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
     with open(path, "rb") as f:
         try:
             (n,) = struct.unpack("<Q", f.read(8))
-            return json.loads(f.read(n)).get("__metadata__") or {}
+            header = json.loads(f.read(min(n, _MAX_HEADER)))
+            meta = header.get("__metadata__") or {} if isinstance(header, dict) else None
         except (ValueError, struct.error) as e:
             raise RalmError(f"{path}: not a safetensors file ({e})") from None
+        if not isinstance(meta, dict):
+            raise RalmError(f"{path} is damaged (its safetensors header is not an object of tensors and metadata)")
+        return meta
+
+
+_MAX_HEADER = 100 << 20  # safetensors' own limit on a header's size
 
 
 def load_safetensors(path: str | os.PathLike) -> dict:
@@ -289,22 +296,31 @@ def load_safetensors(path: str | os.PathLike) -> dict:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             (n,) = struct.unpack("<Q", buf[:8])
+            if n > _MAX_HEADER:
+                raise ValueError(f"a header of {n} bytes")
             header = json.loads(buf[8 : 8 + n])
         except (ValueError, struct.error, OSError) as e:
             raise RalmError(f"{path} is damaged (not a safetensors file: {e}); restore or re-export the model") from None
+    if not isinstance(header, dict):
+        raise RalmError(f"{path} is damaged (its safetensors header is not an object); restore or re-export the model")
     base, out = 8 + n, {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = getattr(torch, _DTYPES.get(info["dtype"], ""), None)
-        if dtype is None:
-            raise RalmError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        if base + end > len(buf):
-            raise RalmError(f"{path} is damaged (truncated: tensor {name} ends past the file); restore or re-export the model")
-        count = (end - start) // torch.empty(0, dtype=dtype).element_size()
-        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start) if count else torch.empty(0, dtype=dtype)
-        out[name] = flat.view(info["shape"])
+        try:  # a header edited or damaged into valid JSON of another shape is the file's damage too
+            dtype = getattr(torch, _DTYPES.get(info["dtype"], ""), None)
+            if dtype is None:
+                raise RalmError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+            start, end = (int(x) for x in info["data_offsets"])
+            if not 0 <= start <= end or base + end > len(buf):
+                raise RalmError(f"{path} is damaged (tensor {name} at bytes {start}..{end}, past the file); "
+                                "restore or re-export the model")
+            count = (end - start) // torch.empty(0, dtype=dtype).element_size()
+            flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + start) if count else torch.empty(0, dtype=dtype)
+            out[name] = flat.view(info["shape"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise RalmError(f"{path} is damaged (tensor {name!r} in its header: {type(e).__name__} {str(e)[:80]}); "
+                            "restore or re-export the model") from None
     return out
 
 
@@ -336,6 +352,30 @@ def read_json(path: str | os.PathLike) -> dict:
     if not isinstance(obj, dict):
         raise RalmError(f"{path} is damaged (a JSON {type(obj).__name__}, not an object); rebuild it")
     return obj
+
+
+def damaged_json(files) -> RalmError | None:
+    """The error naming the first of `files` that is not a readable JSON object, or None."""
+    for f in map(Path, files):
+        if f.suffix == ".json" and f.is_file():
+            try:
+                read_json(f)
+            except RalmError as e:
+                return e
+    return None
+
+
+def damaged_file(files, error: Exception) -> RalmError:
+    """What a library's failure to read `files` (a tokenizer's, a BM25 index's JSON) means: the
+    first of them that is not a readable JSON object, or the failure itself naming them. Called
+    only after the library failed, so a sound load costs nothing."""
+    files = [Path(f) for f in files]
+    damaged = damaged_json(files)
+    if damaged is not None:
+        return damaged
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    names = ", ".join(f.name for f in files)
+    return RalmError(f"{files[0].parent}: its files ({names}) are damaged ({first}); rebuild or restore them")
 
 
 def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:

@@ -123,12 +123,14 @@ def index_check(
     as_json: bool = JsonOpt,
 ):
     """Verify that the index serves: every version's files against its manifest (sizes, shapes,
-    dtypes, checksums, no NaN/inf in the embeddings), its sides known and present, and the
-    update log readable. A fault is one line naming it and exit code 2."""
+    dtypes, checksums, no NaN/inf in the embeddings), the manifest against its own checksum, its
+    sides known and present, and the update log: every record against its checksum, every live
+    state against the one its record holds. A fault is one line naming the file and exit code 2."""
     index_path(index_dir)
+    from ralm.atomic import manifest_file, read_json
     from ralm.retrieval.index.kinds import side_class
     from ralm.retrieval.index.store import IndexDir
-    from ralm.retrieval.index.verify import check_full
+    from ralm.retrieval.index.verify import check_full, check_manifest
     from ralm.retrieval.search.update_log import UpdateLog
 
     index = IndexDir(index_dir)
@@ -147,13 +149,19 @@ def index_check(
             raise RalmError(f"{path}: {e}; the index is damaged: rebuild it") from None
         if missing is not None:
             raise RalmError(f"{path}: its manifest names a {missing} side, whose files are missing; the index is damaged: rebuild it")
+        sealed = check_manifest(manifest_file(path), read_json(manifest_file(path)))  # last: what it says was checked first
         versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "kind": kind,
-                         "retriever": kind})
+                         "retriever": kind, "manifest_checksum": sealed})
     log = UpdateLog(index.root).check()
     unverified = [v["version"] for v in versions if not v["verified"]]
+    unsealed = [v["version"] for v in versions if v["verified"] and not v["manifest_checksum"]]
     summary = {"index": str(index_dir), "kind": index.kind, "retriever": index.kind, "latest": latest, "versions": versions,
-               "logged_updates": len(log.records), "sound": True}
+               "logged_updates": len(log.records), "log_checksums": log.checksums or not log.records, "sound": True}
     cut = f"; the log ends in {log.size - log.end} bytes of an append cut off by a crash (never acknowledged)" if log.size > log.end else ""
+    if unsealed:
+        cut += f"; the manifests of {', '.join(unsealed)} predate manifest checksums"
+    if not summary["log_checksums"]:
+        cut += "; the update log predates record checksums (its records unverified until a compaction writes it anew)"
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {plural(len(versions), 'version')}, latest {latest}, "
                   f"{plural(sum(v['files'] for v in versions), 'file')} verified"
                   + (f", {plural(len(log.records), 'logged update')}" if log.records else "")

@@ -236,6 +236,7 @@ def compact_block_store(source: BlockStore, keep: np.ndarray, docs: Iterable[tup
     copied a run of consecutive rows at a time, then the blocks of `docs` (an index's
     compaction: its version minus hidden documents, plus its live ones). `origin` goes into its
     manifest, saying what it was made from."""
+    source.check_line_offsets()  # runs of records are copied by their offsets
     runs = np.split(keep, np.flatnonzero(np.diff(keep) != 1) + 1) if len(keep) else []
     kept_docs, doc_index = np.unique(source.doc_index[keep], return_inverse=True)  # the kept documents, renumbered in order
     rows = source.document_rows()
@@ -308,6 +309,7 @@ class BlockStore:
                 raise RalmError(f"{self.folder / name} is damaged ({size} entries for {n} blocks); rebuild the index")
         meta = self.folder / "blocks.jsonl"
         size, expected = (meta.stat().st_size if meta.is_file() else 0), int(self._line_offsets[-1])
+        self._meta_size = size
         if size != expected:
             raise RalmError(f"{meta} is damaged ({size} bytes, its index says {expected}); rebuild the index")
 
@@ -324,10 +326,28 @@ class BlockStore:
     def record(self, i: int) -> dict:
         """{"id", "doc_id", "title", "text"} of block i, read from disk on demand."""
         start, end = int(self._line_offsets[i]), int(self._line_offsets[i + 1])
+        # offsets are bytes of blocks.idx.npy: checked against the data file (its size checked at
+        # open) before any read, so a flipped one is named, never a read of petabytes
+        if not 0 <= start < end <= self._meta_size:
+            raise RalmError(f"{self.folder / 'blocks.idx.npy'} is damaged (block {i} at bytes {start}..{end}, outside "
+                            f"blocks.jsonl's {self._meta_size}); rebuild the index")
+        before = 1 if start else 0  # a record starts after a line's end: one byte more read shows it
+        line = os.pread(self._meta.fileno(), end - start + before, start - before)
+        if not line.endswith(b"\n") or (before and line[0] != 0x0A):  # which of the two was overwritten cannot be told
+            raise RalmError(f"{self.folder / 'blocks.jsonl'} is damaged (block {i} at bytes {start}..{end} is not one of its "
+                            "lines), or blocks.idx.npy is; rebuild the index")
         try:
-            return json.loads(os.pread(self._meta.fileno(), end - start, start))
+            return json.loads(line[before:])
         except ValueError:  # JSON or UTF-8: bytes overwritten in place
             raise RalmError(f"{self.folder / 'blocks.jsonl'} is damaged (block {i} is not a JSON record); rebuild the index") from None
+
+    def check_line_offsets(self) -> None:
+        """Every offset in blocks.idx.npy rises from 0 to blocks.jsonl's end (a scan of it: a
+        compaction's, which copies records by their offsets; a search checks the two it reads)."""
+        offsets = np.asarray(self._line_offsets)
+        if len(offsets) and (offsets[0] != 0 or not (np.diff(offsets) > 0).all()):
+            raise RalmError(f"{self.folder / 'blocks.idx.npy'} is damaged (its offsets do not rise from 0 to the end of "
+                            "blocks.jsonl); rebuild the index")
 
     def records(self, rows: Iterable[int]) -> list[dict]:
         return [self.record(int(i)) for i in rows]

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
+from ralm.atomic import damaged_file, read_json
 from ralm.errors import RalmError
 
 FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -44,8 +45,12 @@ class WordpieceTokenizer:
         path = Path(path)
         if not (path / "tokenizer.json").is_file():
             raise RalmError(f"{path}: no tokenizer.json")
-        config = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
-        return cls(Tokenizer.from_file(str(path / "tokenizer.json")), config, path)
+        config = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+        try:
+            backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # the Rust library raises a bare Exception for a damaged file
+            raise damaged_file([path / "tokenizer.json"], e) from None
+        return cls(backend, config, path)
 
     def __repr__(self) -> str:
         return f"WordpieceTokenizer(vocab={self.vocab_size}, max_length={self.model_max_length}, source={str(self.source)!r})"

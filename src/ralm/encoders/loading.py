@@ -10,6 +10,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ralm.atomic import damaged_json
 from ralm.encoders.locate import check_model_location, check_weights_format
 from ralm.errors import RalmError
 
@@ -31,7 +32,13 @@ def _check_local(path: str) -> None:
 def _loading(path: str, load):
     try:
         return load()
-    except (OSError, ValueError) as e:
+    except Exception as e:
+        # (OSError, ValueError) from transformers, a bare Exception from the tokenizers library
+        if not isinstance(e, (OSError, ValueError)) and type(e) is not Exception:
+            raise
+        damaged = damaged_json(sorted(Path(path).glob("*.json"))) if Path(path).is_dir() else None
+        if damaged is not None:  # a damaged JSON file is named: tokenizer, vocab, config
+            raise damaged from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RalmError(f"could not load model {path!r}: {first}") from None
 

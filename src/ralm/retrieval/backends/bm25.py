@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ralm.atomic import read_json, write_json
+from ralm.atomic import damaged_file, read_json, write_json
 from ralm.errors import RalmError
 from ralm.progress import library_bars_enabled
 from ralm.retrieval.backends.exact import check_k
@@ -33,10 +33,11 @@ def lucene_idf(count, df):
 
 
 class BM25Index:
-    def __init__(self, model, count: int, avgdl: float | None):
+    def __init__(self, model, count: int, avgdl: float | None, folder: Path | None = None):
         self.model = model
         self.count = count
         self.avgdl = avgdl  # mean block length in terms; None for indexes built by ralm <= 0.2.0
+        self.folder = folder  # where it was loaded from (named in errors)
 
     def __repr__(self) -> str:
         return f"BM25Index(rows={self.count}, k1={self.model.k1}, b={self.model.b}, avgdl={self.avgdl})"
@@ -78,7 +79,11 @@ class BM25Index:
         scores = np.zeros(self.count, dtype=np.float32)  # [N]
         for t in terms:  # a repeated query term counts again, as in bm25s
             start, end = int(indptr[t]), int(indptr[t + 1])
-            scores[indices[start:end]] += data[start:end]  # a term's postings name each block once
+            try:
+                scores[indices[start:end]] += data[start:end]  # a term's postings name each block once
+            except IndexError:  # a block past the index: the arrays' damage (`ralm index check` names the file)
+                raise RalmError(f"{self.folder or 'the BM25 index'}: indices.csc.index.npy is damaged (a posting "
+                                f"past its {self.count} blocks); run `ralm index check`, then rebuild the index") from None
         top = np.argpartition(-scores, k - 1)[:k] if k < self.count else np.arange(self.count)
         top = top[np.argsort(-scores[top], kind="stable")]
         return top.astype(np.int64), scores[top]
@@ -105,7 +110,19 @@ class BM25Index:
         if not folder.is_dir():
             raise RalmError(f"BM25 index not found: {folder}")
         avgdl = read_json(folder / STATS)["avgdl"] if (folder / STATS).is_file() else None
-        return cls(bm25s.BM25.load(str(folder), mmap=True, show_progress=False), count, avgdl)
+        try:
+            model = bm25s.BM25.load(str(folder), mmap=True, show_progress=False)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged params or vocab file, named
+            raise damaged_file(sorted(folder.glob("*.index.json")) or [folder / "params.index.json"], e) from None
+        try:  # a term id past the postings would be an IndexError in mid-search
+            ids = np.fromiter(model.vocab_dict.values(), dtype=np.int64, count=len(model.vocab_dict))
+            sound = not len(ids) or (ids.min() >= 0 and ids.max() < len(model.scores["indptr"]))
+        except (TypeError, ValueError, OverflowError):
+            sound = False
+        if not sound:
+            raise RalmError(f"{folder / 'vocab.index.json'} is damaged (a term id that is not one of the index's terms); "
+                            "rebuild the index")
+        return cls(model, count, avgdl, folder)
 
 
 class LiveBM25:

@@ -42,7 +42,7 @@ from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import KINDS, kind_of, side_class, sides_of
 from ralm.retrieval.index.manifest import FORMAT, check_fields, read_index_manifest
-from ralm.retrieval.index.verify import FILES, inventory, used_folders
+from ralm.retrieval.index.verify import CHECKSUM, FILES, inventory, manifest_checksum, used_folders
 
 _VERSION = re.compile(r"^v(\d{6})$")
 KEEP_VERSIONS = 3  # the newest versions a publish leaves; older ones are removed
@@ -53,7 +53,7 @@ class VersionManifest:
     """versions/vN/manifest.json: what one published version holds, read, validated and written
     by itself (`IndexDir.version`, `IndexDir.publish`). The build records the common fields,
     each side its own section (retrieval/index/kinds.py `Section`), `publish` the file
-    inventory (verify.py); keys this ralm does not know are kept in `extra`:
+    inventory (verify.py) and the manifest's own checksum; keys this ralm does not know are kept in `extra`:
 
       {"version", "sides": ["dense", "bm25"], "count", "blocks", "created", "corpus", "files", ...,
        "sections": {"dense": {"dim", "retriever", "doc_fingerprint", "dtype", "faiss", ...}, "bm25": {}}}
@@ -110,7 +110,7 @@ class VersionManifest:
             sections = {s: c.from_json({k: raw[k] for k in c.names() if k in raw}, where, s) for s, c in classes.items()}
         known = {f.name for f in fields(cls)} - {"sides", "sections", "extra"}
         return cls(sides=tuple(held), sections=sections, **{k: v for k, v in raw.items() if k in known},
-                   extra={k: v for k, v in raw.items() if k not in known | legacy | {"sides", "sections"}})
+                   extra={k: v for k, v in raw.items() if k not in known | legacy | {"sides", "sections", CHECKSUM}})
 
     def to_json(self) -> dict:
         """The manifest.json object (unset fields left out)."""
@@ -242,7 +242,9 @@ class IndexDir:
                     name = f"v{int(existing[-1][1:]) + 1 if existing else 1:06d}"
                     checked = VersionManifest.from_json({**manifest, "version": name, "created": time.time()}, tmp,
                                                         sides_of(manifest.get("kind", self.created_as)))
-                    manifest_file(tmp).write_text(json.dumps(checked.to_json(), indent=2) + "\n")
+                    raw = checked.to_json()
+                    raw[CHECKSUM] = manifest_checksum(raw)  # the one file the inventory cannot hold (verify.py)
+                    manifest_file(tmp).write_text(json.dumps(raw, indent=2) + "\n")
                     try:
                         os.rename(tmp, vdir / name)  # fails if a publisher of ralm <= 0.4 (no lock) took the name
                         break

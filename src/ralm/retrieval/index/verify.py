@@ -9,13 +9,16 @@ shared file is "../../blocks/<key>/tokens/values.bin".
   check_open: sizes, shapes and dtypes (reads only .npy headers): every time a version opens
   check_full: also the checksums, and NaN or inf in float arrays: `ralm index check`
 
-A mismatch is a RalmError naming the file. Versions built before inventories existed have no
-"files" key: they open as before and `check` reports them as unverified.
+The manifest, which cannot list itself, carries its own "checksum": the sha256 of its JSON
+without that key (`check_manifest`, by `ralm index check`). A mismatch is a RalmError naming
+the file. Versions built before inventories existed have no "files" key, and those before
+manifest checksums no "checksum": they open as before and `check` reports them as unverified.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import numpy as np
 from ralm.errors import RalmError
 
 FILES = "files"  # the version manifest's key
+CHECKSUM = "checksum"  # and its own
 SKIP = {"manifest.json"}  # a version's own manifest holds the inventory: it cannot list itself
 _CHUNK = 1 << 22  # bytes hashed, or array rows scanned, at a time
 
@@ -81,6 +85,22 @@ def inventory(version_dir: str | os.PathLike, uses: list[Path] = ()) -> dict:
             if key not in SKIP:
                 files[Path(key).as_posix()] = _entry(path)
     return files
+
+
+def manifest_checksum(raw: dict) -> str:
+    """The sha256 of a version manifest's JSON object without its "checksum" (keys sorted)."""
+    body = {k: v for k, v in raw.items() if k != CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def check_manifest(path: str | os.PathLike, raw: dict) -> bool:
+    """Whether the manifest `raw`, read from `path`, carries a checksum (False: written before
+    them); one it differs from is the file's damage."""
+    if CHECKSUM not in raw:
+        return False
+    if raw[CHECKSUM] != manifest_checksum(raw):
+        raise _damaged(Path(path), "its contents differ from the checksum it was published with")
+    return True
 
 
 def _damaged(path: Path, what: str) -> RalmError:

@@ -1,12 +1,19 @@
 """The log of live document updates beside an index's versions, shared by every process that
 opens the index (`ralm serve`, `ralm index add/delete/compact`, `ralm search`, ...):
 
-  DIR/updates.jsonl      a header {"op": "log", "id"}, then one record per update:
+  DIR/updates.jsonl      a header {"op": "log", "id", "checksums": "crc32"}, then one record per update:
                          {"op": "add", "id", "title", "text", "blocks": [[start, end], ...],
-                          "state": {"offset", "sizes": {side: bytes}}} or {"op": "delete", "id"}
+                          "state": {"offset", "sizes": {side: bytes}, "crc32"}} or {"op": "delete", "id"}
   DIR/updates-<id>.bin   what each side keeps of an added document's blocks (dense: their
                          embeddings; BM25: their terms' hashes), at the offset its record
                          names: opening reads it back instead of recomputing it
+
+Every line ends in `, "crc": "<8 hex digits>"}`, the CRC-32 of the line as it would read
+without it, and a record's "crc32" is that of the state bytes it names: a flipped byte, or a
+text edited by hand, is an error naming file:line (or the state file) when the log is read,
+never a document replayed with another text or the embedding of another block. A log whose
+header has no "checksums" was written before them (ralm <= 0.5): its lines are read as before,
+checked where they carry a checksum, and the next compaction writes it anew with them.
 
 One writer at a time: a writer holds the index's lock (`IndexDir.lock`) while it catches up
 with the log and appends; a reader holds it shared while it reads, and never modifies the log.
@@ -28,6 +35,7 @@ import logging
 import mmap
 import os
 import secrets
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -37,6 +45,8 @@ from ralm.errors import RalmError
 
 LOG = "updates.jsonl"
 RECORD_START = b'{"op": '  # how json.dumps begins every record; inside a string value the quotes are escaped
+CHECKSUMS = "crc32"  # the header's "checksums": every line carries its own
+_CRC_START, _CRC_LEN = b', "crc": "', 20  # a line ends in , "crc": "0123abcd"}
 log = logging.getLogger("ralm.live")
 
 
@@ -58,18 +68,26 @@ class LogRead:
     records: list[dict]
     size: int  # the file's size when read: bytes past `end` are a batch in progress or cut off
     states: mmap.mmap | None = None  # the log's state file, mapped
+    state_file: Path | None = None
+    checksums: bool = False  # its header says every line carries a checksum (False: written before them)
 
     def state(self, record: dict) -> dict[str, bytes] | None:
-        """Each side's bytes of an add `record`, or None (none stored, or past the state file's end)."""
+        """Each side's bytes of an add `record`, or None (none stored, or past the state file's
+        end); bytes that differ from the record's checksum are the state file's damage."""
         where = record.get("state")
         if where is None or self.states is None:
             return None
-        out, at = {}, where["offset"]
+        out, at, crc = {}, where["offset"], 0
         for side, size in where["sizes"].items():
             if at + size > len(self.states):
                 return None
             out[side] = self.states[at:at + size]
+            crc = zlib.crc32(out[side], crc)  # the CRC of the sides' bytes one after another
             at += size
+        if "crc32" in where and crc != where["crc32"]:
+            raise RalmError(f"{self.state_file} is damaged (the state of {record['id']!r} at byte {where['offset']} differs "
+                            "from its checksum); remove it and run `ralm index compact`, which computes the logged "
+                            "documents' blocks anew")
         return out
 
 
@@ -91,9 +109,17 @@ class UpdateLog:
         self._check_file()
         try:
             with open(self.path, "rb") as f:
-                return _header_id(f.readline(4096)), os.fstat(f.fileno()).st_size
+                return self._header(f.readline(4096))[0], os.fstat(f.fileno()).st_size
         except FileNotFoundError:
             return None, 0
+
+    def _header(self, line: bytes) -> tuple[str | None, bool]:
+        """(the log's id, whether its lines carry checksums) from its first line."""
+        try:
+            return _header(line)
+        except ValueError:
+            raise RalmError(f"{self.path}:1: the log's header differs from its checksum (damaged); "
+                            "the index's live updates cannot be read: restore the file or rebuild the index") from None
 
     def read(self, start: int = 0, *, line: int | None = 0) -> LogRead:
         """The whole batches from byte `start` (0, the `end` of an earlier read of this log, or
@@ -103,7 +129,7 @@ class UpdateLog:
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                log_id = _header_id(f.readline(4096))
+                log_id, checksums = self._header(f.readline(4096))
                 if line is None:
                     f.seek(0)
                     line = f.read(start).count(b"\n")
@@ -123,9 +149,16 @@ class UpdateLog:
                 if not pending:
                     end, end_line = start + pos, lineno
                 continue
-            record = _record(raw)
+            body, crc = _unsealed(raw.rstrip(b" \t\r"))
+            if crc is None and checksums:
+                raise RalmError(f"{self.path}:{lineno}: a record without its checksum in a log whose lines all carry one "
+                                "(damaged, or written by hand); restore the file, or remove the line and what follows")
+            if crc is not None and zlib.crc32(body) != crc:
+                raise RalmError(f"{self.path}:{lineno}: the record differs from its checksum (damaged, or edited by hand); "
+                                "restore the file, or remove the line and what follows")
+            record = _record(body)
             if record is None:  # ralm <= 0.2.0 appended onto a torn record: the acknowledged one ends the line
-                at = raw.rfind(RECORD_START)
+                at = raw.rfind(RECORD_START) if crc is None else -1
                 record = _record(raw[at:]) if at > 0 else None
                 if record is None:
                     # written by hand or another program: replaying around it could drop or resurrect documents
@@ -137,7 +170,8 @@ class UpdateLog:
                 records += pending
                 pending = []
                 end, end_line = start + pos, lineno
-        return LogRead(log_id, start, end, end_line, records, size, self._map(log_id))
+        return LogRead(log_id, start, end, end_line, records, size, self._map(log_id),
+                       self.state_path(log_id) if log_id else None, checksums)
 
     def _map(self, log_id: str | None) -> mmap.mmap | None:
         if log_id is None:
@@ -191,7 +225,7 @@ class UpdateLog:
         with atomic_path(self.state_path(log_id)) as tmp:
             tmp.write_bytes(states)
         with atomic_path(self.path) as tmp:
-            tmp.write_bytes(json.dumps({"op": "log", "id": log_id}).encode() + b"\n" + lines)
+            tmp.write_bytes(_sealed(json.dumps({"op": "log", "id": log_id, "checksums": CHECKSUMS}).encode()) + lines)
         for old in self.root.glob("updates-*.bin"):
             if old.name != self.state_path(log_id).name:
                 old.unlink(missing_ok=True)
@@ -219,13 +253,15 @@ class UpdateLog:
         for i, e in enumerate(entries):
             record = dict(e.record)
             if e.state:
-                record["state"] = {"offset": offset, "sizes": {side: len(b) for side, b in e.state.items()}}
-                states += e.state.values()
-                offset += sum(len(b) for b in e.state.values())
+                data = b"".join(e.state.values())
+                record["state"] = {"offset": offset, "sizes": {side: len(b) for side, b in e.state.items()},
+                                   "crc32": zlib.crc32(data)}
+                states.append(data)
+                offset += len(data)
             if i < len(entries) - 1:
                 record["more"] = True
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-        return "".join(lines).encode("utf-8"), b"".join(states)
+            lines.append(_sealed(json.dumps(record, ensure_ascii=False).encode("utf-8")))
+        return b"".join(lines), b"".join(states)
 
 
 def fold(records: Sequence[dict]) -> tuple[list[dict], set[str]]:
@@ -243,12 +279,36 @@ def fold(records: Sequence[dict]) -> tuple[list[dict], set[str]]:
     return list(adds.values()), deleted
 
 
-def _header_id(line: bytes) -> str | None:
+def _sealed(body: bytes) -> bytes:
+    """`body` (a JSON object) as a log line ending in its own CRC-32."""
+    return body[:-1] + _CRC_START + b"%08x" % zlib.crc32(body) + b'"}\n'
+
+
+def _unsealed(line: bytes) -> tuple[bytes, int | None]:
+    """(the line as it read before its checksum was added, the checksum), or (line, None)
+    when it ends in none. Byte slicing, no JSON: a replay checks every line."""
+    tail = line[-_CRC_LEN:]
+    if len(line) <= _CRC_LEN or not (tail.startswith(_CRC_START) and tail.endswith(b'"}')):
+        return line, None
     try:
-        head = json.loads(line)
+        return line[:-_CRC_LEN] + b"}", int(tail[10:18], 16)
     except ValueError:
-        return None
-    return head["id"] if isinstance(head, dict) and head.get("op") == "log" and isinstance(head.get("id"), str) else None
+        return line, None
+
+
+def _header(line: bytes) -> tuple[str | None, bool]:
+    """(id, checksums) of a header line; (None, False) when the line is none; ValueError when
+    it carries a checksum it differs from."""
+    body, crc = _unsealed(line.rstrip(b" \t\r\n"))
+    try:
+        head = json.loads(body)
+    except ValueError:
+        return None, False
+    if not (isinstance(head, dict) and head.get("op") == "log" and isinstance(head.get("id"), str)):
+        return None, False
+    if crc is not None and zlib.crc32(body) != crc:
+        raise ValueError("checksum")
+    return head["id"], head.get("checksums") == CHECKSUMS
 
 
 _DECODER = json.JSONDecoder()
@@ -299,6 +359,8 @@ def _state_ok(state) -> bool:
     if state is None:
         return True
     if type(state) is not dict or not _count(state.get("offset")) or type(state.get("sizes")) is not dict:
+        return False
+    if "crc32" in state and not _count(state["crc32"]):
         return False
     for k, v in state["sizes"].items():
         if type(k) is not str or not _count(v):
