@@ -1,7 +1,7 @@
 """Screenshots of the web page (`ralm serve`) on the demo corpus with the reader that ships in
-the package, in headless Chromium: an answered question at desktop width (docs/web-page.png)
-and phone width (docs/web-page-phone.png), and a question the corpus cannot answer
-(docs/web-page-withheld.png).
+the package, in headless Chromium: an answered question at desktop width (1280 px: docs/web-page.png)
+and phone width (390 px: docs/web-page-phone.png), and a question the corpus cannot answer
+(docs/web-page-withheld.png); below the answer, the document form and the index's files.
 
   python benchmarks/screenshot.py [--out-dir docs] [--question "..."] [--unanswerable "..."]
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-DESKTOP = {"width": 1100, "height": 900}
-PHONE = {"width": 375, "height": 812}
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
 
 
 def ask(page, question: str) -> None:
@@ -59,6 +59,7 @@ def main() -> None:
             page = browser.new_page(viewport=viewport)
             page.goto(url)
             page.wait_for_function("document.querySelector('#status').textContent.includes('blocks')")
+            page.wait_for_function("document.querySelector('#files-range').textContent.includes('of')")  # the index's files, listed
             ask(page, question)
             if withheld != (page.inner_text("#answer-text") == "No answer found in the corpus"):
                 raise SystemExit(f"{question!r} was {'answered' if withheld else 'withheld'}; pick another question")

@@ -2,7 +2,9 @@
 calibration is pinned (every answer 87 % or 12 % likely right): the answer card with its
 confidence in words and numbers, a withheld answer with its muted guess, the evidence (answer
 marked, the side that found each block, expanding a block), the document lifecycle with the API
-key (add -> found -> replace -> delete -> gone), the status line following a hot swap,
+key (add -> found -> replace -> delete -> gone), the index's files listed a page at a time with
+a file uploaded, listed and deleted from the list, a shown answer under 50 % worded "uncertain"
+(never "more likely wrong than right"), the status line following a hot swap,
 keyboard, labels, no external assets and phone width, and a page on another origin failing to
 write to the index (CSRF). Skips (with the reason) only when
 Chromium or Playwright is missing; `.ci/run` installs both."""
@@ -37,11 +39,11 @@ PYTHON_Q, CLOVES_Q = "Who created the Python programming language?", "Which arch
 
 @pytest.fixture(scope="module")
 def readers(served, tmp_path_factory):
-    """Two copies of the tiny random reader, calibrated to a constant: every answer 87 % or 12 % likely right."""
+    """Copies of the tiny random reader, calibrated to a constant: every answer 87 %, 43 % or 12 % likely right."""
     from ralm.models.reader import write_calibration
 
     root = tmp_path_factory.mktemp("readers")
-    for name, confidence in (("sure", 0.87), ("unsure", 0.12)):
+    for name, confidence in (("sure", 0.87), ("uncertain", 0.43), ("unsure", 0.12)):
         shutil.copytree(served / "reader", root / name)
         write_calibration(root / name, {"method": "isotonic", "questions": 100, "raw": [0.0, 1.0],
                                         "confidence": [confidence, confidence]})
@@ -138,6 +140,31 @@ def test_a_withheld_answer_says_not_in_the_corpus_with_the_guess_muted_beneath(s
         assert page.eval_on_selector("#guess", "e => getComputedStyle(e).color") == muted
         assert page.inner_text("#evidence li.best mark.span-guess") == guess
         assert page.query_selector("#evidence mark.span-answer") is None
+        page.close()
+
+
+def test_a_shown_answer_is_never_worded_more_likely_wrong_than_right(serve, browser):
+    """Issue #64: a right answer shown at 43 % (threshold 0.41) under "more likely wrong than
+    right". A shown answer reached the threshold: under 50 % it is "uncertain"; the bands under
+    50 % word withheld guesses only."""
+    with serve(reader="uncertain", min_confidence=0.41) as url:
+        page = open_page(browser, url)
+        r = ask(page, PYTHON_Q)
+        assert not r["no_answer"] and r["confidence"] == pytest.approx(0.43)
+        assert text(page, "#confidence") == "uncertain — 43 %: check the evidence"
+        assert page.get_attribute("#confidence", "class") == "confidence mid"
+        words = page.evaluate("""() => [0.95, 0.87, 0.6, 0.495, 0.43, 0.12].flatMap(
+            (p) => [true, false].map((shown) => confidenceText(p, 0, shown)))""")
+        assert [w.replace("\xa0", " ") for w in words] == [
+            "very likely right — 95 %", "very likely right — 95 %",
+            "likely right — 87 %", "likely right — 87 %",
+            "more likely right than wrong — 60 %", "more likely right than wrong — 60 %",
+            "more likely right than wrong — 50 %", "more likely right than wrong — 50 %",  # the words of the number shown
+            "uncertain — 43 %: check the evidence", "more likely wrong than right — 43 %",
+            "uncertain — 12 %: check the evidence", "likely wrong — 12 %"]
+        shown = page.evaluate("() => Array.from({length: 101}, (_, i) => confidenceText(i / 100, 0, true))")
+        assert not [w for w in shown if "wrong than right" in w or w.startswith("likely wrong")]
+        assert all(w.startswith("uncertain") for w in shown[:50]) and all("right" in w for w in shown[50:])
         page.close()
 
 
@@ -255,6 +282,62 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         page.keyboard.press("Enter")
         page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Deleted “kb/cogs.md”')")
         assert page.inner_text("#doc-status") == "Deleted “kb/cogs.md”: 2 documents, every section of the file. Index v000001 now has 6 blocks."
+        page.close()
+
+
+def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_deleted(serve, browser):
+    more = [{"id": f"note-{i:02d}", "title": f"Note {i}", "text": f"Note number {i} is about nothing much."} for i in range(20)]
+    guide = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"
+    files = lambda page: [li.inner_text().replace("\xa0", " ") for li in page.query_selector_all("#files .file-head")]
+    with serve(api_key="s3cret") as url:
+        post_with_key = urllib.request.Request(url + "/documents", json.dumps({"documents": more}).encode(),
+                                               {"Content-Type": "application/json", "X-API-Key": "s3cret"})
+        urllib.request.urlopen(post_with_key)
+        page = open_page(browser, url)
+        page.wait_for_function("() => document.querySelector('#files-range').textContent.includes('of')")
+        assert text(page, "#files-range") == "1–10 of 26 files, the last changed first" and page.is_disabled("#files-prev")
+        assert [f.split("\n")[:2] for f in files(page)] == [[f"Note {i}", f"note-{i:02d}"] for i in range(19, 9, -1)]  # added last: first
+        for start in ("11", "21"):
+            page.click("#files-next")
+            page.wait_for_function(f"() => document.querySelector('#files-range').textContent.startsWith('{start}')")
+        assert text(page, "#files-range") == "21–26 of 26 files, the last changed first" and page.is_disabled("#files-next")
+        assert [f.split("\n")[1] for f in files(page)] == [d["id"] for d in DOCS]  # the index's, after the live ones
+        page.click("#files-prev")
+        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('11')")
+        assert [f.split("\n")[1] for f in files(page)] == [f"note-{i:02d}" for i in range(9, -1, -1)]
+
+        page.fill("#api-key", "s3cret")
+        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": guide}])
+        with page.expect_response("**/documents/file?name=cogs.md") as response:
+            page.click("#upload-button")
+        assert response.value.status == 200
+        page.wait_for_function("() => document.querySelector('#files-status').textContent.startsWith('Uploaded')")
+        assert text(page, "#files-status") == "Uploaded “cogs.md”: 2 documents. Index v000001 now has 28 blocks."
+        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 27')")
+        assert files(page)[0].split("\n")[:2] == ["Cogs › Sizes", "cogs.md · 2 sections"]  # listed first: changed last
+
+        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": guide}])
+        page.wait_for_selector("#file-exists:not([hidden])")  # the page says an upload replaces it
+        assert page.inner_text("#upload-button") == "Replace file"
+        page.set_input_files("#file-input", files=[])
+
+        page.click("#files li:first-child .delete-file")
+        page.wait_for_selector("#files li:first-child .confirm:not([hidden])")
+        assert page.inner_text("#files li:first-child .confirm p") == "Delete “cogs.md”, every section of the file (2 documents), for good?"
+        assert page.evaluate("document.activeElement.textContent") == "Yes, delete it"
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.querySelector('#files-status').textContent.startsWith('Deleted')")
+        assert text(page, "#files-status") == "Deleted “cogs.md”: 2 documents, every section of the file. Index v000001 now has 26 blocks."
+        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 26')")
+        assert not [f for f in files(page) if "cogs.md" in f]
+        assert page.evaluate("document.activeElement.id") == "files-heading"  # its row is gone: focus goes to the list
+        assert json.loads(urllib.request.urlopen(f"{url}/documents?limit=100").read())["total"] == 26
+
+        elsewhere = {"documents": [{"id": "walrus", "title": "Walrus", "text": "Walruses live in the Arctic."}]}
+        urllib.request.urlopen(urllib.request.Request(url + "/documents", json.dumps(elsewhere).encode(),
+                                                      {"Content-Type": "application/json", "X-API-Key": "s3cret"}))
+        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 27')")  # another client's write
+        assert files(page)[0].split("\n")[:2] == ["Walrus", "walrus"]
         page.close()
 
 

@@ -272,6 +272,11 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         after = await index_after()
         return {"added": ids, "deleted": gone, "corpus_blocks": after["blocks"], **after}
 
+    @app.get("/documents", summary="The index's files, a page at a time (what the web page lists)", responses=_errors(422))
+    async def list_files(offset: int = Query(0, ge=0, description="files to skip"),
+                         limit: int = Query(20, ge=1, le=100, description="files to list")):
+        return await asyncio.to_thread(service.files, offset, limit)  # a snapshot's answer: no wait behind writes
+
     @app.get("/documents/{doc_id:path}", summary="Whether a document exists (before replacing it), and what a delete of the id deletes",
              responses=_errors(404, 422))
     async def get_document(doc_id: str):
@@ -281,7 +286,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
         return {"id": doc_id, "documents": named}
 
     @app.delete("/documents/{doc_id:path}", dependencies=[Depends(require_key)],
-                summary="Delete a document, or every section and page of a file by its name", responses=_errors(401, 404, 422))
+                summary="Delete a document, or every section and page of a file by its name", responses=_errors(401, 404, 422, 507))
     async def delete_document(doc_id: str):
         deleted = await run(delete_if_present, doc_id)
         if not deleted:

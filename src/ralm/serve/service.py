@@ -155,6 +155,13 @@ class Service:
     def documents_named(self, doc_id: str) -> list[str]:
         return self.live.documents_named(doc_id)
 
+    def files(self, offset: int, limit: int) -> dict:
+        """A page of the index's files (a document posted by id is a file of one), the live ones
+        first, the last changed first; `name` is what DELETE /documents/NAME deletes."""
+        total, page = self.live.files(offset, limit)
+        return {"total": total, "offset": offset, "limit": limit, "index_version": self.live.current.name,
+                "files": [{"name": f.name, "title": f.title, "documents": f.documents} for f in page]}
+
     # -- stats ----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Sizes, versions and latencies; no file paths (anyone who can read /stats sees it)."""

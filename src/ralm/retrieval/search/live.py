@@ -28,6 +28,7 @@ import gc
 import logging
 import threading
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Container, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -95,6 +96,27 @@ class Snapshot:
     @property
     def blocks(self) -> OverlayBlocks:
         return OverlayBlocks(self.version.blocks, self.delta)
+
+    @cached_property
+    def files(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(file name, its documents' ids) of every file (data/corpus.py `file_of`: a document
+        posted by id is a file of one), what `LiveSearcher.files` pages through: the files of live
+        documents first, the last changed first, then the index's in index order. Built at the
+        first listing, once per snapshot: a pass over the version's document ids (read once, a
+        record per document, and kept by its DocumentRows)."""
+        hidden = self.delta.hidden_docs
+        docs: dict[str, list[str]] = {}
+        for doc_id in self.version.blocks.document_rows():
+            if doc_id not in hidden:
+                docs.setdefault(file_of(doc_id), []).append(doc_id)
+        changed: dict[str, None] = {}  # the files of live documents, in the order they last changed
+        for doc_id in self.delta.docs:  # in live order: a replaced document is at the end
+            name = file_of(doc_id)
+            docs.setdefault(name, []).append(doc_id)
+            changed.pop(name, None)
+            changed[name] = None
+        order = [*reversed(changed), *(name for name in docs if name not in changed)]
+        return tuple((name, tuple(docs[name])) for name in order)
 
     @property
     def name(self) -> str:
@@ -327,6 +349,15 @@ class LiveSearcher(Searcher):
         snap = self._snap
         return _named(snap, doc_id, self._rows_by_doc(snap.version))
 
+    def files(self, offset: int = 0, limit: int | None = None) -> tuple[int, list[ListedFile]]:
+        """(how many files the current snapshot holds, those from `offset`, at most `limit`):
+        each file's name is what a delete of it deletes (`documents_named`), in the order of
+        `Snapshot.files` (live files first, the last changed first)."""
+        snap = self._snap
+        rows = self._rows_by_doc(snap.version)
+        page = snap.files[offset:None if limit is None else offset + limit]
+        return len(snap.files), [ListedFile(name, _title(snap, ids[0], rows), len(ids)) for name, ids in page]
+
     def _write(self, entries: list[Entry], *, adds: Sequence[LiveDoc] = (), named: Sequence[str] = (),
                files: Sequence[str] = (), version: LoadedVersion | None = None) -> list[str]:
         """Append to the log, as one batch, a delete of every document that the ids `named` name
@@ -424,6 +455,20 @@ def _best(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             cols[i] = np.concatenate([above, np.flatnonzero(row == v)[:k - len(above)]])
     cols.sort(axis=1)
     return np.take_along_axis(scores, cols, 1), cols
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """One entry of `LiveSearcher.files`."""
+    name: str  # a document's id, or the name of a file read by sections: what a delete of it deletes
+    title: str  # its first document's
+    documents: int  # 1, or the file's sections and pages
+
+
+def _title(snap: Snapshot, doc_id: str, rows: DocumentRows) -> str:
+    if doc_id in snap.delta.docs:
+        return snap.delta.docs[doc_id].doc.title
+    return snap.version.blocks.record(rows.get(doc_id).start).get("title", "")
 
 
 def _exists(snap: Snapshot, doc_id: str, rows_of: Container[str]) -> bool:

@@ -5,15 +5,19 @@ const $ = (id) => document.getElementById(id);
 const STATS_POLL_MS = 3000;  // the status line follows hot index swaps within this
 const EXCERPT_CHARS = 300;  // longer evidence blocks show an excerpt around the answer, expandable
 const BLOCKS_SHOWN = 3;  // evidence blocks listed at first (and the answer's block); the rest one click away
+const FILES_PER_PAGE = 10;  // the index's files listed at a time
 
 // Calibrated confidence in words (docs/serving.md and static/confidence.html list the same bands).
+// The bands under 50 % word a withheld guess only: an answer the server shows reached its
+// threshold, and under 50 % it is "uncertain" (check the evidence), never "likely wrong".
 const BANDS = [
   [0.9, "very likely right", "high"],
   [0.7, "likely right", "high"],
   [0.5, "more likely right than wrong", "mid"],
-  [0.3, "more likely wrong than right", "mid"],
+  [0.3, "more likely wrong than right", "low"],
   [0, "likely wrong", "low"],
 ];
+const UNCERTAIN = [0, "uncertain", "mid"];  // a shown answer under 50 %
 const SIDES = { dense: "dense", bm25: "BM25" };
 const SIDE_HELP = { dense: "found by meaning (dense retriever)", bm25: "found by shared words (BM25)" };
 const KIND_LABELS = { hybrid: "Meaning + keywords (hybrid)", dense: "Meaning (dense)", bm25: "Keywords (BM25)" };
@@ -26,23 +30,32 @@ function percent(p) {
   return `${Math.round(100 * p)}\u00a0%`;
 }
 
-// The band of the percentage shown, so that the words and the number agree (0.895 is "90 %": very likely right).
-function band(p) {
-  return BANDS.find(([lo]) => Math.round(100 * p) >= 100 * lo);
+// The band of the percentage shown, so that the words and the number agree (0.895 is "90 %":
+// very likely right); `shown`: an answer the server gave (not withheld), which is never worded
+// as more likely wrong than right.
+function band(p, shown) {
+  const found = BANDS.find(([lo]) => Math.round(100 * p) >= 100 * lo);
+  return shown && found[0] < 0.5 ? UNCERTAIN : found;
 }
 
-// "likely right — 87 %", or the raw score's caveat for a reader that was never calibrated.
-function confidenceText(confidence, score) {
+// "likely right — 87 %", "uncertain — 43 %: check the evidence" (a shown answer under 50 %),
+// "likely wrong — 12 %" (a withheld guess), or the raw score's caveat for a reader that was
+// never calibrated.
+function confidenceText(confidence, score, shown) {
   if (confidence === null || confidence === undefined) {
     return `confidence unknown: the reader is not calibrated (raw score ${score.toFixed(2)}, not a probability of being right)`;
   }
-  return `${band(confidence)[1]} — ${percent(confidence)}`;
+  const words = band(confidence, shown);
+  return `${words[1]} — ${percent(confidence)}` + (words === UNCERTAIN ? ": check the evidence" : "");
 }
 
+// `body`: JSON, or a File sent as it is (POST /documents/file). The page is the server's own
+// origin, so the browser's Origin header passes the server's cross-origin check.
 async function api(path, body, method = "POST", key = "") {
-  const headers = { "Content-Type": "application/json" };
+  const raw = body instanceof Blob;
+  const headers = { "Content-Type": raw ? "application/octet-stream" : "application/json" };
   if (key) headers["X-API-Key"] = key;
-  const res = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
+  const res = await fetch(path, { method, headers, body: raw ? body : body ? JSON.stringify(body) : undefined });
   const data = await res.json().catch(() => ({}));
   if (!res.ok) {
     const err = new Error(data.error || `HTTP ${res.status}`);
@@ -74,12 +87,12 @@ function renderAnswer(r) {
       : "The reader found no answer in the passages it read.";
     $("guess").hidden = !guess;
     $("guess").innerHTML = guess
-      ? `Best guess: “${escapeHtml(guess)}” (${escapeHtml(confidenceText(r.confidence, r.score))})`
+      ? `Best guess: “${escapeHtml(guess)}” (${escapeHtml(confidenceText(r.confidence, r.score, false))})`
       : "";
   } else {
     $("answer-text").textContent = r.answer;
-    $("confidence").textContent = confidenceText(r.confidence, r.score);
-    if (r.confidence !== null && r.confidence !== undefined) $("confidence").classList.add(band(r.confidence)[2]);
+    $("confidence").textContent = confidenceText(r.confidence, r.score, true);
+    if (r.confidence !== null && r.confidence !== undefined) $("confidence").classList.add(band(r.confidence, true)[2]);
     $("guess").hidden = true;
   }
   $("confidence-help").querySelector("summary").textContent =
@@ -229,10 +242,11 @@ async function checkId() {
   return found;
 }
 
-function afterWrite(verb, id, r) {
+function afterWrite(verb, id, r, where = "doc-status") {
   const many = r.count > 1 ? `: ${r.count} documents, every section of the file` : "";
-  $("doc-status").textContent = `${verb} “${id}”${many}. Index ${r.index_version} now has ${r.blocks} blocks.`;
+  $(where).textContent = `${verb} “${id}”${many}. Index ${r.index_version} now has ${r.blocks} blocks.`;
   refreshStats();
+  loadFiles();
 }
 
 async function saveDocument(event) {
@@ -303,6 +317,124 @@ async function deleteDocument() {
   }
 }
 
+// ---- the index's files: listed a page at a time, uploaded, deleted ---------------------------
+
+let filesOffset = 0;
+let filesAsked = 0;  // listings requested: only the latest one's answer is shown
+let filesStale = false;  // a background listing skipped while the user was in the list: done on leaving it
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+// `background`: the index changed elsewhere (the status line saw it); not while the user is in
+// the list (a confirmation open, a button focused), which a new list would take away.
+async function loadFiles(background = false) {
+  const busy = () => background && $("files").contains(document.activeElement);
+  if (busy()) { filesStale = true; return; }
+  filesStale = false;
+  const asked = ++filesAsked;
+  let r;
+  try {
+    r = await api(`/documents?offset=${filesOffset}&limit=${FILES_PER_PAGE}`, null, "GET");
+  } catch (e) {
+    if (asked === filesAsked) $("files-range").textContent = `Not listed: ${e.message}`;
+    return;
+  }
+  if (asked !== filesAsked) return;
+  if (busy()) { filesStale = true; return; }
+  if (!r.files.length && filesOffset > 0) {  // the last page emptied (a delete): show the one before
+    filesOffset = Math.max(0, filesOffset - FILES_PER_PAGE);
+    return loadFiles();
+  }
+  $("files-range").textContent = r.total
+    ? `${r.offset + 1}–${r.offset + r.files.length} of ${plural(r.total, "file")}, the last changed first`
+    : "The index holds no documents.";
+  $("files").innerHTML = r.files.map((f, i) => {
+    const parts = f.documents > 1 ? ` · ${f.documents} sections` : "";
+    return `<li><div class="file-head"><div class="file-what"><span class="title">${escapeHtml(f.title || f.name)}</span>` +
+      `<span class="muted file-name">${escapeHtml(f.name)}${parts}</span></div>` +
+      `<button type="button" class="secondary delete-file" data-i="${i}" aria-label="Delete ${escapeHtml(f.name)}">Delete</button></div>` +
+      `<div class="confirm" hidden><p></p><button type="button" class="danger file-yes">Yes, delete it</button>` +
+      `<button type="button" class="secondary file-no">Cancel</button></div></li>`;
+  }).join("");
+  $("files").querySelectorAll("li").forEach((li, i) => {
+    const f = r.files[i];
+    const confirm = li.querySelector(".confirm");
+    const ask = li.querySelector(".delete-file");
+    const close = () => { confirm.hidden = true; ask.focus(); };
+    ask.addEventListener("click", () => {
+      const file = f.documents > 1 ? `, every section of the file (${f.documents} documents),` : "";
+      confirm.querySelector("p").textContent = `Delete “${f.name}”${file} for good?`;
+      confirm.hidden = false;
+      confirm.querySelector(".file-yes").focus();
+    });
+    confirm.querySelector(".file-no").addEventListener("click", close);
+    confirm.addEventListener("keydown", (e) => { if (e.key === "Escape") close(); });
+    confirm.querySelector(".file-yes").addEventListener("click", async (e) => {
+      e.target.disabled = true;
+      try {
+        afterWrite("Deleted", f.name, await api(`/documents/${encodeURIComponent(f.name)}`, null, "DELETE", $("api-key").value), "files-status");
+        $("files-heading").tabIndex = -1;  // its row goes: keyboard users go on from the list's heading
+        $("files-heading").focus();
+      } catch (err) {
+        $("files-status").textContent = `Not deleted: ${err.message}`;
+        e.target.disabled = false;
+        close();
+      }
+    });
+  });
+  $("files-prev").disabled = r.offset === 0;
+  $("files-next").disabled = r.offset + r.files.length >= r.total;
+}
+
+function turnPage(step) {
+  filesOffset = Math.max(0, filesOffset + step * FILES_PER_PAGE);
+  loadFiles();
+}
+
+let fileShown = null;  // the file name whose presence in the index the page last said
+
+// Says, under the file input, whether uploading replaces a file of that name; returns whether one exists.
+async function checkFile() {
+  const file = $("file-input").files[0];
+  const found = file ? (await named(file.name)).length > 0 : false;
+  fileShown = file ? file.name : null;
+  $("file-exists").hidden = !found;
+  $("file-exists").textContent = found ? `The index holds a file named “${file.name}”: uploading replaces it.` : "";
+  $("upload-button").textContent = found ? "Replace file" : "Upload file";
+  return found;
+}
+
+async function uploadFile(event) {
+  event.preventDefault();
+  const file = $("file-input").files[0];
+  if (!file) return;
+  $("upload-button").disabled = true;
+  try {
+    const shown = fileShown === file.name && !$("file-exists").hidden;
+    const found = (await named(file.name)).length > 0;  // checked again: someone may have added it meanwhile
+    if (found && !shown) {  // never replace without having said so first
+      await checkFile();
+      $("files-status").textContent = `“${file.name}” is in the index already. Press “Replace file” to replace it.`;
+      return;
+    }
+    const r = await api(`/documents/file?name=${encodeURIComponent(file.name)}`, file, "POST", $("api-key").value);
+    const gone = r.deleted.length ? `, ${plural(r.deleted.length, "section")} it no longer has deleted` : "";
+    $("files-status").textContent = `${found ? "Replaced" : "Uploaded"} “${file.name}”: ${plural(r.added.length, "document")}${gone}. ` +
+      `Index ${r.index_version} now has ${r.blocks} blocks.`;
+    $("file-input").value = "";
+    await checkFile();
+    filesOffset = 0;  // the last changed file is listed first
+    refreshStats();
+    loadFiles();
+  } catch (e) {
+    $("files-status").textContent = `Not uploaded: ${e.message}`;
+  } finally {
+    $("upload-button").disabled = false;
+  }
+}
+
 // ---- the status line -------------------------------------------------------------------------
 
 let version = null;  // the index version the page last saw
@@ -313,21 +445,28 @@ function noteVersion(v) {
   version = v;
 }
 
+let statsAsked = 0;  // as filesAsked: an answer overtaken by a later request is dropped
+
 async function refreshStats() {
+  const asked = ++statsAsked;
   try {
     const s = await api("/stats", null, "GET");
+    if (asked !== statsAsked) return;
     noteVersion(s.index_version);
     window.readerLoaded = s.reader_loaded;
     const live = s.overlay_documents ? ` · ${s.overlay_documents} added live` : "";
     const text = `index ${s.index_version} · ${s.corpus_blocks} blocks${live}` +
       (s.reader_loaded ? "" : " · no reader: showing passages") + swappedAt;
-    if ($("status").textContent !== text) $("status").textContent = text;  // a live region: speak changes only
+    if ($("status").textContent !== text) {  // a live region: speak changes only
+      if ($("status").textContent.includes("blocks")) loadFiles(true);  // the index changed (another client, a swap)
+      $("status").textContent = text;
+    }
     const select = $("side");
     if (select.options.length !== s.kinds.length) {
       select.innerHTML = s.kinds.map((r) => `<option value="${r}">${escapeHtml(KIND_LABELS[r] || r)}</option>`).join("");
     }
   } catch (e) {
-    $("status").textContent = "server unreachable, retrying…";
+    if (asked === statsAsked) $("status").textContent = "server unreachable, retrying…";
   }
 }
 
@@ -360,4 +499,10 @@ $("delete-button").addEventListener("click", askDelete);
 $("delete-yes").addEventListener("click", deleteDocument);
 $("delete-no").addEventListener("click", closeDelete);
 $("delete-confirm").addEventListener("keydown", (e) => { if (e.key === "Escape") closeDelete(); });
+$("upload-form").addEventListener("submit", uploadFile);
+$("file-input").addEventListener("change", () => checkFile().catch(() => {}));
+$("files").addEventListener("focusout", (e) => { if (filesStale && !$("files").contains(e.relatedTarget)) loadFiles(true); });
+$("files-prev").addEventListener("click", () => turnPage(-1));
+$("files-next").addEventListener("click", () => turnPage(1));
 pollStats();
+loadFiles();
