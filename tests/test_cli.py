@@ -96,6 +96,7 @@ def test_an_answer_prints_the_top_blocks_and_its_own_not_all_ten():
         print_answer(answer)
     printed = [j for j in range(10) if f"(doc{j})" in cap.get()]
     assert printed == [*range(SHOWN), 6] and f"{10 - SHOWN - 1} more blocks read" in cap.get()
+    assert "p(answer) = 0.500" in cap.get()  # what the probability beside the confidence is of
 
 
 def test_a_real_process_exits_2_without_traceback(tmp_path):
@@ -337,7 +338,7 @@ def test_an_output_never_overwrites_an_input_or_a_file_of_an_index(ralm, corpus_
     retrieval = ("eval", "retrieval", "--index", tmp_path / "idx", "--questions", questions, "--predictions")
     _one_line_error(*ralm(*retrieval, questions)[::2], "is what --questions reads")
     _one_line_error(*ralm(*retrieval, tmp_path / "idx" / "versions" / "v000001" / "p.jsonl")[::2], "an index directory")
-    _one_line_error(*ralm("index", "build", corpus_file, "--out", corpus_file, "--kind", "bm25")[::2], "is what CORPUS reads")
+    _one_line_error(*ralm("index", "build", corpus_file, "--out", corpus_file, "--kind", "bm25")[::2], "is what --corpus reads")
     assert (questions.read_bytes(), manifest.read_bytes()) == before
     rc, out, err = ralm("search", tmp_path / "idx", "Who created Python?", "--json")
     assert rc == 0 and json.loads(out)[0]["id"] == "python:0", err  # the index still opens
@@ -361,3 +362,63 @@ def test_an_endless_stdin_line_is_refused_after_a_bounded_read(tiny_hybrid_index
     _one_line_error(proc.returncode, proc.stderr, f"stdin:1: the line holds more than {MAX_QUESTION_CHARS:,} characters")
     assert seconds < 10, seconds
     assert read < 100_000, read
+
+
+def test_index_and_corpus_are_options_and_the_older_positionals_still_work(ralm, corpus_file, tmp_path):
+    """Issue #64 item 4: one argument style, --index DIR and --corpus PATH in every command; the
+    older spellings (`ralm search DIR QUERY`, `ralm index build CORPUS`) are still read."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    assert ralm("index", "build", "--corpus", corpus_file, "--out", new, "--kind", "bm25")[0] == 0
+    assert ralm("index", "build", corpus_file, "--out", old, "--kind", "bm25")[0] == 0
+    for search in (("search", "--index", new, "Who created Python?"), ("search", old, "Who created Python?"),
+                   ("search", "Who created Python?", "--index", new)):
+        rc, out, err = ralm(*search, "-k", 1, "--json")
+        assert rc == 0 and json.loads(out)[0]["id"] == "python:0", (search, err)
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"id": "extra", "title": "Extra", "text": "Lisbon is the capital of Portugal."}) + "\n")
+    for index, spelled in ((new, ("--index", new, "--corpus", more)), (old, (old, more))):
+        rc, out, err = ralm("index", "add", *spelled, "--json")
+        assert rc == 0 and json.loads(out)["added"] == 1, err
+        rc, out, err = ralm("index", "delete", *(("--index", index) if index is new else (index,)), "extra", "--json")
+        assert rc == 0 and json.loads(out)["deleted"] == 1, err
+        for command in ("check", "compact"):
+            assert ralm("index", command, *(("--index", index) if index is new else (index,)), "--json")[0] == 0
+
+
+@pytest.mark.parametrize("argv, read, meant", [
+    (("ask", "idx", "the question"), "read 'idx' as QUESTION and 'the question' as one too many",
+     "did you mean `ralm ask --index idx 'the question'`?"),
+    (("ask", "--index", "idx", "who", "made", "it"), "read 'who' as QUESTION and 'made', 'it' as 2 too many",
+     "did you mean `ralm ask --index idx 'who made it'`?"),
+    (("ask", "the question"), "missing option --index (read 'the question' as QUESTION)", "`ralm ask --index DIR QUESTION`"),
+    (("search", "the query"), "missing option --index (read 'the query' as QUERY)", "`ralm search --index DIR QUERY`"),
+    (("index", "build", "--corpus", "c.jsonl", "d.jsonl", "--out", "x"), "read 'd.jsonl' as one too many",
+     "`ralm index build --corpus c.jsonl`"),
+    (("index", "add", "more.jsonl"), "missing option --index (read 'more.jsonl' as --corpus)",
+     "`ralm index add --index DIR --corpus CORPUS`"),
+])
+def test_a_positional_too_many_or_an_index_missing_names_what_was_read(argv, read, meant):
+    """`ralm ask idx "question"` said "Missing option '--index'", not that idx was read as the
+    question: one line naming what each positional was read as and the spelling meant, before torch."""
+    rc, torch_imported, err = _before_torch(argv)
+    assert rc == 2 and not torch_imported and len(err.strip().splitlines()) == 1, err
+    assert read in err and meant in err, err
+
+
+def test_flags_print_no_value_in_help(ralm):
+    """Item 7: an on/off flag takes no value, so help prints none beside it (typer printed `--json <bool>`)."""
+    for command in (("search",), ("ask",), ("eval", "qa"), ("index", "build"), ("retro", "eval"), ("convert", "hf-realm"),
+                    ("pretrain",)):
+        rc, out, _ = ralm(*command, "--help")
+        flags = [line for line in out.splitlines() if "<bool>" in line and "--help" not in line]
+        assert rc == 0 and not flags, (command, flags)
+
+
+def test_the_command_list_starts_with_what_a_newcomer_runs():
+    import typer
+
+    from ralm.cli import app
+
+    group = typer.main.get_command(app)
+    listed = group.list_commands(typer.Context(group))
+    assert listed[:7] == ["demo", "ask", "search", "index", "eval", "serve", "ict"], listed

@@ -118,11 +118,14 @@ def test_common_options_mean_the_same_thing_in_every_command():
             assert by_flag["--out"].required, where
         for flag in by_flag:
             seen.setdefault(flag, []).append(where)
-        # positional arguments are the command's subject: a query, a question, a prompt, a corpus, an index, ids
+        # positional arguments are the command's subject: a query, a question, a prompt, ids, a model to convert; what it
+        # reads, an index or a corpus, is --index / --corpus (hidden positionals: the older spellings, docs/cli.md)
         for p in cmd.params:
             assert p.help or p.hidden, f"{where} {p.name}: no help text"
-            if p.param_type_name == "argument":
-                assert p.name in ("query", "question", "prompt", "corpus", "index_dir", "src", "source", "ids"), f"{where}: {p.name}"
+            if p.param_type_name == "argument" and not p.hidden:
+                assert p.name in ("query", "question", "prompt", "src", "source", "ids"), f"{where}: {p.name}"
+            elif p.param_type_name == "argument":
+                assert p.name == "more" and p.nargs == -1, f"{where}: {p.name}"
     assert len(seen["--json"]) >= 20  # every command that reports a result can print it as JSON
 
 

@@ -27,8 +27,9 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, OldSideOpt, SideOpt, check_models, check_runtime, finite_floats,
-                                  index_path, os_error_line, positive, quiet_libraries, refuse_second_index, runtime, side_given)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, MoreArgs, OldSpellings, OldSideOpt, SideOpt, check_models, check_runtime,
+                                  finite_floats, flag_option, index_option, index_path, os_error_line, positionals, positive, quiet_libraries,
+                                  refuse_second_index, runtime, side_given)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError, option
@@ -37,8 +38,9 @@ from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, MAX_UNANSWERABLE, QA_BATCH
 from ralm.errors import RalmError, RalmWarning, plural
 from ralm.serve.listen import listen
 
-app = typer.Typer(cls=lazy_trainer_group(TRAINERS), add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_show_locals=False, help="Retrieval-augmented language models on your own corpus.")
+# `ralm --help` lists what a newcomer runs first, then the trainers, then the rest
+app = typer.Typer(cls=lazy_trainer_group(TRAINERS, first=("demo", "ask", "search", "index", "eval", "serve")), add_completion=False,
+                  no_args_is_help=True, pretty_exceptions_show_locals=False, help="Retrieval-augmented language models on your own corpus.")
 
 
 def _version(value: bool) -> None:
@@ -50,7 +52,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit")):
+def _options(version: bool = flag_option("--version", callback=_version, is_eager=True, help="print the version and exit")):
     pass  # the app's own options; its help is the Typer's
 
 
@@ -86,7 +88,7 @@ class ServeOptions:
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate retrieval and question answering.")
 app.add_typer(index_app, name="index")
-app.command()(search)
+app.command(cls=OldSpellings)(search)
 app.add_typer(eval_app, name="eval")
 eval_app.command("retrieval")(eval_retrieval)
 eval_app.command("evidence")(eval_evidence)
@@ -163,7 +165,7 @@ def eval_qa(
     hybrid: Optional[Path] = HybridOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: ./<questions>-<index>.predictions.jsonl)"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="fit the confidence map for the kind searched on these held-back "
+    calibrate: bool = flag_option("--calibrate", help="fit the confidence map for the kind searched on these held-back "
                                    "questions (answerable ones and ones the corpus cannot answer); needs --out"),
     calibrated_out: Optional[Path] = typer.Option(None, "--out", help="with --calibrate: where to write the calibrated copy of the "
                                                   "reader (the reader given is never modified)"),
@@ -251,14 +253,15 @@ def eval_qa(
     out.print(f"{result['seconds']} s; predictions in {predictions}")
 
 
-@app.command()
+@app.command(cls=OldSpellings)
 @config_command
 def ask(
     question: Optional[str] = typer.Argument(None, help="the question; without it, questions are read from stdin, one a line, "
                                                         "and answered as they come with the models loaded once"),
+    more: list[str] = MoreArgs,  # `ralm ask DIR QUESTION`: named as a mistake, with the spelling meant
     *,
     model: Optional[str] = ModelOpt,
-    index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
+    index_dir: Optional[Path] = index_option("index directory (every side it holds is searched, fused)"),
     cfg: AskConfig,
     side: Optional[str] = SideOpt,
     old_side: Optional[str] = OldSideOpt,
@@ -266,10 +269,12 @@ def ask(
     min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print {question, answer, no_answer, score, confidence, evidence: [{id, title, "
+    as_json: bool = flag_option("--json", help="print {question, answer, no_answer, score, confidence, evidence: [{id, title, "
                                                        "text, retrieval_score, span}]} (one line per question when read from stdin)"),
 ):
     """Answer a question with evidence: the most probable answer over the top-k blocks."""
+    given = positionals("ask", [question, *more], options={"--index": index_dir}, takes=("QUESTION",))
+    index_dir, question = Path(given["--index"]), given["QUESTION"]
     if question is not None:
         if not question.strip():
             raise RalmError("the question is empty")

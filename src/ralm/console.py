@@ -92,7 +92,8 @@ def print_answer(answer) -> None:
         best = answer.evidence[answer.best].span_text
         out.print(f"[bold yellow]A: no answer found in the corpus[/bold yellow]  [dim](best guess {best!r}, {confidence})[/dim]")
     else:
-        out.print(f"[bold green]A: {answer.answer}[/bold green]  [dim]({confidence}, p = {answer.score:.3f})[/dim]")
+        # p(answer): the reader's probability of this answer summed over the blocks read (Answer.score)
+        out.print(f"[bold green]A: {answer.answer}[/bold green]  [dim]({confidence}, p(answer) = {answer.score:.3f})[/dim]")
     table = Table(show_lines=True, expand=True)
     for col, width in (("#", 3), ("p(z|x)", 7), ("p(span)", 7), ("evidence", None)):
         table.add_column(col, width=width)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ralm.atomic import check_output
-from ralm.commands.shared import JsonOpt, quiet_libraries
+from ralm.commands.shared import JsonOpt, flag_option, quiet_libraries
 from ralm.console import out, print_json, print_summary
 
 convert_app = typer.Typer(no_args_is_help=True, help="Import checkpoints saved by other libraries.")
@@ -21,7 +21,7 @@ def convert_hf_realm_cmd(
     run: Path = typer.Option(..., "--out", help="run directory: writes RUN/final/{retriever,encoder,reader} (those the source holds)"),
     doc_embedder: Optional[Path] = typer.Option(None, "--doc-embedder", help="RealmForOpenQA only: a RealmEmbedder/RealmScorer "
                                                 "directory for the document tower (default: a copy of the query embedder)"),
-    as_json: bool = typer.Option(False, "--json", help="print the conversion summary as JSON"),
+    as_json: bool = flag_option("--json", help="print the conversion summary as JSON"),
 ):
     """Convert Hugging Face REALM weights (safetensors or pytorch_model.bin, weights only) into our checkpoints."""
     check_output("--out", run, [("SRC", src), ("--doc-embedder", doc_embedder)], directory=True)
@@ -49,8 +49,10 @@ def export(
                                        "run holds both)"),
     as_json: bool = JsonOpt,
 ):
-    """Export a trained retriever (query and document towers) or reader into the directories
-    sentence-transformers and transformers load as they are (docs/interop.md)."""
+    """Export a trained retriever or reader as directories sentence-transformers and transformers load.
+
+    A retriever's query and document towers, or a reader, written as those libraries load them,
+    as they are (docs/interop.md)."""
     check_output("--out", dest, [("SOURCE", source)], directory=True)
     from ralm.convert.export import export_model
 

@@ -150,7 +150,8 @@ def _typer_option(o: ConfigOption, *, recipe: bool = False):
     if o.required:
         return typer.Option(..., *o.decls, help=o.help)
     shown = o.shown if o.shown is not None else o.default not in (None, "")
-    return typer.Option(o.default, *o.decls, help=o.help, show_default=shown)
+    metavar = "" if o.annotation is bool else None  # a flag takes no value: no `<bool>` beside it in help
+    return typer.Option(o.default, *o.decls, help=o.help, show_default=shown, metavar=metavar)
 
 
 def _old_name(o: ConfigOption) -> str:
@@ -303,15 +304,18 @@ def _check_run_arg(args: list[str]) -> None:
             check_output("--out", run, directory=True)
 
 
-def lazy_trainer_group(trainers: dict[str, TrainerCommand]) -> type[TyperGroup]:
-    """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands."""
+def lazy_trainer_group(trainers: dict[str, TrainerCommand], *, first: tuple[str, ...] = ()) -> type[TyperGroup]:
+    """A typer group class (`typer.Typer(cls=...)`) holding `trainers` besides its own commands; its
+    help lists the commands named `first` in that order, then the trainers, then the others (typer
+    alone would list the commands, then the groups, in the order they were registered)."""
 
     class TrainerGroup(TyperGroup):
         _listing = False
         registry = trainers
 
         def list_commands(self, ctx: typer.Context) -> list[str]:
-            return [*super().list_commands(ctx), *trainers]
+            own = super().list_commands(ctx)
+            return [*(name for name in first if name in own), *trainers, *(name for name in own if name not in first)]
 
         def resolve_command(self, ctx: typer.Context, args: list[str]):
             if args and args[0] in trainers and "--help" not in args:

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from ralm.atomic import check_output
 from ralm.commands.from_config import config_command
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, OldSideOpt, SideOpt, check_faiss_spec, check_models,
-                                  check_npy, check_runtime, corpus_files, index_path, main_rank, positive, quiet_libraries,
-                                  removed_on_error, runtime, side_given)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, MoreArgs, OldSpellings, OldSideOpt, SideOpt, check_faiss_spec,
+                                  check_models, check_npy, check_runtime, corpus_files, corpus_option, flag_option, index_option, index_path,
+                                  main_rank, positionals, positive, quiet_libraries, removed_on_error, runtime, side_given)
 from ralm.configs import CORPUS_HELP, option
 from ralm.data.geometry import GEOMETRY
 from ralm.data.qa import check_length
@@ -61,11 +61,12 @@ class EvalRetrievalConfig:
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents, compact their logs.")
 
 
-@index_app.command("build")
+@index_app.command("build", cls=OldSpellings)
 @config_command
 def index_build(
-    corpus: Path = typer.Argument(..., help=CORPUS_HELP),
+    more: list[str] = MoreArgs,  # `ralm index build CORPUS`, the older spelling
     *,
+    corpus: Optional[Path] = corpus_option(),
     out_dir: Path = typer.Option(..., "--out", help="index directory (created, or given a new version)"),
     include: list[str] = IncludeOpt,
     exclude: list[str] = ExcludeOpt,
@@ -79,7 +80,8 @@ def index_build(
 ):
     """Split a corpus into REALM blocks and index them: dense embeddings and BM25, in one version."""
     start = time.perf_counter()
-    check_output("--out", out_dir, [("CORPUS", corpus), ("--model", model), ("--embeddings", embeddings)], directory=True)
+    corpus = Path(positionals("index build", more, options={"--corpus": corpus}, old=("--corpus",))["--corpus"])
+    check_output("--out", out_dir, [("--corpus", corpus), ("--model", model), ("--embeddings", embeddings)], directory=True)
     files = corpus_files(corpus, include, exclude)
     kind, faiss, dim, batch_size = cfg.kind, cfg.faiss, cfg.dim, positive("--batch-size", cfg.batch_size)
     check_models(model)
@@ -117,16 +119,20 @@ def index_build(
                   f"{', dim ' + str(summary['dim']) if summary['dim'] else ''} in {summary['seconds']} s")
 
 
-@index_app.command("check")
+@index_app.command("check", cls=OldSpellings)
 def index_check(
-    index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
+    more: list[str] = MoreArgs,  # `ralm index check DIR`, the older spelling
+    *,
+    index_dir: Optional[Path] = index_option(),
     as_json: bool = JsonOpt,
 ):
-    """Verify that the index serves: every version's files against its manifest (sizes, shapes,
-    dtypes, checksums, no NaN/inf in the embeddings), the manifest against its own checksum, its
-    sides known and present, and the update log: every record against its checksum, every live
-    state against the one its record holds. A fault is one line naming the file and exit code 2."""
-    index_path(index_dir)
+    """Verify that the index serves: its files, manifests and update log, against their checksums.
+
+    Every version's files against its manifest (sizes, shapes, dtypes, checksums, no NaN/inf in
+    the embeddings), the manifest against its own checksum, its sides known and present, and the
+    update log: every record against its checksum, every live state against the one its record
+    holds. A fault is one line naming the file and exit code 2."""
+    index_dir = index_path(_index_given("index check", more, index_dir))
     from ralm.atomic import manifest_file, read_json
     from ralm.retrieval.index.kinds import side_class
     from ralm.retrieval.index.store import IndexDir
@@ -170,18 +176,23 @@ def index_check(
 
 @config_command
 def search(
-    index_dir: Path = typer.Argument(..., help="index directory from `ralm index build`"),
-    query: str = typer.Argument(..., help="free text"),
+    query: Optional[str] = typer.Argument(None, help="free text (required)", show_default=False),
+    more: list[str] = MoreArgs,  # `ralm search DIR QUERY`, the older spelling: QUERY comes second
     *,
+    index_dir: Optional[Path] = index_option(),
     cfg: SearchConfig,
     side: Optional[str] = SideOpt,
     old_side: Optional[str] = OldSideOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
-    as_json: bool = typer.Option(False, "--json", help="print [{id, title, score, text, found_by}]"),
+    as_json: bool = flag_option("--json", help="print [{id, title, score, text, found_by}]"),
 ):
     """Search an index with a free-text query (every side it holds, fused, with its live documents)."""
+    given = positionals("search", [query, *more], options={"--index": index_dir}, takes=("QUERY",), old=("--index",))
+    index_dir, query = Path(given["--index"]), given["QUERY"]
+    if query is None:
+        raise RalmError("missing QUERY; the spelling is `ralm search --index DIR QUERY`")
     k = positive("-k", cfg.k)
     side = side_given(side, old_side)
     if not query.strip():
@@ -260,11 +271,12 @@ def eval_retrieval(
     out.print(f"{result['seconds']} s")
 
 
-@index_app.command("upgrade")
+@index_app.command("upgrade", cls=OldSpellings)
 @config_command
 def index_upgrade(
-    index_dir: Path = typer.Argument(..., help="an index directory (e.g. a dense index built before indexes were hybrid)"),
+    more: list[str] = MoreArgs,  # `ralm index upgrade DIR`, the older spelling
     *,
+    index_dir: Optional[Path] = index_option("an index directory (e.g. a dense index built before indexes were hybrid)"),
     cfg: IndexUpgradeConfig,
     model: Optional[str] = typer.Option(None, "--model", help="encoder for a dense side added to a BM25 index (default: bundled MiniLM)"),
     device: str = DeviceOpt,
@@ -273,7 +285,7 @@ def index_upgrade(
 ):
     """Publish a version with the sides the index lacks (BM25 over a dense index: seconds), keeping its files and live updates."""
     start = time.perf_counter()
-    index_path(index_dir)
+    index_dir = index_path(_index_given("index upgrade", more, index_dir))
     kind, batch_size = cfg.kind, positive("--batch-size", cfg.batch_size)
     check_models(model)
     check_runtime(device, dtype)
@@ -292,11 +304,12 @@ def index_upgrade(
     print_summary(summary, as_json, line)
 
 
-@index_app.command("add")
+@index_app.command("add", cls=OldSpellings)
 def index_add(
-    index_dir: Path = typer.Argument(..., help="index directory"),
-    corpus: Path = typer.Argument(..., help=f"documents to add or replace: {CORPUS_HELP}"),
+    more: list[str] = MoreArgs,  # `ralm index add DIR CORPUS`, the older spelling
     *,
+    index_dir: Optional[Path] = index_option("index directory"),
+    corpus: Optional[Path] = corpus_option(f"documents to add or replace: {CORPUS_HELP}"),
     include: list[str] = IncludeOpt,
     exclude: list[str] = ExcludeOpt,
     device: str = DeviceOpt,
@@ -304,6 +317,9 @@ def index_add(
     as_json: bool = JsonOpt,
 ):
     """Add or replace documents (every side of the index), durably, through the index's update log; no server needed."""
+    given = positionals("index add", more, options={"--index": index_dir, "--corpus": corpus},
+                        old=("--index", "--corpus"))
+    index_dir, corpus = Path(given["--index"]), Path(given["--corpus"])
     files = corpus_files(corpus, include, exclude)
     index_path(index_dir)
     check_runtime(device, dtype)
@@ -323,12 +339,17 @@ def index_add(
 
 @index_app.command("delete")
 def index_delete(
-    index_dir: Path = typer.Argument(..., help="index directory"),
     ids: list[str] = typer.Argument(..., help="document ids; a file's name (guide.md) deletes its every section and page "
                                     "(guide.md#setup, paper.pdf#page=2), a section's id that section alone"),
+    *,
+    index_dir: Optional[Path] = index_option("index directory"),
     as_json: bool = JsonOpt,
 ):
     """Delete documents by id (every side of the index), durably, through the index's update log."""
+    if index_dir is None and len(ids) > 1:  # `ralm index delete DIR ID...`, the older spelling
+        index_dir, ids = Path(ids[0]), ids[1:]
+    if index_dir is None:
+        raise RalmError(f"missing option --index (read {ids[0]!r} as ID); the spelling is `ralm index delete --index DIR ID...`")
     index_path(index_dir)
     from ralm.retrieval.search.live import LiveSearcher
 
@@ -347,17 +368,19 @@ def index_delete(
                   + (f" (every section of {', '.join(files)})" if files else "") + f": {plural(len(live), 'block')} searchable")
 
 
-@index_app.command("compact")
+@index_app.command("compact", cls=OldSpellings)
 def index_compact(
-    index_dir: Path = typer.Argument(..., help="index directory"),
+    more: list[str] = MoreArgs,  # `ralm index compact DIR`, the older spelling
     *,
+    index_dir: Optional[Path] = index_option("index directory"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
-    """Fold the update log into a new index version (nothing is embedded again), so that opening
-    the index reads a short log; safe while a server or other commands use the index."""
-    index_path(index_dir)
+    """Fold the update log into a new index version (nothing is embedded again); safe while in use.
+
+    Opening the index then reads a short log; a server or other commands may use the index meanwhile."""
+    index_dir = index_path(_index_given("index compact", more, index_dir))
     from ralm.retrieval.search.compaction import compact_index
     from ralm.retrieval.search.live import LiveSearcher
 
@@ -370,3 +393,8 @@ def index_compact(
     else:
         print_summary(summary, as_json, f"[green]compacted[/green] {plural(done.folded, 'logged update')} of {index_dir} into {done.version}: "
                       f"{plural(done.blocks, 'block')} in {done.seconds} s")
+
+
+def _index_given(command: str, more: list[str], index_dir: Optional[Path]) -> Path:
+    """--index of a command that takes no other positional (`ralm index check DIR` is its older spelling)."""
+    return Path(positionals(command, more, options={"--index": index_dir}, old=("--index",))["--index"])

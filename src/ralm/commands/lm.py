@@ -13,8 +13,9 @@ import typer
 
 from ralm.atomic import check_output
 from ralm.commands.from_config import TrainerCommand, config_command, config_options, lazy_trainer_group
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, check_faiss_spec, check_models, optional_positive, positive, quiet_libraries,
-                                  removed_on_error, runtime, token_limit, torch_device)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, MoreArgs, OldSpellings, check_faiss_spec, check_models, corpus_option, flag_option,
+                                  optional_positive, positionals, positive, quiet_libraries, removed_on_error, runtime, token_limit,
+                                  torch_device)
 from ralm.configs import TEXT_HELP, option
 from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.defaults import (CHUNK_LEN, EMBED_BATCH, KNN_K, KNN_LAMBDA, KNN_TEMPERATURE, LM_BATCH, MAX_NEW_TOKENS, NPROBE, RETRO_BATCH,
@@ -122,11 +123,12 @@ def lm_eval(
     print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
 
 
-@retro_app.command("build-db")
+@retro_app.command("build-db", cls=OldSpellings)
 @config_command
 def retro_build_db(
-    corpus: Path = typer.Argument(..., help=TEXT_HELP),
+    more: list[str] = MoreArgs,  # `ralm retro build-db CORPUS`, the older spelling
     *,
+    corpus: Optional[Path] = corpus_option(TEXT_HELP),
     db: Path = typer.Option(..., "--out", help="chunk DB directory (must not exist; an interrupted build resumes)"),
     model: Optional[str] = typer.Option(None, "--model", help="frozen key encoder: HF BERT directory (default: bundled MiniLM, mean-pooled)"),
     cfg: RetroDbConfig,
@@ -137,7 +139,8 @@ def retro_build_db(
     as_json: bool = JsonOpt,
 ):
     """Cut a corpus into chunks, embed them with a frozen BERT and store them memory-mapped."""
-    check_output("--out", db, [("CORPUS", corpus), ("--model", model)], directory=True)
+    corpus = Path(positionals("retro build-db", more, options={"--corpus": corpus}, old=("--corpus",))["--corpus"])
+    check_output("--out", db, [("--corpus", corpus), ("--model", model)], directory=True)
     check_models(model)
     check_faiss_spec("--faiss", faiss)
     chunk_len, batch_size = cfg.chunk_len, cfg.batch_size
@@ -161,7 +164,7 @@ def retro_eval(
     model: Path = typer.Option(..., "--model", help="`ralm retro train` run (or its model directory)"),
     db: Path = typer.Option(..., "--db", help="chunk DB from `ralm retro build-db` (the one the model trained with)"),
     text: Path = typer.Option(..., "--text", help=TEXT_HELP),
-    no_retrieval: bool = typer.Option(False, "--no-retrieval", help="switch retrieval off (CCA layers skipped)"),
+    no_retrieval: bool = flag_option("--no-retrieval", help="switch retrieval off (CCA layers skipped)"),
     stride: Optional[int] = typer.Option(None, "--stride", help="new tokens per window, a multiple of the chunk length (default: half the training length)"),
     limit_tokens: Optional[int] = LimitOpt,
     cfg: RetroEvalConfig,

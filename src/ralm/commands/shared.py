@@ -9,13 +9,16 @@ import contextlib
 import errno
 import math
 import re
+import shlex
 import shutil
 from pathlib import Path
 from typing import Iterator, Optional, get_args
 
 import typer
+from typer.core import TyperCommand
 
 from ralm.configs import (
+    CORPUS_HELP,
     DTYPE_HELP,
     LIMIT_TOKENS_HELP,
     check_device_name,
@@ -26,7 +29,14 @@ from ralm.models.confidence import MIN_CONFIDENCE
 
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
 DtypeOpt = typer.Option("auto", "--dtype", help=DTYPE_HELP)
-JsonOpt = typer.Option(False, "--json", help="print the result as JSON on stdout")
+
+
+def flag_option(*decls: str, help: str, **kwargs):
+    """An on/off option (off by default): metavar "" keeps help from printing `<bool>` beside a flag that takes no value."""
+    return typer.Option(False, *decls, metavar="", help=help, **kwargs)
+
+
+JsonOpt = flag_option("--json", help="print the result as JSON on stdout")
 OutOpt = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)")
 LimitOpt = typer.Option(None, "--limit-tokens", help=LIMIT_TOKENS_HELP)
 SideOpt = typer.Option(None, "--side", help="search one side of the index: dense or bm25 (default: every side it "
@@ -39,6 +49,81 @@ MinConfidenceOpt = typer.Option(None, "--min-confidence", min=0.0, max=1.0, show
                                 help="below this calibrated confidence the answer is 'no answer found in the corpus' "
                                      f"(default: the threshold the side's confidence map was fitted with, else {MIN_CONFIDENCE}; "
                                      "0 always answers; an uncalibrated reader always answers)")
+
+
+# -- one argument style: what a command reads (an index, a corpus) is an option, --index DIR and
+# --corpus PATH, in every command; what it acts on stays positional (QUERY, QUESTION, IDs). The
+# older spellings, `ralm search DIR QUERY`, `ralm index build CORPUS`, `ralm index add DIR CORPUS`,
+# are read by `positionals` from hidden arguments --
+
+# the positionals past what a command takes: an older spelling's (`ralm search DIR QUERY`), or too many (`positionals`)
+MoreArgs = typer.Argument([], hidden=True, show_default=False)
+
+
+class OldSpellings(TyperCommand):
+    """The command class (`app.command(cls=OldSpellings)`) of a command with `MoreArgs`: hidden from
+    its usage line too, not only from its argument list."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [self.options_metavar, *(piece for param in self.get_params(ctx) if not getattr(param, "hidden", False)
+                                         for piece in param.get_usage_pieces(ctx))]
+
+
+def index_option(help: str = "index directory from `ralm index build`"):
+    """--index DIR; `positionals` checks that it is given (or read from an older spelling's positional)."""
+    return typer.Option(None, "--index", help=help + " (required)", show_default=False)
+
+
+def corpus_option(help: str = CORPUS_HELP):
+    """--corpus PATH; `positionals` checks that it is given (or read from an older spelling's positional)."""
+    return typer.Option(None, "--corpus", help=help + " (required)", show_default=False)
+
+
+_METAVARS = {"--index": "DIR", "--corpus": "CORPUS"}
+
+
+def positionals(command: str, given: list[str | None], *, options: dict[str, object], takes: tuple[str, ...] = (),
+                old: tuple[str, ...] = ()) -> dict[str, object]:
+    """The values of `ralm COMMAND`'s `options` (flag -> value, None: not given; every one required)
+    and of the positionals it `takes` (their names, e.g. ("QUESTION",); each None when absent),
+    from the positionals `given`. `old`: the options its older spelling took as positionals, in
+    front of those it takes (`ralm search DIR QUERY`: ("--index",)); one not given as an option
+    is read from a positional when there are enough. Too many positionals, or a missing option,
+    is one line naming what each positional was read as and the spelling to use."""
+    args = [str(a) for a in given if a is not None]
+    slots = [*(flag for flag in old if options[flag] is None), *takes]
+    if len(args) > len(slots):
+        raise RalmError(_too_many(command, args, slots, options, takes))
+    values = {**options, **dict.fromkeys(takes)}
+    read = dict(zip(slots[len(slots) - len(args):], args))  # from the right: what stays positional is read first
+    values.update(read)
+    missing = next((flag for flag in options if values[flag] is None), None)
+    if missing is not None:
+        what = " and ".join(f"{v!r} as {k}" for k, v in read.items())
+        usage = " ".join(["ralm", command, *(f"{f} {_METAVARS.get(f, 'VALUE')}" for f in options), *takes])
+        raise RalmError(f"missing option {missing}" + (f" (read {what})" if what else "") + f"; the spelling is `{usage}`")
+    return values
+
+
+def _too_many(command: str, args: list[str], slots: list[str], options: dict[str, object], takes: tuple[str, ...]) -> str:
+    """`ralm ask idx "question"`: what each positional was read as, and the spelling meant."""
+    labels = [f"{slot} {_METAVARS[slot]}" if slot in options else slot for slot in slots]
+    took = ("no argument", f"one argument ({', '.join(labels)})", f"{len(slots)} arguments ({', '.join(labels)})")[min(len(slots), 2)]
+    given = [flag for flag, v in options.items() if v is not None]
+    extra = args[len(slots):]
+    read = " and ".join([*(f"{a!r} as {label}" for a, label in zip(args, labels)),
+                         f"{', '.join(map(repr, extra))} as {'one' if len(extra) == 1 else len(extra)} too many"])
+    rest, meant = list(args), {}
+    for flag in (f for f, v in options.items() if v is None):  # the leading positionals were meant as the options not given
+        if len(rest) <= len(takes):
+            break
+        meant[flag] = rest.pop(0)
+    if takes and len(rest) > len(takes):  # the words of one question or query, unquoted
+        rest = [*rest[:len(takes) - 1], " ".join(rest[len(takes) - 1:])]
+    spelled = [x for flag, v in options.items() if v is not None or flag in meant for x in (flag, str(meant.get(flag, v)))]
+    return (f"ralm {command} takes {took}" + (f" with {' and '.join(given)} given" if given else "")
+            + f", and was given {len(args)}: read {read}; did you mean "
+            f"`{shlex.join(['ralm', *command.split(), *spelled, *rest[:len(takes)]])}`?")
 
 
 def renamed_option(flag: str, value, old_flag: str, old_value, *, new_given: bool):
