@@ -1,6 +1,6 @@
 """Fault sweep: bad inputs and killed processes against the real `ralm` command.
 
-    python benchmarks/fault_sweep.py [--http] [--keep DIR] [--timeout 180]
+    python benchmarks/fault_sweep.py [--http] [--keep DIR] [--timeout 180] [--classes 69.1,...] [--baseline-src OLD/src]
 
 Builds tiny data in a temporary folder (a random 2-layer BERT with the bundled wordpieces, a
 six-document corpus, dense and BM25 indexes, a RETRO chunk DB), then
@@ -13,9 +13,17 @@ six-document corpus, dense and BM25 indexes, a RETRO chunk DB), then
   - with --http, sends bad requests to `ralm serve` on 127.0.0.1. Handled: a 4xx with a JSON
     {"error"} body, and the server still answers /health afterwards; then races DELETEs,
     stalls headers and bodies, loads /docs' assets, and reads the server's log.
+  - issue 69's classes (69.1 writes from another origin's page, Host forms and security headers,
+    on a server of its own; 69.2 a checksum for every file; 69.3 a build over live updates;
+    69.4 parsers in linear time, each page within 45 s; 69.5 library exceptions; 69.6 outputs
+    never overwrite inputs, the inputs compared byte for byte; 69.7 input limits, CLI and HTTP;
+    69.7q item 7's questionable cases as decided) judged by the same standard;
+  - in the kill class, also `ralm serve` SIGKILLed 3 times under a writer: acknowledged writes lost.
 The summary counts the cases of each class of issue 33 (1 verified index files, 2 error
-boundary, 3 corpus and text, 4 server) beside those of the earlier sweeps.
-Prints one JSON summary on stdout; progress goes to stderr. About ten minutes on 2 CPU cores.
+boundary, 3 corpus and text, 4 server) and issue 69 beside those of the earlier sweeps.
+`--baseline-src OLD/src` runs every command with another checkout's code (the tiny data too).
+Prints one JSON summary on stdout; progress goes to stderr. 20 minutes on 2 busy CPU cores (issue
+69's classes without kill: about 4).
 """
 
 from __future__ import annotations
@@ -54,17 +62,27 @@ class Case:
     cls: str = "earlier sweeps"  # the class of fault (issue 33's items 1-4) the summary counts it under
     ok: bool = False  # a correct result: exit 0, and stdout matches `needle`
     gone: Path | None = None  # a folder the failed command must not leave behind
+    stdin: Path | None = None  # a file given as the command's standard input
+    intact: tuple = ()  # files the command must leave byte for byte as they were (its inputs, an index's files)
+    failed: str | None = None  # why the case could not even be set up (an older code's index lacks the file to damage)
 
 
-def ralm(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ralm", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout, cwd=ROOT)
+def ralm(*args, timeout: float = 120, stdin: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [a if isinstance(a, bytes) else str(a) for a in args]  # bytes: an argument that is not UTF-8
+    with open(stdin or os.devnull, "rb") as f:
+        proc = subprocess.run([sys.executable, "-m", "ralm", *argv], capture_output=True, env=ENV, timeout=timeout,
+                              cwd=ROOT, stdin=f, check=False)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode("utf-8", "replace"),
+                                       proc.stderr.decode("utf-8", "replace"))
 
 
 def check(case: Case, timeout: float) -> str | None:
     """None when the case was handled, else why not."""
+    if case.failed:
+        return case.failed
+    before = {p: p.read_bytes() if p.is_file() else None for p in case.intact}
     try:
-        proc = ralm(*case.args, timeout=min(timeout, case.timeout or timeout))
+        proc = ralm(*case.args, timeout=min(timeout, case.timeout or timeout), stdin=case.stdin)
     except subprocess.TimeoutExpired:
         return f"still running after {min(timeout, case.timeout or timeout)} s"
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -72,6 +90,9 @@ def check(case: Case, timeout: float) -> str | None:
         return f"traceback (exit {proc.returncode}): {lines[-1] if lines else ''}"
     if case.gone is not None and case.gone.exists():
         return f"left {case.gone} behind"
+    changed = [p.name for p, data in before.items() if (p.read_bytes() if p.is_file() else None) != data]
+    if changed:
+        return f"overwrote {', '.join(changed)}"
     if case.ok:
         if proc.returncode != 0 or not re.search(case.needle, proc.stdout) or "NaN" in proc.stdout:
             return f"exit {proc.returncode}, not the expected result: {(proc.stdout or ' | '.join(lines))[:300]}"
@@ -180,7 +201,7 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
         Case("corpus: duplicate ids", ["index", "build", bad / "dup_ids.jsonl", "--out", run("i9"), "--kind", "bm25"], "more than once"),
         Case("corpus: a document with empty text", ["index", "build", bad / "empty_text.jsonl", "--out", run("i10"), "--kind", "bm25"],
              r"empty_text\.jsonl:7", warn=True),
-        Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found"),
+        Case("index build: missing model", ["index", "build", corpus, "--out", run("i11"), "--model", missing], "not found|no such directory"),
         Case("index build: --out is a file", ["index", "build", corpus, "--out", afile, "--kind", "bm25"], "a_file"),
         Case("index build: --out another kind", ["index", "build", corpus, "--out", bm25, "--model", bert, "--dim", 16], "bm25"),
         Case("index build: unknown kind", ["index", "build", corpus, "--out", run("i12"), "--kind", "tfidf"], "unknown index kind"),
@@ -202,8 +223,8 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
              "no question", warn=True),
         Case("ask: empty question", ["ask", " ", "--model", bert, "--index", bm25], "empty"),
         Case("serve: --port 70000", ["serve", "--index", bm25, "--port", 70000], "--port"),
-        Case("knnlm eval: --lmbda 2", ["knnlm", "eval", "--model", missing, "--store", missing, "--text", corpus, "--lmbda", 2], "--lmbda"),
-        Case("retro generate: --top-p 0", ["retro", "generate", "hi", "--model", missing, "--db", db, "--top-p", 0], "--top-p"),
+        Case("knnlm eval: --lmbda 2", ["knnlm", "eval", "--model", missing, "--store", missing, "--text", corpus, "--lmbda", 2], "lmbda"),
+        Case("retro generate: --top-p 0", ["retro", "generate", "hi", "--model", missing, "--db", db, "--top-p", 0], "--top-p|top_p"),
         # item 8 of issue #19: every trainer refuses nonsensical numbers before any work
         Case("ict: --lr -1e-3", ["ict", "--corpus", corpus, "--out", run("t1"), *tiny_ict, "--lr", -1e-3], LR),
         Case("ict: --steps 0", ["ict", "--corpus", corpus, "--out", run("t2"), *tiny_ict[:-2], "--steps", 0], "steps"),
@@ -248,7 +269,7 @@ def cli_cases(tmp: Path, d: dict) -> list[Case]:
         path = damaged(tmp, f"updates_{name.replace(' ', '_')}", "bm25", lambda v, b, r, line=line: (r / "updates.jsonl").write_text(
             json.dumps({"op": "add", "id": "ok", "title": "", "text": "fine"}) + "\n" + line + "\n"))
         cases.append(Case(f"updates.jsonl: {name}", ["serve", "--index", path, "--port", free_port()], r"updates\.jsonl:2", timeout=60))
-    return cases + verify_cases(tmp) + boundary_cases(tmp, d) + text_cases(tmp, d)
+    return cases + verify_cases(tmp) + boundary_cases(tmp, d) + text_cases(tmp, d) + issue69_cases(tmp, d)
 
 
 # -- issue 33: whole classes of faults -------------------------------------------------------
@@ -267,9 +288,10 @@ def _flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def _drop_key(path: Path, key: str) -> None:
+def _drop_key(path: Path, *keys: str) -> None:
     m = json.loads(path.read_text())
-    m.pop(key)
+    for key in keys:
+        m.pop(key)
     path.write_text(json.dumps(m))
 
 
@@ -285,7 +307,8 @@ def verify_cases(tmp: Path) -> list[Case]:
                                         "model.safetensors", True),
         "model.safetensors one byte flipped": ("dense", lambda v, b, r: _flip_byte(next(r.glob("retriever/*/model.safetensors"))),
                                                "model.safetensors", False),
-        "index manifest without 'retriever'": ("dense", lambda v, b, r: _drop_key(r / "manifest.json", "retriever"), "retriever", True),
+        # ('retriever' alone is the old name of 'kind', kept for older ralm: dropping it harms nothing)
+        "index manifest without 'kind'": ("dense", lambda v, b, r: _drop_key(r / "manifest.json", "kind", "retriever"), "kind", True),
         "NaN embeddings": ("dense", lambda v, b, r: _nan_embeddings(v), "embeddings.npy", False),
         "token values one byte flipped": ("dense", lambda v, b, r: _flip_byte(b / "tokens" / "values.bin"), "values.bin", False),
         "faiss index truncated": ("dense-faiss", lambda v, b, r: truncate(v / "faiss.index", 64), "faiss.index", True),
@@ -334,7 +357,7 @@ def boundary_cases(tmp: Path, d: dict) -> list[Case]:
         Case("ict --lr inf", [*tiny_ict, "--out", run("b6"), "--lr", "inf"], "--lr", cls=c),
         Case("ict --lr nan", [*tiny_ict, "--out", run("b7"), "--lr", "nan"], "--lr", cls=c),
         Case("ict --keep-sentence nan", [*tiny_ict, "--out", run("b8"), "--keep-sentence", "nan"], "--keep-sentence", cls=c),
-        Case("ict --block-len 100000", [*tiny_ict, "--out", run("b9"), "--block-len", 100000], "block_len", cls=c),
+        Case("ict --block-len 100000", [*tiny_ict, "--out", run("b9"), "--block-len", 100000], "block.len", cls=c),
         Case("pretrain --retriever-lr inf", [*pre, "--index", tmp / "dense", "--out", run("b10"), "--retriever-lr", "inf"],
              "--retriever-lr", cls=c),
         Case("pretrain --index of a BM25 index", [*pre, "--index", tmp / "bm25", "--out", run("b11")], "dense", cls=c),
@@ -379,6 +402,201 @@ def text_cases(tmp: Path, d: dict) -> list[Case]:
         Case("questions: a lone surrogate", ["eval", "retrieval", "--index", tmp / "bm25", "--questions", qs], r"q_surrogate\.jsonl:1",
              cls=c),
         Case("search: a query of zero-width spaces", ["search", tmp / "bm25", "\u200b\u200b", "--json"], r"^\[", ok=True, cls=c),
+    ]
+    return cases
+
+
+# -- issue 69: reliability in a hostile world ---------------------------------------------
+
+I69 = {"69.1": "69.1 cross-origin writes and headers", "69.2": "69.2 a checksum for every file",
+       "69.3": "69.3 a build keeps live updates", "69.4": "69.4 parsers in linear time",
+       "69.5": "69.5 library exceptions", "69.6": "69.6 outputs never overwrite inputs",
+       "69.7": "69.7 input limits", "69.7q": "69.7q the questionable cases, decided"}
+
+
+def _live(tmp: Path, name: str, *, compacted: bool = False) -> Path:
+    """A copy of the BM25 index with one document added through its update log (folded into a
+    new version by `ralm index compact` when `compacted`)."""
+    index = tmp / "live" / name
+    shutil.copytree(tmp / "bm25", index)
+    added = write_jsonl(tmp / "live" / f"{name}.jsonl", [{"id": "zanzibar", "title": "Zanzibar", "text": "Zanzibar grows cloves."}])
+    for args in (["index", "add", index, added], *([["index", "compact", index]] if compacted else [])):
+        proc = ralm(*args)
+        if proc.returncode:  # (an older code may lack the command: its cases then fail, counted)
+            print(f"setup: ralm {' '.join(map(str, args))}: exit {proc.returncode}", file=sys.stderr)
+    return index
+
+
+def _edit_log_text(root: Path) -> None:
+    """One letter of a logged document changed: the line is still valid JSON, only its checksum knows."""
+    log = root / "updates.jsonl"
+    log.write_bytes(log.read_bytes().replace(b"Zanzibar grows", b"Zanzibar grew", 1))
+
+
+def _edit_manifest_date(v: Path) -> None:
+    """The version manifest's `created` changed by a second: a well-formed manifest whose files all
+    match it, that only the manifest's own checksum knows was edited."""
+    m = json.loads((v / "manifest.json").read_text())
+    m["created"] += 1
+    (v / "manifest.json").write_text(json.dumps(m, indent=2))
+
+
+def _huge_offsets(b: Path) -> None:
+    import numpy as np
+
+    idx = np.load(b / "blocks.idx.npy")
+    idx[...] = 1 << 40  # a record a terabyte into blocks.jsonl
+    np.save(b / "blocks.idx.npy", idx)
+
+
+def issue69_cases(tmp: Path, d: dict) -> list[Case]:
+    """Issue 69's classes that the command line shows (item 1 and the HTTP side of item 7 are
+    in http69_faults): each a few cases, judged as the others are."""
+    import numpy as np
+    import torch
+
+    bert, corpus, q, bm25 = d["bert"], d["corpus"], d["questions"], tmp / "bm25"
+    bad, run = tmp / "bad69", lambda name: tmp / "runs69" / name  # noqa: E731
+    bad.mkdir()
+    cases = []
+
+    # item 2: every file verified by `index check`, and on read
+    c = I69["69.2"]
+    logged = _live(tmp, "logged")
+    damages = {  # name: (index copied, damage(version, blocks, root), the file named, command)
+        "an update-log line's text edited": (logged, lambda v, b, r: _edit_log_text(r), r"updates\.jsonl:2", "check"),
+        "an update-log line's text edited, opened": (logged, lambda v, b, r: _edit_log_text(r), r"updates\.jsonl:2", "search"),
+        "a logged document's live state flipped": (logged, lambda v, b, r: _flip_byte(next(r.glob("updates-*.bin"))), r"updates-", "check"),
+        "blocks.idx.npy one byte flipped": (bm25, lambda v, b, r: _flip_byte(b / "blocks.idx.npy"), r"blocks\.idx\.npy", "check"),
+        "blocks.idx.npy offsets past blocks.jsonl, opened": (bm25, lambda v, b, r: _huge_offsets(b), r"blocks\.idx\.npy|blocks\.jsonl",
+                                                               "search"),
+        "the version manifest's date edited": (bm25, lambda v, b, r: _edit_manifest_date(v), r"manifest\.json", "check"),
+        "doc_hash.npy one byte flipped": (bm25, lambda v, b, r: _flip_byte(b / "doc_hash.npy"), r"doc_hash\.npy", "check"),
+        "tokenizer.json damaged, opened": (tmp / "dense", lambda v, b, r: truncate(next(r.glob("retriever/*/tokenizer.json")), 100),
+                                           r"tokenizer\.json", "search"),
+    }
+    for name, (src, damage, needle, command) in damages.items():
+        dst = tmp / "damaged69" / re.sub(r"\W+", "_", name)
+        shutil.copytree(src, dst)
+        try:
+            damage(next((dst / "versions").glob("v*")), next((dst / "blocks").iterdir()), dst)
+            failed = None
+        except (StopIteration, AttributeError, OSError) as e:  # the file, or the field, is not in this code's index
+            failed = f"nothing to damage in this code's index ({type(e).__name__})"
+        args = ["index", "check", dst, "--json"] if command == "check" else ["search", dst, "capital", "-k", 2, "--json"]
+        cases.append(Case(f"{command}: {name}", args, needle, cls=c, failed=failed))
+
+    # item 3: a build over a live index is refused unless --replace
+    c = I69["69.3"]
+    compacted = _live(tmp, "compacted", compacted=True)
+    replaced = _live(tmp, "replaced")
+    cases += [
+        Case("build over an index holding a logged add", ["index", "build", corpus, "--out", _live(tmp, "rebuilt"), "--kind", "bm25"],
+             r"--replace", cls=c),
+        Case("build over an index whose add a compaction folded", ["index", "build", corpus, "--out", compacted, "--kind", "bm25"],
+             r"--replace", cls=c),
+        Case("build --replace drops them, as asked", ["index", "build", corpus, "--out", replaced, "--kind", "bm25", "--replace"],
+             r"built", ok=True, cls=c),
+    ]
+
+    # item 4: parsers in linear time (sizes the code before took minutes on, or hours)
+    c = I69["69.4"]
+    pages = {"20,000 identical Markdown headings": ("headings.md", "# Care\n\ntext\n\n" * 20_000, True),
+             "20,000 identical HTML headings": ("headings.html", "<main>" + "<h2>Care</h2><p>t</p>" * 20_000 + "</main>", True),
+             "20,000 reopened formatting tags": ("reopened.html", "".join(f"<p><b id={k}>w</p>" for k in range(20_000)), True),
+             "100,000 nested divs (refused)": ("deep.html", "<div>" * 100_000 + "x", False)}
+    for i, (name, (file, text, read)) in enumerate(pages.items()):
+        folder = bad / f"pages{i}"
+        folder.mkdir()
+        (folder / file).write_text(text)
+        cases.append(Case(f"a page of {name}", ["index", "build", folder, "--out", run(f"p{i}"), "--kind", "bm25"],
+                          r"built" if read else r"deeper than 512", ok=read, timeout=45, cls=c))
+
+    # item 5: a library's exception is one line naming the input
+    c = I69["69.5"]
+    (bad / "pdfs").mkdir()
+    (bad / "pdfs" / "scan.pdf").write_bytes(b"\x00garbage, no header" * 50)
+    (bad / "bomb").mkdir()
+    # the tests' deflate bomb: 100 MB of zeros in 97 kB
+    from test_formats_hostile import HOSTILE_PDFS
+
+    (bad / "bomb" / "bomb.pdf").write_bytes(HOSTILE_PDFS["bomb"][0])
+    (bad / "names").mkdir()
+    (bad / "names" / "ok.txt").write_text("Readable text.")
+    with open(os.fsencode(bad / "names") + b"/caf\xe9.txt", "wb") as f:  # a Latin-1 file name
+        f.write(b"text")
+    pickled = bad / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    torch.save({"w": torch.zeros(1)}, pickled / "pytorch_model.bin")
+    np.savez(bad / "emb.npz", a=np.zeros((len(DOCS), 32), dtype=np.float32))
+    cases += [
+        Case("a .pdf without %PDF-", ["index", "build", bad / "pdfs", "--out", run("l1"), "--kind", "bm25"], r"scan\.pdf", cls=c),
+        Case("a PDF deflate bomb", ["index", "build", bad / "bomb", "--out", run("l2"), "--kind", "bm25"], r"bomb\.pdf", cls=c,
+             timeout=60),
+        Case("a file name that is not UTF-8", ["index", "build", bad / "names", "--out", run("l3"), "--kind", "bm25"], r"caf\\xe9",
+             cls=c),
+        Case("a query that is not UTF-8", ["search", bm25, b"caf\xe9"], r"not UTF-8", cls=c),
+        Case("--embeddings an .npz archive", ["index", "build", corpus, "--out", run("l4"), "--model", bert, "--embeddings",
+                                              bad / "emb.npz"], r"\.npz", cls=c),
+        Case("--model of pickled weights only", ["index", "build", corpus, "--out", run("l5"), "--model", pickled], r"safetensors",
+             cls=c),
+        Case("--faiss HNSW0", ["index", "build", corpus, "--out", run("l6"), "--model", bert, "--dim", 16, "--faiss", "HNSW0"],
+             r"HNSW0", cls=c, timeout=60),
+    ]
+
+    # item 6: an output never overwrites an input or a file of an index
+    c = I69["69.6"]
+    qcopy = bad / "q69.jsonl"
+    shutil.copyfile(q, qcopy)
+    (bad / "q69-link.jsonl").symlink_to(qcopy)
+    ccopy = bad / "corpus69.jsonl"
+    shutil.copyfile(corpus, ccopy)
+    target = tmp / "bm25-outputs"  # a copy: the code before wrote into it
+    shutil.copytree(bm25, target)
+    manifest = target / "manifest.json"
+    retrieval = ["eval", "retrieval", "--index", target, "--questions", qcopy, "--predictions"]
+    cases += [
+        Case("--predictions the questions file", [*retrieval, qcopy], r"--questions", cls=c, intact=(qcopy,)),
+        Case("--predictions a link to the questions file", [*retrieval, bad / "q69-link.jsonl"], r"--questions", cls=c, intact=(qcopy,)),
+        Case("--predictions an index's manifest.json", [*retrieval, manifest], r"index", cls=c, intact=(manifest,)),
+        Case("--out the corpus file", ["index", "build", ccopy, "--out", ccopy, "--kind", "bm25"], r"corpus69", cls=c, intact=(ccopy,)),
+        Case("ict --out inside an index", ["ict", "--corpus", corpus, "--out", target / "versions" / "run", "--model", bert, "--dim", 16,
+                                           "--batch-size", 2, "--steps", 2], r"index", cls=c, gone=target / "versions" / "run"),
+    ]
+
+    # item 7: questions capped at 2,000 characters everywhere
+    c = I69["69.7"]
+    long_q = "x" * 2001
+    write_jsonl(bad / "q_long.jsonl", [{"question": "q", "answers": ["a"]}, {"question": long_q, "answers": ["a"]}])
+    (bad / "endless.txt").write_bytes(b"a" * 10_000_000)  # no newline
+    cases += [
+        Case("search: a query of 2,001 characters", ["search", bm25, long_q], r"2,000|2000", cls=c),
+        Case("ask: a question of 2,001 characters", ["ask", long_q, "--index", bm25], r"2,000|2000", cls=c, timeout=90),
+        Case("questions file: a question of 2,001 characters", ["eval", "retrieval", "--index", bm25, "--questions", bad / "q_long.jsonl"],
+             r"q_long\.jsonl:2", cls=c),
+        Case("ask on stdin: 10 MB without a newline", ["ask", "--index", bm25], r"stdin:1", cls=c, timeout=60, stdin=bad / "endless.txt"),
+    ]
+
+    # item 7's questionable cases, decided: refused in one line naming the fault
+    c = I69["69.7q"]
+    bidi = write_jsonl(bad / "bidi.jsonl", [DOCS[0], {"id": "report\u202eexe.txt", "text": "x"}])
+    zw = write_jsonl(bad / "zw_id.jsonl", [DOCS[0], {"id": "guide\u200b.md", "text": "x"}])
+    (bad / "binary").mkdir()
+    (bad / "binary" / "ok.txt").write_text("Readable text.")
+    (bad / "binary" / "page.htm").write_bytes(b"<p>" + bytes(range(256)) * 16)
+    (bad / "binary_md").mkdir()
+    (bad / "binary_md" / "notes.md").write_bytes(b"# Notes\n" + bytes(range(128)) * 16)  # binary, yet valid UTF-8
+    zeros = np.ones((len(DOCS), 32), dtype=np.float32)
+    zeros[3] = 0
+    np.save(bad / "zero_row.npy", zeros)
+    cases += [
+        Case("an id with a bidi override (U+202E)", ["index", "build", bidi, "--out", run("q1"), "--kind", "bm25"], r"U\+202E", cls=c),
+        Case("an id with a zero-width space inside", ["index", "build", zw, "--out", run("q2"), "--kind", "bm25"], r"U\+200B", cls=c),
+        Case("a binary .htm", ["index", "build", bad / "binary", "--out", run("q3"), "--kind", "bm25"], r"page\.htm.*binary", cls=c),
+        Case("a binary .md of valid UTF-8", ["index", "build", bad / "binary_md", "--out", run("q4"), "--kind", "bm25"], r"notes\.md.*binary", cls=c),
+        Case("--embeddings with an all-zero row", ["index", "build", corpus, "--out", run("q5"), "--model", bert, "--embeddings",
+                                                   bad / "zero_row.npy"], r"row 3 is all zeros", cls=c),
     ]
     return cases
 
@@ -559,6 +777,181 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
 C4 = "4 server"
 
 
+def start_server(index: Path, port: int, timeout: float, *extra) -> subprocess.Popen:
+    """`ralm serve` on 127.0.0.1:`port`, once /health answers (its own process group, to be killed whole)."""
+    server = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port), "--host", "127.0.0.1",
+                               *extra], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if request(port, "GET", "/health")[0] == 200:
+                return server
+        except OSError:
+            pass
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode}: {server.stderr.read().decode()[-300:]}")
+        time.sleep(0.3)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    raise RuntimeError("the server did not answer /health in time")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)  # only the server this sweep started
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def answer(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one request; a Host in `headers` replaces the connection's own."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def refused(status: int, raw: bytes) -> str | None:
+    """None for a 4xx with a JSON {"error"}, else what came instead."""
+    try:
+        has_error = "error" in json.loads(raw)
+    except ValueError:
+        has_error = False
+    return None if 400 <= status < 500 and has_error else f"status {status}: {raw[:160]!r}"
+
+
+def http69_faults(tmp: Path, timeout: float, classes: set) -> list[tuple[str, str, str | None]]:
+    """(class, name, None if handled else why not): item 1 (writes from another origin's page,
+    Host forms of DNS rebinding, the security headers) and item 7's HTTP limit."""
+    index = tmp / "serve69-bm25"
+    shutil.copytree(tmp / "bm25", index)
+    port = free_port()
+    try:
+        server = start_server(index, port, timeout, "--api-key", "secret")
+    except RuntimeError as e:
+        return [(I69["69.1"], "server start", str(e))]
+    key, own = {"X-API-Key": "secret"}, f"http://127.0.0.1:{port}"
+    doc = lambda i: json.dumps({"documents": [{"id": i, "text": "Zanzibar is famous for cloves."}]}).encode()  # noqa: E731
+    results = []
+    try:
+        if "69.1" in classes:
+            c = I69["69.1"]
+
+            def write_refused(method, path, body, headers, doc_id, present):
+                status, _, raw = answer(port, method, path, body, {**key, **headers})
+                why = refused(status, raw)
+                there = answer(port, "GET", f"/documents/{doc_id}")[0] == 200
+                return why or (None if there == present else f"refused ({status}) but {doc_id} {'gone' if present else 'written'}")
+
+            evil = {"Origin": "http://evil.example"}
+            results += [
+                (c, "a write with the key from another origin's page",
+                 write_refused("POST", "/documents", doc("csrf1"), evil, "csrf1", False)),
+                (c, "a file upload from a sandboxed frame (Origin: null)",
+                 write_refused("POST", "/documents/file?name=csrf.txt", b"cloves", {"Content-Type": "text/plain", "Origin": "null"},
+                               "csrf.txt", False)),
+                (c, "a delete with only another origin's Referer",
+                 write_refused("DELETE", "/documents/paris", None, {"Referer": "http://evil.example/page.html"}, "paris", True)),
+                (c, "a write the browser marks cross-site",
+                 write_refused("POST", "/documents", doc("csrf2"), {"Origin": own, "Sec-Fetch-Site": "cross-site"}, "csrf2", False)),
+                (c, "another port of this machine is another origin",
+                 write_refused("POST", "/documents", doc("csrf3"), {"Origin": f"http://127.0.0.1:{port + 1}"}, "csrf3", False)),
+            ]
+            for host in ("evil.example", "localhost:80@evil.example", "[::1]evil.example"):
+                status, _, raw = answer(port, "GET", "/health", None, {"Host": host})
+                results.append((c, f"Host: {host} (DNS rebinding)", refused(status, raw)))
+            status, _, raw = answer(port, "POST", "/documents", doc("own"), {**key, "Origin": own})
+            results.append((c, "a write from the server's own page is accepted",
+                            None if status == 200 else f"status {status}: {raw[:160]!r}"))
+            for path in ("/", "/health"):
+                _, headers, _ = answer(port, "GET", path)
+                headers = {k.lower(): v for k, v in headers.items()}
+                missing = [h for h, want in (("x-frame-options", "DENY"), ("x-content-type-options", "nosniff"),
+                                             ("content-security-policy", "frame-ancestors 'none'"),
+                                             ("referrer-policy", "same-origin")) if want not in headers.get(h, "")]
+                results.append((c, f"security headers on GET {path}", f"missing {missing}" if missing else None))
+        if "69.7" in classes:
+            c = I69["69.7"]
+            for path, field in (("/search", "query"), ("/ask", "question")):
+                status, _, raw = answer(port, "POST", path, json.dumps({field: "x" * 2001}).encode())
+                results.append((c, f"POST {path}: a {field} of 2,001 characters", refused(status, raw)))
+        return results
+    finally:
+        stop_server(server)
+
+
+def writer_kills(tmp: Path, timeout: float, *, kills: int = 3, seed: int = 0) -> tuple[list[tuple[str, str | None]], dict]:
+    """`ralm serve` SIGKILLed `kills` times while a client adds documents (and deletes every fifth
+    one added before); restarted each time. Every write the server acknowledged must be there
+    after the last restart: each acknowledged add found by GET /documents/ID, each delete gone."""
+    import random
+    import threading
+
+    rng = random.Random(seed)
+    index = tmp / "kill-writes-bm25"
+    shutil.copytree(tmp / "bm25", index)
+    key = {"X-API-Key": "secret"}
+    state: dict[str, bool] = {}  # id -> True (add acknowledged), False (delete acknowledged)
+    unsure: set[str] = set()  # a write the kill cut off: applied or not, either is right
+    n = 0
+    results = []
+    for k in range(kills):
+        port = free_port()
+        try:
+            server = start_server(index, port, timeout, "--api-key", "secret")
+        except RuntimeError as e:
+            return [(f"restart {k}", str(e))], {"acknowledged": len(state), "lost": None}
+        stop = threading.Event()
+
+        def write(port=port, stop=stop):
+            nonlocal n
+            while not stop.is_set():
+                n += 1
+                doc_id = f"w{n}"
+                op = ("DELETE", f"/documents/w{n - 3}", None, f"w{n - 3}") if n % 5 == 0 and state.get(f"w{n - 3}") else \
+                     ("POST", "/documents", json.dumps({"documents": [{"id": doc_id, "text": f"Write {n} of the kill test."}]}).encode(),
+                      doc_id)
+                method, path, body, target = op
+                try:
+                    status = request(port, method, path, body, key)[0]
+                except OSError:
+                    unsure.add(target)
+                    return
+                if status == 200:
+                    state[target] = method == "POST"
+                else:
+                    unsure.add(target)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        time.sleep(rng.uniform(1.0, 3.0))
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        stop.set()
+        thread.join()
+    port = free_port()
+    try:
+        server = start_server(index, port, timeout, "--api-key", "secret")
+    except RuntimeError as e:
+        return [("restart after the last kill", str(e))], {"acknowledged": len(state), "lost": None}
+    try:
+        lost = [i for i, added in state.items() if i not in unsure and (request(port, "GET", f"/documents/{i}")[0] == 200) != added]
+    finally:
+        stop_server(server)
+    check = ralm("index", "check", index, "--json", timeout=timeout)
+    results.append((f"serve killed {kills} times under a writer: acknowledged writes lost",
+                    f"{len(lost)} lost ({lost[:5]})" if lost else None))
+    results.append(("index check after the kills", None if check.returncode == 0 else check.stderr.strip()[-300:]))
+    return results, {"acknowledged": len(state) - len(unsure & set(state)), "cut_off": len(unsure), "lost": len(lost)}
+
+
 def server_faults(port: int, key: dict) -> list[tuple[str, str | None]]:
     """Item 4's cases that are not one request: a race, stalled clients, offline /docs."""
     import concurrent.futures
@@ -595,9 +988,15 @@ def main() -> None:
     p.add_argument("--http", action="store_true", help="also send bad HTTP requests to `ralm serve` on 127.0.0.1")
     p.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary folder, removed)")
     p.add_argument("--timeout", type=float, default=180, help="seconds one command may take")
-    p.add_argument("--classes", default="earlier,1,2,3,4,kill", help="comma-separated classes to run: earlier (the earlier "
-                   "sweeps' inputs), 1-4 (issue 33's items), kill (kill -9 and rerun); default: all")
+    p.add_argument("--classes", default="earlier,1,2,3,4,69.1,69.2,69.3,69.4,69.5,69.6,69.7,69.7q,kill",
+                   help="comma-separated classes to run: earlier (the earlier sweeps' inputs), 1-4 (issue 33's items), 69.1-69.7 "
+                   "(issue 69's items; 69.1 and 69.7's HTTP cases start their own server), 69.7q (item 7's questionable cases, "
+                   "decided), kill (kill -9 and rerun, and a server killed under a writer); default: all")
+    p.add_argument("--baseline-src", type=Path, help="run the cases against another checkout's src/ (the code before a fix): "
+                   "cases it cannot handle count as not handled")
     args = p.parse_args()
+    if args.baseline_src:
+        ENV["PYTHONPATH"] = str(args.baseline_src.resolve())
     tmp = Path(tempfile.mkdtemp(prefix="ralm-fault-sweep-")) if args.keep is None else args.keep
     tmp.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -615,7 +1014,13 @@ def main() -> None:
             if why:
                 failures.append({"kind": "cli", "case": case.name, "why": why})
         kills = kill_faults(tmp, data, args.timeout) if "kill" in classes else []
+        writes = {}
+        if "kill" in classes:
+            killed, writes = writer_kills(tmp, args.timeout)
+            kills += killed
         http = http_faults(tmp, args.timeout) if args.http else []
+        http69 = http69_faults(tmp, args.timeout, classes) if classes & {"69.1", "69.7"} else []
+        http += [(name, why) for _, name, why in http69]
         for kind, results in (("kill", kills), ("http", http)):
             for name, why in results:
                 print(f"{'ok  ' if why is None else 'FAIL'} {name}{'' if why is None else ': ' + why}", file=sys.stderr)
@@ -628,9 +1033,13 @@ def main() -> None:
         server = [(n, why) for n, why in http if n.startswith(C4)]
         if server:
             by_class[C4] = (len(server), sum(why is None for _, why in server))
+        for cls, _, why in http69:
+            tried, ok = by_class.get(cls, (0, 0))
+            by_class[cls] = (tried + 1, ok + (why is None))
         summary = {"cli_inputs_tried": len(cases), "cli_handled": handled,
                    "by_class": {name: {"tried": t, "handled": h} for name, (t, h) in sorted(by_class.items())},
                    "kills": len(kills), "kills_recovered": sum(why is None for _, why in kills),
+                   "writes_under_kills": writes, "code": str(args.baseline_src or ROOT / "src"),
                    "http_tried": len(http), "http_handled": sum(why is None for _, why in http),
                    "seconds": round(time.time() - start), "failures": failures}
         print(json.dumps(summary, indent=1))

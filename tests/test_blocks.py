@@ -175,3 +175,14 @@ def test_a_files_documents_are_found_by_the_hash_of_its_name_reading_only_their_
     assert (tmp_path / "compacted" / "file_hash.npy").is_file()
     assert compacted.document_rows().of_file("guide.md") == ["guide.md", "guide.md#faq"]
     assert compacted.document_rows().of_file("paper.pdf") == ["paper.pdf#page=2"]
+
+
+def test_special_tokens_typed_in_a_document_are_text(tokenizer):
+    """"[SEP]" in a document is the wordpieces of "[sep]", never a second separator the towers
+    would take for the end of the title; only the ids ralm places are special."""
+    doc = Document("typed", "A [CLS] title", "Before [SEP] after [MASK] and [PAD].")
+    [(_, [block])] = list(iter_blocks([doc], tokenizer))
+    special = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.mask_token_id, tokenizer.pad_token_id}
+    placed = [i for i, t in enumerate(block.token_ids) if t in special]
+    assert placed == [0, block.body_start - 1, len(block.token_ids) - 1]
+    assert "[ sep ]" in tokenizer.decode(block.token_ids[block.body_start : -1])

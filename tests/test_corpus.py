@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -125,3 +126,35 @@ def test_a_section_id_names_its_file_before_its_last_hash():
     assert [file_of(i) for i in ("guide.md", "guide.md#setup", "paper.pdf#page=3", "C#.md#intro", "notes.txt")] == \
         ["guide.md", "guide.md", "paper.pdf", "C#.md", "notes.txt"]
     assert file_of("#top") == "#top"  # nothing before the '#': its own file
+
+
+@pytest.mark.parametrize("doc_id, named", [("report\u202eexe.txt", "U+202E"), ("a\u2066b", "U+2066"), ("a\u200bb", "U+200B"),
+                                          ("\ufeffdoc", "U+FEFF"), ("co\u00adop", "U+00AD")])
+def test_ids_with_bidi_controls_or_invisible_characters_are_refused(tmp_path, doc_id, named):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": "ok", "text": "fine"}) + "\n" + json.dumps({"id": doc_id, "text": "x"}) + "\n")
+    with pytest.raises(RalmError, match=rf"c\.jsonl:2: field 'id' holds an invisible character \({re.escape(named)}"):
+        list(read_corpus(path))
+
+
+def test_ids_keep_the_joiners_scripts_and_emoji_need(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "text": "x"}) + "\n"
+                    + json.dumps({"id": "\U0001f468\u200d\U0001f469", "text": "y"}) + "\n")
+    assert len(list(read_corpus(path))) == 2
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".md", ".html", ".htm"])
+def test_a_binary_file_is_refused_whatever_its_text_suffix(tmp_path, suffix):
+    (tmp_path / "ok.txt").write_text("fine")
+    (tmp_path / f"blob{suffix}").write_bytes(b"<p>" + bytes(range(256)) * 4)
+    with pytest.raises(RalmError, match=rf"blob\{suffix}(:1)?: .*(binary file|not valid UTF-8)"):
+        list(read_corpus(tmp_path))
+    (tmp_path / f"blob{suffix}").write_bytes(b"ok\x00" if suffix == ".txt" else b"<p>ok</p>\x00")  # valid UTF-8, still binary
+    with pytest.raises(RalmError, match=rf"blob\{suffix}: a binary file, not text \(a NUL byte at offset"):
+        list(read_corpus(tmp_path))
+
+
+def test_a_utf16_html_page_with_its_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "page.html").write_bytes("<html><body><main><p>A page in UTF-16.</p></main></body></html>".encode("utf-16"))
+    assert "UTF-16" in " ".join(d.text for d in read_corpus(tmp_path))

@@ -149,6 +149,7 @@ def test_precomputed_embeddings_are_imported_not_encoded(tiny_bert, corpus_file,
     (lambda n, d: np.zeros((n + 1, d), np.float32), r"shape \(7, 32\); the index needs float vectors of shape \(6, 32\)"),
     (lambda n, d: np.zeros((n, d), np.int64), "int64 array"),
     (lambda n, d: np.where(np.arange(n)[:, None] == 4, np.inf, np.zeros((n, d), np.float32)), "row 4 holds NaN or infinite"),
+    (lambda n, d: np.where(np.arange(n)[:, None] == 2, 0, np.ones((n, d), np.float32)), "row 2 is all zeros"),
 ])
 def test_precomputed_embeddings_of_the_wrong_shape_or_values_are_refused(tiny_bert, corpus_file, tmp_path, make, message):
     np.save(tmp_path / "emb.npy", make(len(DOCS), 32))

@@ -69,10 +69,13 @@ class Block:
 
 def wordpiece_tokenizer(hf_tokenizer) -> Tokenizer:
     """The fast tokenizer's backend with truncation and padding off (tokenizer.json files
-    often carry a 128/512 truncation that would silently drop text)."""
+    often carry a 128/512 truncation that would silently drop text), and special tokens typed
+    in a text read as the text they are: "[SEP]" in a document is `[ sep ]`, never the separator
+    (the ids ralm places itself, [CLS] and [SEP] around a block, are added by id)."""
     tok = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
     tok.no_truncation()
     tok.no_padding()
+    tok.encode_special_tokens = True
     return tok
 
 

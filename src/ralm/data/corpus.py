@@ -76,7 +76,20 @@ def id_problem(doc_id: str) -> str | None:
     if doc_id.strip() in (".", ".."):
         return f"is {doc_id.strip()!r}, which a URL cannot name"
     bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
-    return f"holds a control character ({bad!r}); ids must be printable" if bad else None
+    if bad:
+        return f"holds a control character ({bad!r}); ids must be printable"
+    hidden = next((c for c in doc_id if unicodedata.category(c) == "Cf" and c not in _JOINERS), None)
+    if hidden:
+        return (f"holds an invisible character (U+{ord(hidden):04X} {unicodedata.name(hidden, 'format character')}); "
+                "an id must show all it holds")
+    return None
+
+
+# Format characters (Unicode category Cf) an id may hold: the zero-width non-joiner and joiner
+# that Persian, Indic scripts and emoji sequences need. The others (bidi overrides and isolates,
+# zero-width spaces, word joiners, a BOM, soft hyphens) are refused in ids: they change how an
+# id reads without showing.
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def file_of(doc_id: str) -> str:
@@ -155,10 +168,25 @@ def _documents(data: bytes, path: str, rel: str) -> Iterator[Document]:
     """A .txt file is one document (id `rel`, titled by its name); a Markdown, HTML or PDF file
     one per section (id `rel` + the section's anchor). `path` names the file in errors."""
     if Path(path).suffix.lower() == ".txt":
-        yield Document(rel, stem_title(rel), visible(decode_line(data, path, 1)))
+        text = decode_line(data, path, 1)
+        check_not_binary(data, path)
+        yield Document(rel, stem_title(rel), visible(text))
         return
+    if Path(path).suffix.lower() != ".pdf":
+        check_not_binary(data, path)
     for section in reader_for(path)(data, path):
         yield Document(rel + section.anchor, section.title, visible(section.text))
+
+
+def check_not_binary(data: bytes, path: str, head: int = 8192) -> None:
+    """A text file (.txt, Markdown, HTML) with a NUL byte in its first `head` bytes is binary
+    (the test git and grep use), refused as a binary .txt is, never indexed as junk; a UTF-16
+    page (NULs between letters) is known by its byte-order mark and read."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return
+    nul = data.find(b"\x00", 0, head)
+    if nul >= 0:
+        raise RalmError(f"{path}: a binary file, not text (a NUL byte at offset {nul})")
 
 
 @contextlib.contextmanager

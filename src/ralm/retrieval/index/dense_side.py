@@ -112,7 +112,9 @@ def check_retriever(retriever: Retriever, section: DenseSection, where: str) -> 
 
 def import_embeddings(source: Path, out: Path, *, count: int, dim: int, rows: int = 1 << 18) -> None:
     """Copy precomputed block embeddings (a .npy [count, dim] of floats, row i = block i) into
-    `out` as float32, a slice at a time, refusing a wrong shape and NaN or infinite values."""
+    `out` as float32, a slice at a time, refusing a wrong shape, NaN or infinite values and
+    all-zero rows (a zero vector has no direction: it scores 0 against every query, and a
+    cosine divides by its norm; it is what a failed export leaves)."""
     try:
         emb = np.load(source, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
@@ -127,6 +129,11 @@ def import_embeddings(source: Path, out: Path, *, count: int, dim: int, rows: in
         bad = np.flatnonzero(~np.isfinite(part).all(1))
         if len(bad):
             raise RalmError(f"--embeddings {source}: row {start + int(bad[0])} holds NaN or infinite values")
+        zero = np.flatnonzero(~part.any(1))
+        if len(zero):
+            raise RalmError(f"--embeddings {source}: row {start + int(zero[0])} is all zeros"
+                            f"{f' (and {len(zero) - 1} more in rows {start}-{start + len(part) - 1})' if len(zero) > 1 else ''}; "
+                            "a block needs a vector with a direction")
         dst[start : start + rows] = part
     dst.flush()
 
