@@ -288,7 +288,8 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
 def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_deleted(serve, browser):
     more = [{"id": f"note-{i:02d}", "title": f"Note {i}", "text": f"Note number {i} is about nothing much."} for i in range(20)]
     guide = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"
-    files = lambda page: [li.inner_text().replace("\xa0", " ") for li in page.query_selector_all("#files .file-head")]
+    def files(page) -> list[str]:
+        return [li.inner_text().replace("\xa0", " ") for li in page.query_selector_all("#files .file-head")]
     with serve(api_key="s3cret") as url:
         post_with_key = urllib.request.Request(url + "/documents", json.dumps({"documents": more}).encode(),
                                                {"Content-Type": "application/json", "X-API-Key": "s3cret"})

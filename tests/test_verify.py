@@ -178,6 +178,19 @@ def test_index_check_names_the_damaged_file(ralm, indexes, tmp_path, name):
         _one_line_error(*ralm("search", root, "capital", "-k", 2, "--json")[::2], needle)
 
 
+def test_a_latest_naming_an_older_version_is_named(ralm, tmp_path):
+    """A flipped digit in LATEST can name another complete version: the index would serve old data."""
+    from conftest import DOCS
+    from ralm.retrieval.index.build import build_index
+
+    root = tmp_path / "bm25"
+    for docs in (DOCS[:3], DOCS):  # two versions
+        build_index(docs, root, kind="bm25", show_progress=False)
+    assert ralm("index", "check", root)[0] == 0
+    (root / "LATEST").write_text("v000001\n")
+    _one_line_error(*ralm("index", "check", root, "--json")[::2], "LATEST names v000001, but v000002 is newer")
+
+
 def test_a_sound_index_checks_clean_and_an_old_version_still_opens(ralm, indexes, tmp_path):
     for kind in ("dense", "bm25"):
         rc, out, err = ralm("index", "check", indexes / kind, "--json")

@@ -141,8 +141,14 @@ def index_check(
 
     index = IndexDir(index_dir)
     latest = index.latest()
+    named = index.versions()
+    # a version is named only when complete and LATEST moves to it at once (store.py publish):
+    # an older one in LATEST is a flipped digit, or a publish cut off between the two
+    if named and latest != named[-1]:
+        raise RalmError(f"{index.root / 'LATEST'} names {latest}, but {named[-1]} is newer and complete: LATEST is damaged, or "
+                        f"a publish was cut off before it moved; publish anew (`ralm index compact --index {index_dir}`, or a build)")
     versions = []
-    for name in index.versions():
+    for name in named:
         manifest = index.version(name)
         path = index.version_path(name)
         checked = check_full(path, manifest.files)
