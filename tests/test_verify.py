@@ -191,6 +191,14 @@ def test_a_latest_naming_an_older_version_is_named(ralm, tmp_path):
     _one_line_error(*ralm("index", "check", root, "--json")[::2], "LATEST names v000001, but v000002 is newer")
 
 
+def test_a_saved_corpus_is_checked_against_the_checksum_it_is_named_by(ralm, indexes, tmp_path):
+    root, _, _ = _copy(indexes, tmp_path, "bm25")  # built from documents in memory: saved in corpus/
+    [saved] = (root / "corpus").glob("*.jsonl")
+    assert ralm("index", "check", root)[0] == 0
+    _flip_byte(saved, 20)
+    _one_line_error(*ralm("index", "check", root, "--json")[::2], saved.name)
+
+
 def test_a_sound_index_checks_clean_and_an_old_version_still_opens(ralm, indexes, tmp_path):
     for kind in ("dense", "bm25"):
         rc, out, err = ralm("index", "check", indexes / kind, "--json")

@@ -136,7 +136,7 @@ def index_check(
     from ralm.atomic import manifest_file, read_json
     from ralm.retrieval.index.kinds import side_class
     from ralm.retrieval.index.store import IndexDir
-    from ralm.retrieval.index.verify import check_full, check_manifest
+    from ralm.retrieval.index.verify import check_corpus_copies, check_full, check_manifest
     from ralm.retrieval.search.update_log import UpdateLog
 
     index = IndexDir(index_dir)
@@ -164,6 +164,7 @@ def index_check(
         sealed = check_manifest(manifest_file(path), read_json(manifest_file(path)))  # last: what it says was checked first
         versions.append({"version": name, "files": checked, "verified": manifest.files is not None, "kind": kind,
                          "retriever": kind, "manifest_checksum": sealed})
+    copies = check_corpus_copies(index.root)
     log = UpdateLog(index.root).check()
     unverified = [v["version"] for v in versions if not v["verified"]]
     unsealed = [v["version"] for v in versions if v["verified"] and not v["manifest_checksum"]]
@@ -175,7 +176,7 @@ def index_check(
     if not summary["log_checksums"]:
         cut += "; the update log predates record checksums (its records unverified until a compaction writes it anew)"
     print_summary(summary, as_json, f"[green]sound[/green] {index_dir}: {plural(len(versions), 'version')}, latest {latest}, "
-                  f"{plural(sum(v['files'] for v in versions), 'file')} verified"
+                  f"{plural(sum(v['files'] for v in versions) + copies, 'file')} verified"
                   + (f", {plural(len(log.records), 'logged update')}" if log.records else "")
                   + (f"; {', '.join(unverified)} predate file inventories (rebuild to verify them)" if unverified else "") + cut)
 

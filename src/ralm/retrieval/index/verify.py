@@ -140,6 +140,17 @@ def _finite(path: Path) -> bool:
     return all(np.isfinite(rows[i:i + step]).all() for i in range(0, rows.shape[0], step))
 
 
+def check_corpus_copies(root: str | os.PathLike) -> int:
+    """The corpus files an index saved from documents given in memory (index/build.py, read by
+    rebuilds and upgrades): each is named by the sha256 of its bytes, which is its checksum;
+    returns the files checked."""
+    copies = sorted((Path(root) / "corpus").glob("*.jsonl"))
+    for path in copies:
+        if not sha256(path).startswith(path.stem):
+            raise _damaged(path, "its contents differ from the checksum it is named by")
+    return len(copies)
+
+
 def check_full(version_dir: str | os.PathLike, files: dict | None) -> int:
     """check_open, then every checksum, then NaN/inf in float arrays; returns the files checked."""
     version_dir = Path(version_dir)
