@@ -191,6 +191,13 @@ def test_a_latest_naming_an_older_version_is_named(ralm, tmp_path):
     _one_line_error(*ralm("index", "check", root, "--json")[::2], "LATEST names v000001, but v000002 is newer")
 
 
+def test_an_index_manifests_kind_and_its_copy_must_agree(ralm, indexes, tmp_path):
+    root, _, _ = _copy(indexes, tmp_path, "bm25")
+    manifest = root / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"retriever": "bm25"', '"retriever": "bm26"'))
+    _one_line_error(*ralm("index", "check", root, "--json")[::2], "differs from \"kind\"")
+
+
 def test_a_saved_corpus_is_checked_against_the_checksum_it_is_named_by(ralm, indexes, tmp_path):
     root, _, _ = _copy(indexes, tmp_path, "bm25")  # built from documents in memory: saved in corpus/
     [saved] = (root / "corpus").glob("*.jsonl")

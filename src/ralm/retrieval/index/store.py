@@ -135,6 +135,9 @@ class IndexDir:
         if self.created_as not in KINDS:
             raise RalmError(f"{manifest_file(self.root)}: no valid \"kind\" (the index kind: {', '.join(KINDS)}); "
                             "the index is damaged: rebuild it")
+        if self.manifest.get("retriever", self.created_as) != self.created_as:  # written as a copy of "kind": a changed one is damage
+            raise RalmError(f"{manifest_file(self.root)}: \"retriever\" ({self.manifest['retriever']!r}) differs from \"kind\" "
+                            f"({self.created_as!r}), which it copies; the index is damaged: rebuild it")
 
     @classmethod
     def create(cls, root: str | os.PathLike, kind: str) -> "IndexDir":
