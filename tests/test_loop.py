@@ -386,3 +386,19 @@ def test_the_wall_time_is_told_after_the_first_step_and_corrected_once_if_far_of
     assert told([0, 10, 12, 14, 16, 18, 20, 22, 24]) == [StepEstimate(99, 10.0), StepEstimate(94, 2.0, first=False)]
     assert told([0, 2, 4, 6.5, 8.5, 10.5, 12.5, 14.5]) == [StepEstimate(99, 2.0)]  # within 30%: told once
     assert StepEstimate(999, 34.0).line().startswith("about 999 steps x 34 s = 9 h 26 min (the first step's time")
+
+
+def test_an_input_named_before_it_was_made_does_not_block_the_run(tmp_path, monkeypatch):
+    """A first try that stopped on a missing index recorded its path as given: once the index is
+    made at that path, the same command starts the run; another index is still refused."""
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        index: str = option("", "an index", path="location")
+
+    monkeypatch.chdir(tmp_path)
+    loop.prepare_run(tmp_path / "run", Cfg("runs/idx"))  # runs/idx does not exist yet
+    (tmp_path / "runs" / "idx").mkdir(parents=True)
+    assert loop.prepare_run(tmp_path / "run", Cfg("runs/idx")) is None
+    (tmp_path / "other").mkdir()
+    with pytest.raises(RalmError, match="different config"):
+        loop.prepare_run(tmp_path / "run", Cfg(str(tmp_path / "other")))

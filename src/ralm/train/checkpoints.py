@@ -140,6 +140,8 @@ def _same_input(old: dict | None, new: dict) -> bool:
         return False
     if new.get("fingerprint") and old.get("fingerprint"):
         return new["fingerprint"] == old["fingerprint"]
+    if not Path(old["path"]).is_absolute() and old.get("fingerprint") is None and Path(old["path"]).resolve() == Path(new["path"]):
+        return True  # recorded as given, missing then (the run stopped on it): the same path, made since
     return new["path"] == old["path"]
 
 
