@@ -77,10 +77,13 @@ def browser():
 
 # wait_for_function gets functions ("() => ..."), not expressions: Playwright evaluates an expression
 # string with eval at every poll, and the page's Content-Security-Policy (no 'unsafe-eval') refuses it.
+COGS_MD = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"  # two sections, no text of the file's own id
+
+
 def open_page(browser, url, **kw):
     page = browser.new_page(**kw)
     page.goto(url)
-    page.wait_for_function("() => document.querySelector('#status').textContent.includes('blocks')")
+    wait_text(page, "#status", "blocks")
     return page
 
 
@@ -102,6 +105,12 @@ def post(url: str, path: str, body: dict) -> dict:
 
 def text(page, selector: str) -> str:
     return page.inner_text(selector).replace("\xa0", " ")
+
+
+def wait_text(page, selector: str, wanted: str, *, start: bool = False, **kw) -> None:
+    """Wait until the text of `selector` includes `wanted` (with `start`: begins with it)."""
+    page.wait_for_function("([selector, wanted, start]) => { const t = document.querySelector(selector).textContent; "
+                           "return start ? t.startsWith(wanted) : t.includes(wanted); }", arg=[selector, wanted, start], **kw)
 
 
 def test_a_right_answer_shows_its_calibrated_confidence_in_words_and_numbers(serve, browser):
@@ -238,24 +247,24 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         page.fill("#doc-title", ZANZIBAR["title"])
         page.fill("#doc-text", ZANZIBAR["text"])
         page.click("#doc-button")
-        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Not saved')")
+        wait_text(page, "#doc-status", "Not saved", start=True)
         assert "API key" in page.inner_text("#doc-status")
         page.fill("#api-key", "s3cret")
         page.click("#doc-button")
-        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Added')")
+        wait_text(page, "#doc-status", "Added", start=True)
         assert page.inner_text("#doc-status") == "Added “zanzibar”. Index v000001 now has 7 blocks."
-        page.wait_for_function("() => document.querySelector('#status').textContent.includes('7 blocks')")
+        wait_text(page, "#status", "7 blocks")
 
         r = ask(page, CLOVES_Q)
         assert page.inner_text("#evidence li.best .title") == "Zanzibar" and r["evidence"][r["best"]]["id"] == "zanzibar:0"
 
         page.fill("#doc-id", "nile")  # an existing id: the page says so before anything is written
-        page.wait_for_function("() => document.querySelector('#doc-exists').textContent.includes('“nile” already exists')")
+        wait_text(page, "#doc-exists", "“nile” already exists")
         assert page.is_visible("#doc-exists") and page.inner_text("#doc-button") == "Replace document"
         page.fill("#doc-title", "Nile")
         page.fill("#doc-text", "The Nile now mentions walruses.")
         page.click("#doc-button")
-        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Replaced')")
+        wait_text(page, "#doc-status", "Replaced", start=True)
         assert page.inner_text("#doc-status") == "Replaced “nile”. Index v000001 now has 7 blocks."
 
         page.fill("#doc-id", ZANZIBAR["id"])
@@ -264,7 +273,7 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         assert page.evaluate("document.activeElement.id") == "delete-yes"
         assert page.inner_text("#delete-question") == "Delete “zanzibar” for good?"
         page.keyboard.press("Enter")
-        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Deleted')")
+        wait_text(page, "#doc-status", "Deleted", start=True)
         assert page.inner_text("#doc-status") == "Deleted “zanzibar”. Index v000001 now has 6 blocks."
         page.wait_for_selector("#delete-confirm", state="hidden")
         assert page.evaluate("document.activeElement.id") == "delete-button"  # focus returns where it was
@@ -272,22 +281,20 @@ def test_add_find_replace_delete_with_the_api_key_reporting_the_index_after_each
         ask(page, CLOVES_Q)
         assert "Zanzibar" not in [t.inner_text() for t in page.query_selector_all("#evidence .title")]
 
-        guide = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"  # two sections, no text of the file's own id
-        urllib.request.urlopen(urllib.request.Request(url + "/documents/file?name=kb/cogs.md", guide, {"X-API-Key": "s3cret"}))
+        urllib.request.urlopen(urllib.request.Request(url + "/documents/file?name=kb/cogs.md", COGS_MD, {"X-API-Key": "s3cret"}))
         page.fill("#doc-id", "kb/cogs.md")
         page.click("#delete-button")
         page.wait_for_selector("#delete-confirm:not([hidden])")
         assert page.is_hidden("#doc-exists")  # a save adds a document of that id: it replaces none
         assert page.inner_text("#delete-question") == "Delete “kb/cogs.md”, every section of the file (2 documents), for good?"
         page.keyboard.press("Enter")
-        page.wait_for_function("() => document.querySelector('#doc-status').textContent.startsWith('Deleted “kb/cogs.md”')")
+        wait_text(page, "#doc-status", "Deleted “kb/cogs.md”", start=True)
         assert page.inner_text("#doc-status") == "Deleted “kb/cogs.md”: 2 documents, every section of the file. Index v000001 now has 6 blocks."
         page.close()
 
 
 def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_deleted(serve, browser):
     more = [{"id": f"note-{i:02d}", "title": f"Note {i}", "text": f"Note number {i} is about nothing much."} for i in range(20)]
-    guide = b"# Cogs\n\n## Sizes\n\nTwelve sizes.\n\n## Teeth\n\nForty teeth.\n"
     def files(page) -> list[str]:
         return [li.inner_text().replace("\xa0", " ") for li in page.query_selector_all("#files .file-head")]
     with serve(api_key="s3cret") as url:
@@ -295,29 +302,29 @@ def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_
                                                {"Content-Type": "application/json", "X-API-Key": "s3cret"})
         urllib.request.urlopen(post_with_key)
         page = open_page(browser, url)
-        page.wait_for_function("() => document.querySelector('#files-range').textContent.includes('of')")
+        wait_text(page, "#files-range", "of")
         assert text(page, "#files-range") == "1–10 of 26 files, the last changed first" and page.is_disabled("#files-prev")
         assert [f.split("\n")[:2] for f in files(page)] == [[f"Note {i}", f"note-{i:02d}"] for i in range(19, 9, -1)]  # added last: first
         for start in ("11", "21"):
             page.click("#files-next")
-            page.wait_for_function(f"() => document.querySelector('#files-range').textContent.startsWith('{start}')")
+            wait_text(page, "#files-range", start, start=True)
         assert text(page, "#files-range") == "21–26 of 26 files, the last changed first" and page.is_disabled("#files-next")
         assert [f.split("\n")[1] for f in files(page)] == [d["id"] for d in DOCS]  # the index's, after the live ones
         page.click("#files-prev")
-        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('11')")
+        wait_text(page, "#files-range", "11", start=True)
         assert [f.split("\n")[1] for f in files(page)] == [f"note-{i:02d}" for i in range(9, -1, -1)]
 
         page.fill("#api-key", "s3cret")
-        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": guide}])
+        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": COGS_MD}])
         with page.expect_response("**/documents/file?name=cogs.md") as response:
             page.click("#upload-button")
         assert response.value.status == 200
-        page.wait_for_function("() => document.querySelector('#files-status').textContent.startsWith('Uploaded')")
+        wait_text(page, "#files-status", "Uploaded", start=True)
         assert text(page, "#files-status") == "Uploaded “cogs.md”: 2 documents. Index v000001 now has 28 blocks."
-        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 27')")
+        wait_text(page, "#files-range", "1–10 of 27", start=True)
         assert files(page)[0].split("\n")[:2] == ["Cogs › Sizes", "cogs.md · 2 sections"]  # listed first: changed last
 
-        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": guide}])
+        page.set_input_files("#file-input", files=[{"name": "cogs.md", "mimeType": "text/markdown", "buffer": COGS_MD}])
         page.wait_for_selector("#file-exists:not([hidden])")  # the page says an upload replaces it
         assert page.inner_text("#upload-button") == "Replace file"
         page.set_input_files("#file-input", files=[])
@@ -327,9 +334,9 @@ def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_
         assert page.inner_text("#files li:first-child .confirm p") == "Delete “cogs.md”, every section of the file (2 documents), for good?"
         assert page.evaluate("document.activeElement.textContent") == "Yes, delete it"
         page.keyboard.press("Enter")
-        page.wait_for_function("() => document.querySelector('#files-status').textContent.startsWith('Deleted')")
+        wait_text(page, "#files-status", "Deleted", start=True)
         assert text(page, "#files-status") == "Deleted “cogs.md”: 2 documents, every section of the file. Index v000001 now has 26 blocks."
-        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 26')")
+        wait_text(page, "#files-range", "1–10 of 26", start=True)
         assert not [f for f in files(page) if "cogs.md" in f]
         assert page.evaluate("document.activeElement.id") == "files-heading"  # its row is gone: focus goes to the list
         assert json.loads(urllib.request.urlopen(f"{url}/documents?limit=100").read())["total"] == 26
@@ -337,7 +344,7 @@ def test_the_index_is_listed_a_page_at_a_time_and_a_file_uploaded_is_listed_and_
         elsewhere = {"documents": [{"id": "walrus", "title": "Walrus", "text": "Walruses live in the Arctic."}]}
         urllib.request.urlopen(urllib.request.Request(url + "/documents", json.dumps(elsewhere).encode(),
                                                       {"Content-Type": "application/json", "X-API-Key": "s3cret"}))
-        page.wait_for_function("() => document.querySelector('#files-range').textContent.startsWith('1–10 of 27')")  # another client's write
+        wait_text(page, "#files-range", "1–10 of 27", start=True)  # another client's write
         assert files(page)[0].split("\n")[:2] == ["Walrus", "walrus"]
         page.close()
 
@@ -354,7 +361,7 @@ def test_the_status_line_follows_a_hot_swap(serve, browser, tmp_path):
         corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS + [ZANZIBAR]))
         build_index(corpus, index.root, model=str(index.root / index.version_manifest("v000001")["sections"]["dense"]["retriever"]),
                     show_progress=False)
-        page.wait_for_function("() => document.querySelector('#status').textContent.includes('v000002')", timeout=20_000)
+        wait_text(page, "#status", "v000002", timeout=20_000)
         status = page.inner_text("#status")  # without reloading the page
         assert "index v000002 · 7 blocks" in status and "swapped to v000002" in status
         page.close()
@@ -368,7 +375,7 @@ def test_keyboard_labels_no_external_assets_and_phone_width(serve, browser):
         page = browser.new_page(viewport={"width": 375, "height": 740})
         page.on("request", lambda req: requested.append(req.url))
         page.goto(url)
-        page.wait_for_function("() => document.querySelector('#status').textContent.includes('blocks')")
+        wait_text(page, "#status", "blocks")
         unlabelled = page.evaluate("""[...document.querySelectorAll('input, select, textarea')]
             .filter(e => !e.labels.length || !e.labels[0].textContent.trim()).map(e => e.id)""")
         assert unlabelled == []
