@@ -14,12 +14,12 @@ about a second.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ralm.atomic import manifest_file, read_json
 from ralm.errors import RalmError, plural
+from ralm.retrieval.index.manifest import VERSION_NAME
 from ralm.retrieval.search.update_log import UpdateLog, fold
 
 
@@ -80,15 +80,12 @@ def folded_counts(manifest, *, added: int, deleted: int) -> dict | None:
     return {"added": before["added"] + added, "deleted": before["deleted"] + deleted}
 
 
-_VERSION = re.compile(r"^v\d{6}$")
-
-
 def _latest(root: Path) -> tuple[str | None, dict]:
     """(LATEST's version, its manifest as written); (None, {}) when there is none or it is
     damaged, which a build into the directory repairs."""
     try:
         name = (root / "LATEST").read_text(errors="replace").strip()
-        if not _VERSION.match(name):
+        if not VERSION_NAME.match(name):
             return None, {}
         return name, read_json(manifest_file(root / "versions" / name))
     except (OSError, RalmError):

@@ -5,12 +5,14 @@ field check every typed manifest object (a version's, a side's section) runs whe
 from __future__ import annotations
 
 import os
+import re
 
 from ralm.atomic import read_manifest
 from ralm.errors import RalmError
 
 FORMAT = "ralm.index/2"
 OLD_FORMATS = ("ralm.index/1",)  # one side per index: still read, as that side alone
+VERSION_NAME = re.compile(r"^v(\d{6})$")  # a version's folder under versions/, as LATEST names it
 
 
 def read_index_manifest(root: str | os.PathLike) -> dict:

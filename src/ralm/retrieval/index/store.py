@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field, fields
@@ -41,10 +40,9 @@ from ralm.atomic import file_lock, fsync_tree, manifest_file, read_json, remove_
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.kinds import KINDS, kind_of, side_class, sides_of
-from ralm.retrieval.index.manifest import FORMAT, check_fields, read_index_manifest
+from ralm.retrieval.index.manifest import FORMAT, VERSION_NAME, check_fields, read_index_manifest
 from ralm.retrieval.index.verify import CHECKSUM, FILES, inventory, manifest_checksum, used_folders
 
-_VERSION = re.compile(r"^v(\d{6})$")
 KEEP_VERSIONS = 3  # the newest versions a publish leaves; older ones are removed
 
 
@@ -89,7 +87,7 @@ class VersionManifest:
         if not isinstance(held, list) or not held or not all(isinstance(s, str) for s in held):
             fail("sides", "a list of side names")
         check_fields(raw, cls.TYPES, required=("version", "count", "blocks"), where=where)
-        if not _VERSION.match(raw["version"]):
+        if not VERSION_NAME.match(raw["version"]):
             fail("version", "a version name like v000001")
         log = raw.get("log")
         if log is not None and not (isinstance(log.get("id"), str) and isinstance(log.get("offset"), int) and log["offset"] >= 0):
@@ -184,7 +182,7 @@ class IndexDir:
     # -- versions ----------------------------------------------------------------------------
     def versions(self) -> list[str]:
         vdir = self.root / "versions"
-        return sorted(p.name for p in vdir.iterdir() if _VERSION.match(p.name)) if vdir.is_dir() else []
+        return sorted(p.name for p in vdir.iterdir() if VERSION_NAME.match(p.name)) if vdir.is_dir() else []
 
     def latest(self) -> str:
         f = self.root / "LATEST"
@@ -193,7 +191,7 @@ class IndexDir:
         name = None
         for _ in range(3):  # a publish may prune the version LATEST named a moment ago: read it again
             previous, name = name, f.read_text(errors="replace").strip()
-            if _VERSION.match(name) and manifest_file(self.version_path(name)).is_file():
+            if VERSION_NAME.match(name) and manifest_file(self.version_path(name)).is_file():
                 return name
             if name == previous:
                 break
