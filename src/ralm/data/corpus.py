@@ -328,7 +328,7 @@ def _check_pdf_header(file: Path) -> None:
     damaged or another format renamed: named before any model loads, not after encoding began."""
     if file.suffix.lower() != ".pdf":
         return
-    with open(file, "rb") as f:
+    with reading(file), open(file, "rb") as f:
         head = f.read(1024)
     if b"%PDF-" not in head:
         raise RalmError(f"{file}: not a readable PDF (no %PDF- header: damaged, or another format named .pdf)")
