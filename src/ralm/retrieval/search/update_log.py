@@ -46,7 +46,8 @@ from ralm.errors import RalmError
 LOG = "updates.jsonl"
 RECORD_START = b'{"op": '  # how json.dumps begins every record; inside a string value the quotes are escaped
 CHECKSUMS = "crc32"  # the header's "checksums": every line carries its own
-_CRC_START, _CRC_LEN = b', "crc": "', 20  # a line ends in , "crc": "0123abcd"}
+_CRC_START = b', "crc": "'
+_CRC_LEN = len(_CRC_START) + 8 + 2  # a line ends in , "crc": "0123abcd"}
 log = logging.getLogger("ralm.live")
 
 
@@ -291,7 +292,7 @@ def _unsealed(line: bytes) -> tuple[bytes, int | None]:
     if len(line) <= _CRC_LEN or not (tail.startswith(_CRC_START) and tail.endswith(b'"}')):
         return line, None
     try:
-        return line[:-_CRC_LEN] + b"}", int(tail[10:18], 16)
+        return line[:-_CRC_LEN] + b"}", int(tail[len(_CRC_START):-2], 16)
     except ValueError:
         return line, None
 
