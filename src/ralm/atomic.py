@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ralm.errors import RalmError
+from ralm.errors import RalmError, first_line
 
 _OWNED_TEMP = re.compile(r"^\..+-(\d+)@([^~]+)~[^~]+\.tmp$")
 
@@ -373,7 +373,7 @@ def damaged_file(files, error: Exception) -> RalmError:
     damaged = damaged_json(files)
     if damaged is not None:
         return damaged
-    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    first = first_line(error)[:200]
     names = ", ".join(f.name for f in files)
     return RalmError(f"{files[0].parent}: its files ({names}) are damaged ({first}); rebuild or restore them")
 

@@ -15,3 +15,10 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
     """"1 document", "2 documents", "1,024 blocks": counts in messages, right in the singular
     (`nouns`: an irregular plural)."""
     return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def first_line(error: BaseException) -> str:
+    """A library exception's message in one line for a RalmError: its first line, or its type's
+    name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

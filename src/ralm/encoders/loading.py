@@ -12,7 +12,7 @@ from torch import nn
 
 from ralm.atomic import damaged_json
 from ralm.encoders.locate import check_model_location, check_weights_format
-from ralm.errors import RalmError
+from ralm.errors import RalmError, first_line
 
 
 def default_model_path() -> str:
@@ -39,8 +39,7 @@ def _loading(path: str, load):
         damaged = damaged_json(sorted(Path(path).glob("*.json"))) if Path(path).is_dir() else None
         if damaged is not None:  # a damaged JSON file is named: tokenizer, vocab, config
             raise damaged from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RalmError(f"could not load model {path!r}: {first}") from None
+        raise RalmError(f"could not load model {path!r}: {first_line(e)}") from None
 
 
 def load_tokenizer(name_or_path: str | None = None):

@@ -32,7 +32,7 @@ from ralm.data.padding import pad_rows
 from ralm.configs import ConfigError
 from ralm.encoders.length_groups import by_length, length_group
 from ralm.encoders.loading import ENCODER_OVERRIDES, default_model_path
-from ralm.errors import RalmError
+from ralm.errors import RalmError, first_line
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.runtime import full_precision
 
@@ -79,8 +79,7 @@ class KnowledgeAugmentedEncoder(nn.Module):
             mlm, info = BertForMaskedLM.from_pretrained(path, output_loading_info=True, **ENCODER_OVERRIDES)
             tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True)
         except (OSError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RalmError(f"could not load encoder {path!r}: {first}") from None
+            raise RalmError(f"could not load encoder {path!r}: {first_line(e)}") from None
         return cls(mlm, tokenizer, fresh_head=any(k.startswith("cls.") for k in info["missing_keys"]))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
