@@ -683,32 +683,20 @@ def free_port() -> int:
 
 
 def request(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
+    """(status, body) of one request (`answer` with the headers too)."""
+    status, _, raw = answer(port, method, path, body, headers)
+    return status, raw
 
 
 def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
     index = tmp / "serve-bm25"
     shutil.copytree(tmp / "bm25", index)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port), "--host", "127.0.0.1",
-                               "--api-key", "secret"], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                if request(port, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.time() > deadline:
-                return [("server start", f"did not start: {server.stderr.read()[-300:] if server.poll() is not None else 'timeout'}")]
-            time.sleep(0.5)
+        server = start_server(index, port, timeout, "--api-key", "secret")
+    except RuntimeError as e:
+        return [("server start", f"did not start: {e}")]
+    try:
         key = {"X-API-Key": "secret"}
         j = lambda obj: json.dumps(obj).encode()  # noqa: E731
         cases = [
@@ -753,25 +741,16 @@ def http_faults(tmp: Path, timeout: float) -> list[tuple[str, str | None]]:
             except OSError as e:
                 results.append((name, f"no answer: {e}"))
                 continue
-            try:
-                has_error = "error" in json.loads(raw)
-            except ValueError:
-                has_error = False
-            results.append((name, None if 400 <= status < 500 and has_error else f"status {status}: {raw[:200]!r}"))
+            results.append((name, refused(status, raw)))
         results += [(f"{C4}: {name}", why) for name, why in server_faults(port, key)]
         alive = server.poll() is None and request(port, "GET", "/health")[0] == 200
         results.append(("server alive after the bad requests", None if alive else "the server stopped answering"))
         server.terminate()
-        logged = server.communicate(timeout=30)[1]
+        logged = server.communicate(timeout=30)[1].decode(errors="replace")
         results.append((f"{C4}: deletions are logged", None if "deleted document" in logged else f"not in the log: {logged[-300:]}"))
         return results
     finally:
-        server.terminate()  # only the server this sweep started
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)  # only the server this sweep started
 
 
 C4 = "4 server"
