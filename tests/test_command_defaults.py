@@ -5,11 +5,12 @@ calls, and the block geometry to data/geometry.py."""
 import dataclasses
 import importlib
 import inspect
+import typing
 
 import pytest
 import typer
 
-from ralm.cli import AskConfig, DemoConfig, EvalQaConfig, ServeOptions, app
+from ralm.cli import AskConfig, DemoConfig, EvalQaConfig, app
 from ralm.commands.from_config import config_options
 from ralm.commands.index import EvalRetrievalConfig, IndexBuildConfig, IndexUpgradeConfig, SearchConfig
 from ralm.commands.lm import KnnlmEvalConfig, LmBatchConfig, RetroDbConfig, RetroEvalConfig, RetroGenerateConfig
@@ -17,13 +18,15 @@ from ralm.data.geometry import GEOMETRY
 from test_from_config import _commands
 
 # Options a command declares itself whose value defaults have their own single home (the
-# shared typer options of commands/shared.py: the Runtime's "auto", the confidence maps' threshold).
-SHARED = {"device": "auto", "dtype": "auto", "min_confidence": None}  # None: each confidence map's own threshold
+# shared typer options of commands/shared.py: the Runtime's "auto").
+SHARED = {"device": "auto", "dtype": "auto"}
 
 # (config, field) -> (the library callable the command hands it to, its parameter, the field's
-# value as that parameter takes it)
+# value as that parameter takes it); a field of a library config nested in a command's (the
+# QueryConfig of search, ask, eval qa, demo) is listed where the command's default instance sets
+# it, with the value the library reads for the config's own default (parameter None: a constant)
 LIBRARY = {
-    (SearchConfig, "k"): ("ralm.retrieval.search.searcher:Searcher.search", "k", None),
+    (SearchConfig, "k"): ("ralm.defaults:SEARCH_K", None, None),  # what Searcher.search reads for QueryConfig.k None
     (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", None),
     (IndexBuildConfig, "faiss"): ("ralm.retrieval.index.build:build_index", "faiss_spec", None),
     (IndexBuildConfig, "batch_size"): ("ralm.retrieval.index.build:build_index", "batch_size", None),
@@ -31,15 +34,12 @@ LIBRARY = {
     (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
     (IndexUpgradeConfig, "batch_size"): ("ralm.retrieval.index.build:upgrade_index", "batch_size", None),
     (EvalRetrievalConfig, "ks"): ("ralm.eval.retrieval:evaluate_retrieval", "ks", lambda v: tuple(int(x) for x in v.split(","))),
-    (AskConfig, "k"): ("ralm.pipeline:OpenQA.open", "k", None),
-    (DemoConfig, "k"): ("ralm.demo:run_demo", "k", None),
+    (AskConfig, "k"): ("ralm.defaults:READ_K", None, None),  # what OpenQA reads for QueryConfig.k None
+    (DemoConfig, "k"): ("ralm.defaults:READ_K", None, None),
     (DemoConfig, "rebuild"): ("ralm.demo:run_demo", "rebuild", None),
-    (EvalQaConfig, "k"): ("ralm.pipeline:OpenQA.open", "k", None),
+    (EvalQaConfig, "k"): ("ralm.defaults:READ_K", None, None),
     (EvalQaConfig, "batch_size"): ("ralm.eval.openqa:evaluate_qa", "batch_size", None),
     (EvalQaConfig, "max_unanswerable"): ("ralm.eval.openqa:evaluate_qa", "max_unanswerable", None),
-    (ServeOptions, "host"): ("ralm.serve.service:ServeConfig", "host", None),
-    (ServeOptions, "max_body_mb"): ("ralm.serve.service:ServeConfig", "max_body_bytes", lambda v: v << 20),
-    (ServeOptions, "compact_after"): ("ralm.serve.service:ServeConfig", "compact_after", None),
     (LmBatchConfig, "batch_size"): ("ralm.eval.perplexity:lm_perplexity", "batch_size", None),
     (KnnlmEvalConfig, "batch_size"): ("ralm.eval.perplexity:knnlm_eval", "batch_size", None),
     (KnnlmEvalConfig, "k"): ("ralm.eval.perplexity:knnlm_eval", "k", None),
@@ -54,7 +54,7 @@ LIBRARY = {
 }
 # Fields whose one home is the command's config: the library takes no such parameter (a port, a
 # seed turned into a generator) or takes it in another form (--dim 0 stands for None).
-COMMAND_ONLY = {(ServeOptions, "port"), (RetroGenerateConfig, "seed"), (IndexBuildConfig, "dim")}
+COMMAND_ONLY = {(RetroGenerateConfig, "seed"), (IndexBuildConfig, "dim")}
 
 
 def _all_commands() -> dict:
@@ -67,9 +67,17 @@ def _library_default(target: str, param: str):
     obj = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
+    if param is None:
+        return obj
     if dataclasses.is_dataclass(obj):
         return next(f.default for f in dataclasses.fields(obj) if f.name == param)
     return inspect.signature(obj).parameters[param].default
+
+
+def _own_default(config, o):
+    """The default of nested option `o` in its own config class (the library's)."""
+    nested = typing.get_type_hints(config)[o.parent]
+    return {n.name: n.default for n in config_options(nested)}[o.name]
 
 
 def _no_value(default) -> bool:
@@ -86,8 +94,8 @@ def test_every_command_option_defaults_to_its_config():
     for where, cmd in commands.items():
         config = getattr(cmd.callback, "config", None)
         fields = {o.name: o for o in config_options(config)} if config else {}
-        if config is not None and config.__module__.startswith(("ralm.cli", "ralm.commands")):  # not a trainer's
-            generated.update((config, name) for name in fields)
+        if config is not None and config.__module__.startswith(("ralm.cli", "ralm.commands")):  # not a trainer's nor a library's
+            generated.update((config, o.name) for o in fields.values() if o.parent is None or o.default != _own_default(config, o))
         for p in cmd.params:
             if p.required or (p.name in fields and fields[p.name].required):  # no default to own (a trainer's: or --recipe's)
                 continue
@@ -106,7 +114,7 @@ def test_every_command_option_defaults_to_its_config():
 def test_command_config_defaults_equal_the_library_defaults(key):
     config, field = key
     target, param, convert = LIBRARY[key]
-    value = next(f.default for f in dataclasses.fields(config) if f.name == field)
+    value = {o.name: o.default for o in config_options(config)}[field]
     assert (convert or (lambda v: v))(value) == _library_default(target, param), f"{config.__name__}.{field} vs {target}({param}=)"
 
 

@@ -182,7 +182,7 @@ def test_below_the_threshold_the_answer_is_withheld_with_its_evidence(oracle_rea
         assert a.answer == ("" if withheld else "Paris") and a.evidence[a.best].span_text == "Paris"
         out = a.to_json()
         assert out["no_answer"] == withheld and out["evidence"][out["best"]]["answer"] == "Paris"
-    with pytest.raises(RalmError, match="minimum confidence"):
+    with pytest.raises(RalmError, match=r"min_confidence must be in \[0, 1\]"):  # the field named
         OpenQA(oracle_reader, searcher, min_confidence=1.5)
 
 

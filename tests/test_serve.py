@@ -464,7 +464,7 @@ def test_a_bad_min_confidence_fails_at_start_up_not_on_the_first_ask(tmp_path):
 
     from ralm.cli import app
 
-    with pytest.raises(RalmError, match=r"minimum confidence must be in \[0, 1\]"):
+    with pytest.raises(RalmError, match=r"min_confidence must be in \[0, 1\]"):
         ServeConfig(index=str(tmp_path), min_confidence=1.5)
     for command in (["serve", "--index", str(tmp_path)], ["ask", "who?", "--index", str(tmp_path)]):
         result = CliRunner().invoke(app, [*command, "--min-confidence", "1.5"])

@@ -8,12 +8,13 @@ its flag; warnings about accepted input (`RalmWarning`) print one `warning:` lin
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -27,15 +28,17 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MinConfidenceOpt, MoreArgs, OldSpellings, OldSideOpt, SideOpt, check_models, check_runtime,
-                                  finite_floats, flag_option, index_option, index_path, os_error_line, positionals, positive, quiet_libraries,
-                                  refuse_second_index, runtime, side_given)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MoreArgs, OldSpellings, check_models, check_runtime, finite_floats,
+                                  flag_option, index_option, index_path, os_error_line, positionals, positive, quiet_libraries,
+                                  refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
 from ralm.console import err, out, print_answer, print_json, print_reliability
 from ralm.configs import ConfigError, option
 from ralm.data.qa import check_length, read_question_line
-from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, MAX_UNANSWERABLE, QA_BATCH, READ_K, SERVE_HOST
+from ralm.defaults import MAX_UNANSWERABLE, QA_BATCH, READ_K
 from ralm.errors import RalmError, RalmWarning, plural
+from ralm.retrieval.search.query import QueryConfig
+from ralm.serve.config import ServeConfig
 from ralm.serve.listen import listen
 
 # `ralm --help` lists what a newcomer runs first, then the trainers, then the rest
@@ -58,9 +61,9 @@ def _options(version: bool = flag_option("--version", callback=_version, is_eage
 
 @dataclass(frozen=True)
 class AskConfig:
-    """`ralm ask`'s settings (pipeline.OpenQA's)."""
+    """`ralm ask`'s settings: the query config pipeline.OpenQA answers with (READ_K blocks read)."""
 
-    k: int = option(READ_K, "retrieved blocks read per question", flag="-k", aliases=("--k",))
+    query: QueryConfig = option(default_factory=functools.partial(QueryConfig, k=READ_K))
 
 
 @dataclass(frozen=True)
@@ -75,22 +78,12 @@ class EvalQaConfig(AskConfig):
                                                        "most this share of each set's unanswerable questions are answered")
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    """`ralm serve`'s settings that its ServeConfig (serve/service.py) holds in its own units, and the port."""
-
-    host: str = option(SERVE_HOST, "bind address (loopback by default)")
-    port: int = option(8000, "TCP port")
-    max_body_mb: int = option(MAX_BODY_MB, "the largest request body in MiB (a PDF sent to POST /documents/file)")
-    compact_after: int = option(COMPACT_AFTER, "compact the index's update log into a new version once it holds this many "
-                                "updates (0: never; `ralm index compact` does it by hand)")
-
 
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluate retrieval and question answering.")
 app.add_typer(index_app, name="index")
 app.command(cls=OldSpellings)(search)
 app.add_typer(eval_app, name="eval")
-eval_app.command("retrieval")(eval_retrieval)
+eval_app.command("retrieval", cls=OldSpellings)(eval_retrieval)
 eval_app.command("evidence")(eval_evidence)
 
 @app.command()
@@ -98,19 +91,17 @@ eval_app.command("evidence")(eval_evidence)
 def demo(
     *,
     cfg: DemoConfig,
-    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
 ):
     """Index the bundled demo corpus (cached) and answer its sample questions with the package's reader, with evidence."""
-    positive("-k", cfg.k)
     check_runtime(device, dtype)
     from ralm.demo import run_demo
 
     quiet_libraries()
     start = time.perf_counter()
-    path, built, results = run_demo(runtime(device, dtype), k=cfg.k, rebuild=cfg.rebuild, min_confidence=min_confidence)
+    path, built, results = run_demo(runtime(device, dtype), query=cfg.query, rebuild=cfg.rebuild)
     if as_json:
         print_json([{**a.to_json(), "evidence": [{**e.to_json(), "score": round(e.retrieval_score, 6)} for e in a.evidence]}
                     for _, a in results], ensure_ascii=False)
@@ -129,22 +120,19 @@ app.add_typer(knnlm_app, name="knnlm")
 
 # -- open-domain QA: `ralm eval qa`, `ralm ask`, `ralm serve` (pipeline.py; the trainers: commands/train.py) --
 
-def _check_qa(index_dir: Path, *, k: int, device: str, dtype: str, hybrid: Optional[Path], model: Optional[str] = None) -> None:
+def _check_qa(index_dir: Path, *, device: str, dtype: str, hybrid: Optional[Path], model: Optional[str] = None) -> None:
     """What `_open_qa` is given, checked before the heavy imports."""
     refuse_second_index("--hybrid", hybrid, index_dir)
-    positive("-k", k)
     index_path(index_dir)
     check_models(model, hub=False)  # a reader is a local directory (a run or a checkpoint), never a hub name
     check_runtime(device, dtype)
 
 
-def _open_qa(model: Optional[str], index_dir: Path, *, k: int, side: Optional[str], device: str, dtype: str,
-             min_confidence: float | None):
+def _open_qa(model: Optional[str], index_dir: Path, *, query: QueryConfig, device: str, dtype: str):
     from ralm.pipeline import OpenQA
 
     quiet_libraries()
-    rt = runtime(device, dtype)
-    return OpenQA.open(index_dir, model, k=k, side=side, runtime=rt, min_confidence=min_confidence)
+    return OpenQA.open(index_dir, model, query=query, runtime=runtime(device, dtype))
 
 
 # an index holds its dense and BM25 sides together now; the old second-index options explain that
@@ -152,16 +140,15 @@ HybridOpt = typer.Option(None, "--hybrid", hidden=True)
 ModelOpt = typer.Option(None, "--model", help="fine-tuning RUN or reader checkpoint (default: the package's general reader)")
 
 
-@eval_app.command("qa")
+@eval_app.command("qa", cls=OldSpellings)
 @config_command
 def eval_qa(
+    more: list[str] = MoreArgs,  # `ralm eval qa DIR`: named as a mistake, with the spelling meant
     *,
     model: Optional[str] = ModelOpt,
-    index_dir: Path = typer.Option(..., "--index", help="index directory (every side it holds is searched, fused)"),
-    questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
+    index_dir: Optional[Path] = index_option("index directory (every side it holds is searched, fused)"),
+    questions: Optional[Path] = typer.Option(None, "--questions", help="JSONL {id, question, answers} (required)", show_default=False),
     cfg: EvalQaConfig,
-    side: Optional[str] = SideOpt,
-    old_side: Optional[str] = OldSideOpt,
     hybrid: Optional[Path] = HybridOpt,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="per-question JSONL (default: ./<questions>-<index>.predictions.jsonl)"),
@@ -172,7 +159,6 @@ def eval_qa(
     also: list[str] = typer.Option([], "--also", metavar="INDEX=QUESTIONS", help="with --calibrate: more held-back questions over "
                                    "their own index, pooled into the fit (repeatable; e.g. generated corpora of several sizes); "
                                    "questions marked \"unanswerable\": true choose the threshold"),
-    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = JsonOpt,
@@ -181,8 +167,9 @@ def eval_qa(
     from ralm.data.qa import read_questions
     from ralm.eval.calibration import check_question_count
 
-    k, batch_size = cfg.k, cfg.batch_size
-    side = side_given(side, old_side)
+    given = positionals("eval qa", more, options={"--index": index_dir, "--questions": questions})
+    index_dir, questions = Path(given["--index"]), Path(given["--questions"])
+    batch_size = cfg.batch_size
     if calibrate and calibrated_out is None:
         raise RalmError("--calibrate writes a calibrated copy of the reader: give it a new directory with --out")
     if calibrated_out is not None and not calibrate:
@@ -203,7 +190,7 @@ def eval_qa(
         where, sep, qfile = spec.partition("=")
         if not sep or not where or not qfile:
             raise RalmError(f"--also takes INDEX=QUESTIONS, got {spec!r}")
-        _check_qa(Path(where), k=k, device=device, dtype=dtype, hybrid=None)
+        _check_qa(Path(where), device=device, dtype=dtype, hybrid=None)
         extra_sets.append((Path(where), read_questions(qfile)))
     qs = read_questions(questions)
     if limit is not None:
@@ -211,20 +198,20 @@ def eval_qa(
     if calibrate:
         check_question_count(len(qs) + sum(len(set_qs) for _, set_qs in extra_sets))  # every set's questions are fitted on
     positive("--batch-size", batch_size)
-    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid, model=model)
+    _check_qa(index_dir, device=device, dtype=dtype, hybrid=hybrid, model=model)
     from ralm.eval.openqa import default_predictions_path, evaluate_qa
     from ralm.models.reader import save_calibrated
     from ralm.pipeline import resolve_reader
 
-    qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
+    qa = _open_qa(model, index_dir, query=cfg.query, device=device, dtype=dtype)
     if predictions is None:
         predictions = default_predictions_path(questions, index_dir, qa.kind)
         check_output("--predictions", predictions, inputs)  # the current folder may be an index's
     from ralm.eval.openqa import CalibrationSet
     from ralm.pipeline import OpenQA, open_searcher
 
-    sets = [CalibrationSet(str(where), OpenQA(qa.reader, open_searcher(where, model, runtime=qa.runtime), k=k, side=side,
-                                              runtime=qa.runtime, min_confidence=min_confidence), set_qs)
+    sets = [CalibrationSet(str(where), OpenQA(qa.reader, open_searcher(where, model, query=qa.query, runtime=qa.runtime),
+                                              runtime=qa.runtime), set_qs)
             for where, set_qs in extra_sets]
     result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=batch_size, predictions=predictions,
                          calibrate=calibrate, also=sets, max_unanswerable=cfg.max_unanswerable)
@@ -235,7 +222,7 @@ def eval_qa(
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"open-domain QA on {questions.name} ({result['questions']} questions, top-{k} read)")
+    table = Table(title=f"open-domain QA on {questions.name} ({result['questions']} questions, top-{qa.k} read)")
     for key in ("em", "f1", "recall@1", "recall@5", "recall@20"):
         table.add_column(key.upper() if len(key) == 2 else key)
     table.add_row(*(f"{result[key]:.1f}" for key in ("em", "f1", "recall@1", "recall@5", "recall@20")))
@@ -263,10 +250,7 @@ def ask(
     model: Optional[str] = ModelOpt,
     index_dir: Optional[Path] = index_option("index directory (every side it holds is searched, fused)"),
     cfg: AskConfig,
-    side: Optional[str] = SideOpt,
-    old_side: Optional[str] = OldSideOpt,
     hybrid: Optional[Path] = HybridOpt,
-    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = flag_option("--json", help="print {question, answer, no_answer, score, confidence, evidence: [{id, title, "
@@ -279,16 +263,14 @@ def ask(
         if not question.strip():
             raise RalmError("the question is empty")
         check_length(question, "the question")
-    k = cfg.k
-    side = side_given(side, old_side)
-    _check_qa(index_dir, k=k, device=device, dtype=dtype, hybrid=hybrid, model=model)
+    _check_qa(index_dir, device=device, dtype=dtype, hybrid=hybrid, model=model)
     questions = [question] if question is not None else _stdin_questions()
     if question is None and not sys.stdin.isatty():  # piped: the first line is read, and a bad one named, before the models load
         first = next(questions, None)
         if first is None:
             return
         questions = itertools.chain([first], questions)
-    qa = _open_qa(model, index_dir, k=k, side=side, device=device, dtype=dtype, min_confidence=min_confidence)
+    qa = _open_qa(model, index_dir, query=cfg.query, device=device, dtype=dtype)
     for q in questions:
         answer = qa.answer([q])[0]
         if as_json:
@@ -314,40 +296,36 @@ def _stdin_questions():
             yield line.strip()
 
 
-@app.command()
+@app.command(cls=OldSpellings)
 @config_command
 def serve(
+    more: list[str] = MoreArgs,  # `ralm serve DIR`: named as a mistake, with the spelling meant
     *,
-    index_dir: Path = typer.Option(..., "--index", help="index directory; new versions are swapped in live"),
+    index_dir: Optional[Path] = index_option("index directory; new versions are swapped in live"),
     model: Optional[str] = ModelOpt,
     bm25: Optional[Path] = typer.Option(None, "--bm25", hidden=True),
-    cfg: ServeOptions,
+    cfg: ServeConfig,
     allowed_host: list[str] = typer.Option([], "--allowed-host", metavar="NAME", help="a host name clients use for this server, beside "
                                            "localhost and the --host address (repeatable; '*' accepts any Host header)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RALM_API_KEY", help="protect POST/DELETE /documents"),
-    min_confidence: Optional[float] = MinConfidenceOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ):
     """Serve /ask, /search, /documents, /health, /stats and a web page (FastAPI + uvicorn)."""
+    index_dir = Path(positionals("serve", more, options={"--index": index_dir})["--index"])
     refuse_second_index("--bm25", bm25, index_dir)
-    host, port, max_body_mb = cfg.host, cfg.port, cfg.max_body_mb
-    if not 0 < port < 65536:
-        raise RalmError(f"--port must be in 1..65535, got {port}")
-    positive("--max-body-mb", max_body_mb)
+    host, port = cfg.host, cfg.port
     index_path(index_dir)
     check_models(model, hub=False)
     check_runtime(device, dtype)
     sock = listen(host, port)  # bound before the models load: a busy port is named in about a second
     from ralm.pipeline import resolve_reader
     from ralm.serve.app import serve_forever
-    from ralm.serve.service import ServeConfig, Service
+    from ralm.serve.service import Service
 
     quiet_libraries()
-    svc = Service(ServeConfig(index=str(index_dir), model=model or str(resolve_reader(None)),
-                              api_key=api_key, host=host, allowed_hosts=tuple(allowed_host), min_confidence=min_confidence,
-                              max_body_bytes=max_body_mb << 20, compact_after=cfg.compact_after),
-                  runtime(device, dtype))
+    svc = Service(replace(cfg, index=str(index_dir), model=model or str(resolve_reader(None)), api_key=api_key,
+                          allowed_hosts=tuple(allowed_host)), runtime(device, dtype))
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     serve_forever(svc, host, port, sock=sock, announce=lambda: err.print(
         f"serving on {url} ({index_dir}: {plural(svc.stats()['corpus_blocks'], 'block')}; "

@@ -66,15 +66,18 @@ def check_dtype_name(name: str | None) -> None:
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None, aliases: tuple[str, ...] = (),
            old: tuple[str, ...] = (), shown: str | None = None, path: str | None = None, cli: bool = True, required: bool = False,
-           default_factory: Any = dataclasses.MISSING) -> Any:
+           bounds: tuple[float, float] | None = None, omit: tuple[str, ...] = (), default_factory: Any = dataclasses.MISSING) -> Any:
     """A config field with its help text. `flag` spells the option when it is not the field's
     name (`--seq-len` for max_len; "--on/--off" for a boolean), `aliases` adds other spellings
     (`-k`), `old` spellings from before a rename that still work, hidden from help, `shown` is the default as help shows it ("bundled MiniLM" for "default"), `path`
-    marks a file or folder (PATH_KINDS), `cli=False` keeps a field off the command line and
-    `required` makes the command line ask for a field whose default only stands for "not set"."""
+    marks a file or folder (PATH_KINDS), `cli=False` keeps a field off the command line,
+    `required` makes the command line ask for a field whose default only stands for "not set",
+    `bounds` is the (min, max) the command line checks, and `omit`, of a nested config, names
+    its fields a command does not take (they keep the default instance's values)."""
     if path is not None and path not in PATH_KINDS:
         raise ValueError(f"path must be one of {PATH_KINDS}")
-    metadata = {"help": help, "flag": flag, "aliases": aliases, "old": old, "shown": shown, "path": path, "cli": cli, "required": required}
+    metadata = {"help": help, "flag": flag, "aliases": aliases, "old": old, "shown": shown, "path": path, "cli": cli,
+                "required": required, "bounds": bounds, "omit": omit}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

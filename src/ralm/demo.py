@@ -12,11 +12,11 @@ from pathlib import Path
 import ralm
 from ralm.data.corpus import corpus_fingerprint
 from ralm.data.qa import Question, read_questions
-from ralm.defaults import READ_K
 from ralm.errors import RalmError
 from ralm.pipeline import Answer, OpenQA
 from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.search.query import QueryConfig
 from ralm.runtime import Runtime
 
 
@@ -47,10 +47,11 @@ def demo_index(runtime: Runtime, rebuild: bool = False) -> tuple[Path, bool]:
     return path, True
 
 
-def run_demo(runtime: Runtime, *, k: int = READ_K, rebuild: bool = False,
-             min_confidence: float | None = None) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
-    """Answer the sample questions: retrieve k blocks each, read them, keep the best span."""
+def run_demo(runtime: Runtime, *, query: QueryConfig | None = None, rebuild: bool = False
+             ) -> tuple[Path, bool, list[tuple[Question, Answer]]]:
+    """Answer the sample questions as `query` says (None: QueryConfig()'s, READ_K blocks read over
+    every side, fused): retrieve k blocks each, read them, keep the best span."""
     path, built = demo_index(runtime, rebuild)
-    qa = OpenQA.open(path, k=k, runtime=runtime, min_confidence=min_confidence)
+    qa = OpenQA.open(path, query=query, runtime=runtime)
     questions = read_questions(demo_file("questions.jsonl"))
     return path, built, list(zip(questions, qa.answer([q.question for q in questions])))

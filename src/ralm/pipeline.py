@@ -11,7 +11,10 @@ turns the answer's signals (p(a|x), the log-partition of that softmax, the retri
 each side and their agreement) into a confidence, P(correct), with the map fitted for the
 kind searched; below `min_confidence` the answer is withheld, "no answer found in the
 corpus" (the best guess and the evidence are kept); by default `min_confidence` is each map's
-own threshold, chosen when it was fitted (`ralm eval qa --calibrate`).
+own threshold, chosen when it was fitted (`ralm eval qa --calibrate`), so `side="dense"`
+withholds at the dense map's. What a question is searched and answered with (k blocks read,
+the side(s), the fusion, `min_confidence`) is one QueryConfig (retrieval/search/query.py),
+the searcher's unless one is given; the server passes each request's own to `answer`.
 
 The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) all answer
 through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run. Its
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -41,6 +45,7 @@ from ralm.renamed import renamed_keywords
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.live import LiveSearcher
+from ralm.retrieval.search.query import QueryConfig
 from ralm.retrieval.search.searcher import Searcher, pick_sides
 from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.rundir import find_model
@@ -96,32 +101,44 @@ class Answer:
 
 
 class OpenQA:
-    """A reader over a searcher: questions in, answers with evidence out. The searcher's every
-    side is searched (fused) unless `side` picks one ("dense", "bm25")."""
+    """A reader over a searcher: questions in, answers with evidence out, as its QueryConfig
+    says: the searcher's every side is searched (fused) unless `side` picks one ("dense",
+    "bm25"), and `k` blocks are read (None: READ_K)."""
 
     @renamed_keywords(retriever="side")
-    def __init__(self, reader: Reader, searcher: Searcher, *, k: int = READ_K, runtime: Runtime | None = None,
-                 min_confidence: float | None = None, side: str | None = None,
+    def __init__(self, reader: Reader, searcher: Searcher, *, query: QueryConfig | None = None, runtime: Runtime | None = None,
+                 k: int | None = None, min_confidence: float | None = None, side: str | None = None,
                  device: torch.device | None = None, dtype: str | torch.dtype | None = None):
-        """`runtime`: where the reader reads (None: the searcher's); `device`/`dtype`: the
-        older spelling of it (`Runtime.of`)."""
-        if k <= 0:
-            raise RalmError(f"k must be a positive integer, got {k}")
-        if min_confidence is not None and not 0 <= min_confidence <= 1:
-            raise RalmError(f"the minimum confidence must be in [0, 1], got {min_confidence}")
+        """`query`: how questions are searched and answered (None: the searcher's); `k`, `side`,
+        `min_confidence`: set on it (the older spelling). `runtime`: where the reader reads
+        (None: the searcher's); `device`/`dtype`: the older spelling of it (`Runtime.of`)."""
         self.reader = reader.eval()
         self.searcher = searcher
-        self.k = k
+        self.query = (query or searcher.query).given(k=k, side=side, min_confidence=min_confidence)
         if runtime is None and device is None and dtype is None:
             runtime = searcher.runtime
         self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
         self.device, self.dtype = self.runtime.device, self.runtime.dtype
-        self.min_confidence = min_confidence
-        self.side = side
-        self.kind = kind_of(pick_sides(searcher.sides, side, searcher.index.root))  # checks `side` now
         self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
-        if self.calibration is not None:
-            check_fitted_with(self.calibration, kind=self.kind, reader=reader.fingerprint(), k=k)
+        self._reading(self.query, searcher.sides, check=True)  # checks `side` now, and the map against the reader and k
+
+    @property
+    def k(self) -> int:
+        """Blocks read per question."""
+        return self.query.k or READ_K
+
+    @property
+    def side(self) -> str | None:
+        return self.query.side
+
+    @property
+    def min_confidence(self) -> float | None:
+        return self.query.min_confidence
+
+    @property
+    def kind(self) -> str:
+        """What is searched (hybrid, dense, bm25), of the sides the index holds now."""
+        return self._reading(self.query, self.searcher.sides)[0]
 
     @property
     def calibration(self):
@@ -132,9 +149,21 @@ class OpenQA:
     def threshold(self) -> float:
         """The confidence below which an answer is withheld: `min_confidence` when given, else the
         threshold the kind's map was fitted with (each side its own), else MIN_CONFIDENCE."""
-        if self.min_confidence is not None:
-            return self.min_confidence
-        return map_threshold(self.calibration)
+        return self._reading(self.query, self.searcher.sides)[2]
+
+    def _reading(self, query: QueryConfig, sides: tuple[str, ...], *, check: bool = False) -> tuple[str, object, float]:
+        """(the kind `query` searches of `sides`, its confidence map or None, the threshold it is
+        withheld below). With `check`, a map fitted with another reader or k warns, once."""
+        kind = kind_of(pick_sides(tuple(sides), query.side, self.searcher.index.root))
+        calibration = self.calibrations.for_kind(kind)
+        if check and calibration is not None:
+            check_fitted_with(calibration, kind=kind, reader=self._fingerprint, k=query.k or READ_K)
+        threshold = query.min_confidence if query.min_confidence is not None else map_threshold(calibration)
+        return kind, calibration, threshold
+
+    @cached_property
+    def _fingerprint(self) -> str:
+        return self.reader.fingerprint()
 
     def __repr__(self) -> str:
         return (f"OpenQA(k={self.k}, kind={self.kind}, threshold={self.threshold}, calibrated="
@@ -142,33 +171,40 @@ class OpenQA:
 
     @classmethod
     @renamed_keywords(retriever="side")
-    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, k: int = READ_K,
-             side: str | None = None, runtime: Runtime | None = None, min_confidence: float | None = None,
-             device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> "OpenQA":
+    def open(cls, index: str | os.PathLike, model: str | os.PathLike | None = None, *, query: QueryConfig | None = None,
+             runtime: Runtime | None = None, k: int | None = None, side: str | None = None,
+             min_confidence: float | None = None, device: torch.device | None = None,
+             dtype: str | torch.dtype | None = None) -> "OpenQA":
         """The pipeline over the index directory `index`. `model`: a fine-tuning run (its reader,
         and its query tower where `open_searcher` says), a reader checkpoint, or None (the
-        package's general-purpose reader); `side`: one side instead of all, fused;
-        `runtime`: where and how it computes (None: the CPU, auto dtype; `device`/`dtype`, the
-        older spelling, still work), resolved here once for the reader and the searcher."""
+        package's general-purpose reader); `query`: how questions are searched and answered
+        (None: QueryConfig()'s: READ_K blocks read over every side, fused), held by the searcher
+        too; `k`, `side`, `min_confidence`: set on it (the older spelling); `runtime`: where and
+        how it computes (None: the CPU, auto dtype; `device`/`dtype`, the older spelling, still
+        work), resolved here once for the reader and the searcher."""
         rt = Runtime.of(runtime, device=device, dtype=dtype)
+        query = (query or QueryConfig()).given(k=k, side=side, min_confidence=min_confidence)
         reader = Reader.from_pretrained(resolve_reader(model)).to(rt.device)
-        return cls(reader, open_searcher(index, model, runtime=rt), k=k, runtime=rt, min_confidence=min_confidence,
-                   side=side)
+        return cls(reader, open_searcher(index, model, query=query, runtime=rt), runtime=rt)
 
     @torch.inference_mode()
-    def answer(self, questions: Sequence[str], retrieve: int | None = None) -> list[Answer]:
-        """Read the top `k` blocks of each question; `retrieve` (>= k) blocks are fetched, for recall@k."""
+    def answer(self, questions: Sequence[str], retrieve: int | None = None, *, query: QueryConfig | None = None) -> list[Answer]:
+        """Read the top k blocks of each question, searched and answered as `query` (None: this
+        OpenQA's) says; `retrieve` (>= k) blocks are fetched, for recall@k."""
         if isinstance(questions, str):
             raise RalmError("answer() takes a list of questions; wrap a single question in a list")
         if not questions:
             return []
-        retrieve = max(retrieve or self.k, self.k)
+        query = query or self.query
+        read_k = query.k or READ_K
+        retrieve = max(retrieve or read_k, read_k)
         snap = self.searcher.current  # one version (and overlay) for retrieval and reading
-        ranked = self.searcher.rank(list(questions), retrieve, snap, self.side)
+        kind, calibration, threshold = self._reading(query, tuple(snap.sides), check=query is not self.query)
+        ranked = self.searcher.rank(list(questions), retrieve, snap, query=query)
         scores, rows = ranked.scores, ranked.rows  # [Q, R]
         blocks = snap.blocks
         log_blocks = math.log(max(len(blocks), 1))  # the corpus size, which the sides' top scores grow with
-        k = min(self.k, rows.shape[1])
+        k = min(read_k, rows.shape[1])
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         read = read_blocks(self.reader, [q for q in questions for _ in range(k)],
                            [rec["text"] for qrec in records for rec in qrec[:k]],
@@ -190,10 +226,10 @@ class OpenQA:
             signals = {**reading.signals, **checks[qi],
                        "agreement": float(ranked.agreement[qi]) if ranked.agreement is not None else None,
                        **{f"top_{side}": float(top[qi]) for side, top in ranked.top.items()}, "log_blocks": log_blocks}
-            confidence = None if self.calibration is None else float(self.calibration.of_signals([signals])[0])
-            withheld = reading.best is None or (confidence is not None and confidence < self.threshold)
+            confidence = None if calibration is None else float(calibration.of_signals([signals])[0])
+            withheld = reading.best is None or (confidence is not None and confidence < threshold)
             out.append(Answer(question, "" if withheld else reading.answer, reading.score, confidence, evidence, reading.best or 0,
-                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], reading.answer, self.kind,
+                              [int(r) for r in rows[qi]], [r["text"] for r in records[qi]], reading.answer, kind,
                               snap.name, signals))
         return out
 
@@ -320,12 +356,14 @@ def resolve_reader(model: str | os.PathLike | None) -> Path:
                     "train one with `ralm finetune`")
 
 
-def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, *, runtime: Runtime | None = None,
-                  device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> LiveSearcher:
+def open_searcher(index: str | os.PathLike, model: str | os.PathLike | None = None, *, query: QueryConfig | None = None,
+                  runtime: Runtime | None = None, device: torch.device | None = None, dtype: str | torch.dtype | None = None
+                  ) -> LiveSearcher:
     """The searcher for `index`, over every side it holds and its live updates (`ralm index
     add/delete`, the server's /documents). Its dense side uses the run's fine-tuned query tower
     (RUN/final/retriever) when it was built with that run's document tower, else its own.
-    `runtime` (or the older `device`/`dtype`): as `Searcher`'s."""
+    `query` and `runtime` (or the older `device`/`dtype`): as `Searcher`'s."""
     idx = IndexDir(index)
     candidate = find_model(model, "retriever", is_retriever_dir) if model is not None else None
-    return LiveSearcher(Searcher(idx, candidate, runtime=Runtime.of(runtime, device=device, dtype=dtype), own_if_other=True))
+    return LiveSearcher(Searcher(idx, candidate, query=query, runtime=Runtime.of(runtime, device=device, dtype=dtype),
+                                 own_if_other=True))

@@ -72,6 +72,7 @@ class ConfigOption:
     required: bool
     path: bool  # a file or folder: a Path on the command line, a str in the config
     old: tuple[str, ...] = ()  # spellings from before a rename: still accepted, hidden from help
+    bounds: tuple[float, float] | None = None  # (min, max) the command line checks
 
     @property
     def flag(self) -> str:
@@ -88,14 +89,15 @@ def _annotation(hint: Any) -> Any:
 
 
 def config_options(config_cls: type) -> list[ConfigOption]:
-    """The options of a config's command-line fields, nested configs flattened into their fields."""
+    """The options of a config's command-line fields, nested configs flattened into their fields
+    (but those their parent field's `omit` names)."""
     found: list[ConfigOption] = []
 
-    def walk(cls: type, defaults: Any, parent: str | None) -> None:
+    def walk(cls: type, defaults: Any, parent: str | None, omit: tuple[str, ...] = ()) -> None:
         hints = typing.get_type_hints(cls)
         for f in sorted(dataclasses.fields(cls), key=lambda f: f.kw_only):  # the shared keyword-only fields last
             meta = f.metadata
-            if not meta.get("cli", True):
+            if not meta.get("cli", True) or f.name in omit:
                 continue
             if defaults is not None:  # a nested config's defaults come from its parent's default instance
                 default = getattr(defaults, f.name)
@@ -106,7 +108,7 @@ def config_options(config_cls: type) -> list[ConfigOption]:
             else:
                 default = ...
             if dataclasses.is_dataclass(hints[f.name]):
-                walk(hints[f.name], default, f.name)
+                walk(hints[f.name], default, f.name, meta.get("omit", ()))
                 continue
             dash = f.name.replace("_", "-")
             flag = meta.get("flag") or (f"--{dash}/--no-{dash}" if hints[f.name] is bool else f"--{dash}")
@@ -116,7 +118,7 @@ def config_options(config_cls: type) -> list[ConfigOption]:
                 annotation = Optional[Path] if default is None else Path
             found.append(ConfigOption(f.name, parent, (flag, *meta.get("aliases", ())), annotation, default,
                                       meta.get("help", ""), meta.get("shown"), required, bool(meta.get("path")),
-                                      meta.get("old", ())))
+                                      meta.get("old", ()), meta.get("bounds")))
 
     walk(config_cls, None, None)
     names = [o.name for o in found]
@@ -126,7 +128,8 @@ def config_options(config_cls: type) -> list[ConfigOption]:
 
 
 def build_config(config_cls: type, values: dict, _given: set) -> Any:
-    """The config from option values: nested configs from their fields."""
+    """The config from option values: a nested config from its fields' options over its default
+    instance (which gives the fields it has no option for)."""
     top, nested = {}, {}
     for o in config_options(config_cls):
         if o.parent is None:
@@ -134,7 +137,13 @@ def build_config(config_cls: type, values: dict, _given: set) -> Any:
         else:
             nested.setdefault(o.parent, {})[o.name] = values[o.name]
     hints = typing.get_type_hints(config_cls)
-    return config_cls(**top, **{parent: hints[parent](**fields) for parent, fields in nested.items()})
+    made = {}
+    for f in dataclasses.fields(config_cls):
+        if f.name in nested:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            made[f.name] = (dataclasses.replace(default, **nested[f.name]) if dataclasses.is_dataclass(default)
+                            else hints[f.name](**nested[f.name]))
+    return config_cls(**top, **made)
 
 
 def flag_of(options: list[ConfigOption], field: str) -> str:
@@ -151,7 +160,8 @@ def _typer_option(o: ConfigOption, *, recipe: bool = False):
         return typer.Option(..., *o.decls, help=o.help)
     shown = o.shown if o.shown is not None else o.default not in (None, "")
     metavar = "" if o.annotation is bool else None  # a flag takes no value: no `<bool>` beside it in help
-    return typer.Option(o.default, *o.decls, help=o.help, show_default=shown, metavar=metavar)
+    low, high = o.bounds or (None, None)
+    return typer.Option(o.default, *o.decls, help=o.help, show_default=shown, metavar=metavar, min=low, max=high)
 
 
 def _old_name(o: ConfigOption) -> str:
@@ -161,8 +171,9 @@ def _old_name(o: ConfigOption) -> str:
 def config_command(fn: Callable) -> Callable:
     """A command function whose parameter `cfg`, annotated with a config dataclass, stands for
     that config's options (generated as a trainer's, in its place among the function's own
-    arguments and options); the function is called with the config built from them. An
-    option's old spellings are one hidden option that sets the same field."""
+    arguments and options); the function is called with the config built from them, a field's
+    ConfigError named by its flag. An option's old spellings are one hidden option that sets
+    the same field."""
     hints = typing.get_type_hints(fn)
     config_cls = hints["cfg"]
     options = config_options(config_cls)
@@ -184,7 +195,11 @@ def config_command(fn: Callable) -> Callable:
         for o in renamed:  # typer bundles its own click: its ParameterSource is compared by name
             given = ctx.get_parameter_source(o.name).name not in ("DEFAULT", "DEFAULT_MAP")
             fields[o.name] = renamed_option(o.flag, fields[o.name], o.old[0], values.pop(_old_name(o)), new_given=given)
-        return fn(*args, cfg=build_config(config_cls, fields, set()), **values)
+        try:
+            cfg = build_config(config_cls, fields, set())
+        except ConfigError as e:
+            raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
+        return fn(*args, cfg=cfg, **values)
 
     command.__signature__ = inspect.Signature(params)
     command.__annotations__ = {}  # typer reads the signature's

@@ -3,6 +3,7 @@ indexes over a corpus, their documents, and what they retrieve."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +14,16 @@ from rich.table import Table
 
 from ralm.atomic import check_output
 from ralm.commands.from_config import config_command
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, MoreArgs, OldSpellings, OldSideOpt, SideOpt, check_faiss_spec,
-                                  check_models, check_npy, check_runtime, corpus_files, corpus_option, flag_option, index_option, index_path,
-                                  main_rank, positionals, positive, quiet_libraries, removed_on_error, runtime, side_given)
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, ExcludeOpt, IncludeOpt, JsonOpt, MoreArgs, OldSpellings, check_faiss_spec, check_models,
+                                  check_npy, check_runtime, corpus_files, corpus_option, flag_option, index_option, index_path, main_rank,
+                                  positionals, positive, quiet_libraries, removed_on_error, runtime)
 from ralm.configs import CORPUS_HELP, option
 from ralm.data.geometry import GEOMETRY
 from ralm.data.qa import check_length
 from ralm.console import out, print_hits, print_json, print_summary
 from ralm.defaults import EMBED_BATCH, FAISS_AUTO, INDEX_KIND, RETRIEVAL_KS, SEARCH_K
 from ralm.errors import RalmError, plural
+from ralm.retrieval.search.query import QueryConfig
 
 BATCH_HELP = "blocks embedded per forward pass (memory against speed)"
 
@@ -51,12 +53,15 @@ class IndexUpgradeConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    k: int = option(SEARCH_K, "number of passages", flag="-k", aliases=("--k",))
+    """`ralm search`'s settings: the query config its searcher holds (SEARCH_K passages; nothing is read)."""
+
+    query: QueryConfig = option(default_factory=functools.partial(QueryConfig, k=SEARCH_K), omit=("min_confidence",))
 
 
 @dataclass(frozen=True)
 class EvalRetrievalConfig:
     ks: str = option(",".join(map(str, RETRIEVAL_KS)), "comma-separated cut-offs")
+    query: QueryConfig = option(default_factory=QueryConfig, omit=("k", "min_confidence"))  # k: --ks; nothing is read
 
 index_app = typer.Typer(no_args_is_help=True, help="Build indexes over a corpus, upgrade them, add and delete documents, compact their logs.")
 
@@ -188,8 +193,6 @@ def search(
     *,
     index_dir: Optional[Path] = index_option(),
     cfg: SearchConfig,
-    side: Optional[str] = SideOpt,
-    old_side: Optional[str] = OldSideOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint (default: the one the index was built with)"),
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
@@ -200,8 +203,6 @@ def search(
     index_dir, query = Path(given["--index"]), given["QUERY"]
     if query is None:
         raise RalmError("missing QUERY; the spelling is `ralm search --index DIR QUERY`")
-    k = positive("-k", cfg.k)
-    side = side_given(side, old_side)
     if not query.strip():
         raise RalmError("the query is empty")
     check_length(query, "the query")
@@ -212,7 +213,7 @@ def search(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    hits = LiveSearcher.open(index_dir, model=model, runtime=rt).search([query], k, side)[0]
+    hits = LiveSearcher.open(index_dir, model=model, query=cfg.query, runtime=rt).search([query])[0]
     if not main_rank():
         return
     if as_json:
@@ -223,14 +224,13 @@ def search(
 
 @config_command
 def eval_retrieval(
+    more: list[str] = MoreArgs,  # `ralm eval retrieval DIR`: named as a mistake, with the spelling meant
     *,
-    index_dir: Path = typer.Option(..., "--index", help="index directory from `ralm index build`"),
-    questions: Path = typer.Option(..., "--questions", help="JSONL {id, question, answers}"),
+    index_dir: Optional[Path] = index_option(),
+    questions: Optional[Path] = typer.Option(None, "--questions", help="JSONL {id, question, answers} (required)", show_default=False),
     cfg: EvalRetrievalConfig,
     limit: Optional[int] = typer.Option(None, "--limit", help="first N questions only"),
     predictions: Optional[Path] = typer.Option(None, "--predictions", help="write per-question results (JSONL)"),
-    side: Optional[str] = SideOpt,
-    old_side: Optional[str] = OldSideOpt,
     model: Optional[str] = typer.Option(None, "--model", help="retriever checkpoint for the dense side (default: the one the "
                                         "index was built with)"),
     device: str = DeviceOpt,
@@ -240,8 +240,9 @@ def eval_retrieval(
     """recall@k: a question counts when a top-k passage contains a normalised answer."""
     from ralm.data.qa import read_questions
 
+    given = positionals("eval retrieval", more, options={"--index": index_dir, "--questions": questions})
+    index_dir, questions = Path(given["--index"]), Path(given["--questions"])
     ks = cfg.ks
-    side = side_given(side, old_side)
     try:
         cutoffs = sorted({positive("--ks", int(x)) for x in ks.split(",") if x.strip()})
     except ValueError:
@@ -261,10 +262,9 @@ def eval_retrieval(
 
     quiet_libraries()
     rt = runtime(device, dtype)
-    searcher = LiveSearcher.open(index_dir, model=model, runtime=rt)
+    searcher = LiveSearcher.open(index_dir, model=model, query=cfg.query, runtime=rt)
     reports = main_rank()
-    result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports,
-                                side=side)
+    result = evaluate_retrieval(searcher, qs, ks=cutoffs, predictions=predictions if reports else None, show_progress=reports)
     if not reports:
         return
     if as_json:

@@ -25,7 +25,6 @@ from ralm.configs import (
     check_dtype_name,
 )
 from ralm.errors import RalmError
-from ralm.models.confidence import MIN_CONFIDENCE
 
 DeviceOpt = typer.Option("auto", "--device", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
 DtypeOpt = typer.Option("auto", "--dtype", help=DTYPE_HELP)
@@ -39,16 +38,9 @@ def flag_option(*decls: str, help: str, **kwargs):
 JsonOpt = flag_option("--json", help="print the result as JSON on stdout")
 OutOpt = typer.Option(..., "--out", help="run directory (created, or resumed from its last checkpoint)")
 LimitOpt = typer.Option(None, "--limit-tokens", help=LIMIT_TOKENS_HELP)
-SideOpt = typer.Option(None, "--side", help="search one side of the index: dense or bm25 (default: every side it "
-                       "holds, fused: hybrid)")
-OldSideOpt = typer.Option(None, "--retriever", hidden=True)  # --side's name before the rename (renamed_option)
 IncludeOpt = typer.Option([], "--include", metavar="GLOB", help="of a folder: read only the files matching (repeatable; "
                           "a pattern with '/' matches the path in the folder, one without the file name)")
 ExcludeOpt = typer.Option([], "--exclude", metavar="GLOB", help="of a folder: leave out the files matching (repeatable)")
-MinConfidenceOpt = typer.Option(None, "--min-confidence", min=0.0, max=1.0, show_default=False,
-                                help="below this calibrated confidence the answer is 'no answer found in the corpus' "
-                                     f"(default: the threshold the side's confidence map was fitted with, else {MIN_CONFIDENCE}; "
-                                     "0 always answers; an uncalibrated reader always answers)")
 
 
 # -- one argument style: what a command reads (an index, a corpus) is an option, --index DIR and
@@ -79,7 +71,7 @@ def corpus_option(help: str = CORPUS_HELP):
     return typer.Option(None, "--corpus", help=help + " (required)", show_default=False)
 
 
-_METAVARS = {"--index": "DIR", "--corpus": "CORPUS"}
+_METAVARS = {"--index": "DIR", "--corpus": "CORPUS", "--questions": "QUESTIONS"}
 
 
 def positionals(command: str, given: list[str | None], *, options: dict[str, object], takes: tuple[str, ...] = (),
@@ -134,11 +126,6 @@ def renamed_option(flag: str, value, old_flag: str, old_value, *, new_given: boo
     if new_given and value != old_value:
         raise RalmError(f"{flag} {value} and {old_flag} {old_value} disagree: give {flag} only ({old_flag} is its old name)")
     return old_value
-
-
-def side_given(side: str | None, old_side: str | None) -> str | None:
-    """The side a query command searches: --side, or --retriever, its old name."""
-    return renamed_option("--side", side, "--retriever", old_side, new_given=side is not None)
 
 
 def refuse_second_index(option: str, given, index) -> None:

@@ -23,8 +23,9 @@ from ralm.retrieval.search.searcher import Searcher, pick_sides
 def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks: Sequence[int] = RETRIEVAL_KS,
                        batch_size: int = 64, predictions: Path | None = None, show_progress: bool = True,
                        side: str | None = None) -> dict:
-    """recall@k for each k over every side of the index, fused (or the one `side` names);
-    per-question top passages go to `predictions` (JSONL) if given."""
+    """recall@k for each k over the side(s) `side` names, else the searcher's query config's
+    (None: every side of the index, fused); per-question top passages go to `predictions`
+    (JSONL) if given."""
     k_max = max(ks)
     hits, rows = [], []
     start = time.perf_counter()
@@ -43,7 +44,7 @@ def evaluate_retrieval(searcher: Searcher, questions: Sequence[Question], *, ks:
     if predictions is not None:
         with atomic_path(predictions) as tmp:
             tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    kind = kind_of(pick_sides(searcher.sides, side, searcher.index.root))
+    kind = kind_of(pick_sides(searcher.sides, searcher.query.given(side=side).side, searcher.index.root))
     return {**recall_at_k(hits, ks), "questions": len(questions), "seconds": round(elapsed, 2),
             "index": str(searcher.index.root), "version": searcher.current.name, "kind": kind, "retriever": kind}
 

@@ -28,13 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ralm.defaults import MIN_CONFIDENCE
 from ralm.errors import RalmError, RalmWarning
 
-# Answers whose calibrated P(correct) is below this are withheld: the lowest threshold at which at
-# most 7% of the calibration half's unanswerable questions (their article removed from the
-# corpus) get an answer, for the shipped reader's hybrid map (benchmarks/selective.py;
-# benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
-MIN_CONFIDENCE = 0.41
 
 # Each signal as a map reads it (`feature_vector`): the named signals of `Answer.signals`, with
 # probabilities as log-odds, and each side's best retrieval score as `top_<side>`.

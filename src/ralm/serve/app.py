@@ -193,7 +193,7 @@ def create_app(service: Service, start_watcher: bool = True) -> FastAPI:
 
     # the last added runs first: security headers on every answer, then Host, Origin, body size
     hosts = allowed_hosts(service.cfg.host, service.cfg.allowed_hosts)
-    app.add_middleware(BodyLimit, limit=service.cfg.max_body_bytes, timeout=BODY_TIMEOUT)
+    app.add_middleware(BodyLimit, limit=service.cfg.body_limit, timeout=BODY_TIMEOUT)
     app.add_middleware(OriginGuard, allowed=hosts)
     app.add_middleware(HostGuard, allowed=hosts)
     app.add_middleware(SecurityHeaders, inline_pages=("/docs", "/redoc", app.swagger_ui_oauth2_redirect_url))

@@ -1,60 +1,48 @@
 """What the server holds: the live searcher over every side of its index (hybrid by default),
-the reader, latency statistics, and a watcher thread that follows the index between requests:
+one OpenQA over it (the reader; each /ask passes its request's k and side on the config's
+QueryConfig), latency statistics, and a watcher thread that follows the index between requests:
 new versions are swapped in, updates other processes log (`ralm index add/delete`) applied, and
-the log compacted into a new version, in the background, once it holds `compact_after` records."""
+the log compacted into a new version, in the background, once it holds `compact_after` records.
+The OpenQA reads the live searcher's current snapshot at each call, so it answers from the
+version swapped in; batches run one at a time (serve/batching.py), and nothing an answer
+computes is kept on the OpenQA."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ralm.data.corpus import Document
-from ralm.defaults import COMPACT_AFTER, MAX_BODY_MB, SERVE_HOST
+from ralm.configs import ConfigError
 from ralm.errors import RalmError
 from ralm.pipeline import OpenQA, open_searcher, resolve_reader
 from ralm.retrieval.index.kinds import KINDS, kind_of
 from ralm.retrieval.search.compaction import compact_index
 from ralm.retrieval.search.searcher import Hit
 from ralm.runtime import Runtime
+from ralm.serve.config import ServeConfig
 
 log = logging.getLogger("ralm.serve")
 
 
-@dataclass
-class ServeConfig:
-    index: str
-    model: str | None = None  # a fine-tuning run (RUN/final/reader), for /ask
-    min_confidence: float | None = None  # /ask withholds answers less likely to be right (None: each map's own threshold)
-    api_key: str | None = None
-    host: str = SERVE_HOST  # the address the server binds; Host headers naming it are accepted
-    allowed_hosts: tuple[str, ...] = ()  # more Host header names to accept ("*": any)
-    poll_seconds: float = 0.25  # how often the index (LATEST, the update log) is checked
-    compact_after: int = COMPACT_AFTER  # update records the log may hold before it is compacted; 0: never
-    max_body_bytes: int = MAX_BODY_MB << 20
-
-    def __post_init__(self):
-        if self.min_confidence is not None and not 0 <= self.min_confidence <= 1:  # checked at start-up, not on the first /ask
-            raise RalmError(f"the minimum confidence must be in [0, 1], got {self.min_confidence}")
-        if self.compact_after < 0:
-            raise RalmError(f"compact_after must be 0 (never) or a number of update records, got {self.compact_after}")
-
-
 class Service:
     def __init__(self, cfg: ServeConfig, runtime: Runtime | None = None):
+        if cfg.index is None:
+            raise ConfigError("index", "names no index directory to serve")
         self.cfg = cfg
         self.runtime = Runtime.of(runtime)
-        self.live = open_searcher(cfg.index, cfg.model, runtime=self.runtime)  # where documents are written
-        self.reader = None
+        self.live = open_searcher(cfg.index, cfg.model, query=cfg.query, runtime=self.runtime)  # where documents are written
+        self.qa: OpenQA | None = None  # the one OpenQA of every /ask, over the live searcher and its query config
         if cfg.model:
             from ralm.models.reader import Reader
 
-            self.reader = Reader.from_pretrained(resolve_reader(cfg.model)).to(self.runtime.device).eval()
+            self.qa = OpenQA(Reader.from_pretrained(resolve_reader(cfg.model)).to(self.runtime.device), self.live,
+                             runtime=self.runtime)
         self.latency = {"ask": deque(maxlen=2000), "search": deque(maxlen=2000)}
         self.swaps = 0
         self.compactions = 0
@@ -127,16 +115,18 @@ class Service:
         return side
 
     def search(self, queries: Sequence[str], k: int, side: str | None = None) -> list[list[Hit]]:
-        """Top-k passages of each query (one batched model call)."""
-        return self.live.search(list(queries), k, self._check(side))
+        """Top-k passages of each query (one batched model call), searched as the config's query
+        with the request's k and side."""
+        return self.live.search(list(queries), query=self.cfg.query.given(k=k, side=self._check(side)))
 
     def ask(self, questions: Sequence[str], k: int, side: str | None = None) -> list[dict]:
-        """Answers with evidence (one batched retrieval and reader call)."""
-        if self.reader is None:
+        """Answers with evidence (one batched retrieval and reader call), as the config's query
+        with the request's k and side says: each side withholds at its own map's threshold
+        unless the config's min_confidence is set."""
+        if self.qa is None:
             raise LookupError("no reader is loaded: start the server with --model RUN (a `ralm finetune` run)")
-        qa = OpenQA(self.reader, self.live, k=k, runtime=self.runtime,
-                    min_confidence=self.cfg.min_confidence, side=self._check(side))
-        return [a.to_json() for a in qa.answer(list(questions))]
+        query = self.cfg.query.given(k=k, side=self._check(side))
+        return [a.to_json() for a in self.qa.answer(list(questions), query=query)]
 
     def record_latency(self, endpoint: str, seconds: float) -> None:
         self.latency[endpoint].append(seconds)
@@ -177,6 +167,6 @@ class Service:
             "index_swaps": self.swaps,
             "kinds": self.kinds(),
             "retrievers": self.kinds(),  # the same, under its name before "kinds"
-            "reader_loaded": self.reader is not None,
+            "reader_loaded": self.qa is not None,
             "latency_ms": {name: {"count": len(v), "p50": pct(v, 50), "p99": pct(v, 99)} for name, v in self.latency.items()},
         }

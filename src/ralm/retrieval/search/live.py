@@ -46,6 +46,7 @@ from ralm.retrieval.search.overlay import (
     applied,
     split_docs,
 )
+from ralm.retrieval.search.query import QueryConfig
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.search.update_log import Entry, LogRead, UpdateLog, fold
 from ralm.runtime import Runtime
@@ -145,12 +146,14 @@ class LiveSearcher(Searcher):
             pass
 
     @classmethod
-    def open(cls, path, model: str | None = None, *, runtime: Runtime | None = None, check_model: bool = True,
-             device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> "LiveSearcher":
-        return cls(Searcher.open(path, model, runtime=runtime, check_model=check_model, device=device, dtype=dtype))
+    def open(cls, path, model: str | None = None, *, query: QueryConfig | None = None, runtime: Runtime | None = None,
+             check_model: bool = True, device: torch.device | None = None, dtype: str | torch.dtype | None = None
+             ) -> "LiveSearcher":
+        """`Searcher.open`'s searcher, live; `query` and the rest as its."""
+        return cls(Searcher.open(path, model, query=query, runtime=runtime, check_model=check_model, device=device, dtype=dtype))
 
     def __getattr__(self, name: str):
-        """What a live searcher does not hold itself (index, device, dtype, models, fusion, ...) is
+        """What a live searcher does not hold itself (index, device, dtype, models, query, ...) is
         its searcher's, so the searcher's methods it inherits read the one copy."""
         if name == "searcher":  # not set yet (copying, unpickling): no searcher to ask
             raise AttributeError(name)

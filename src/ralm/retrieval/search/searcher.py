@@ -1,5 +1,7 @@
 """Query side of an index directory: text in, ranked blocks (id, title, text, score) out, over
 every side the index holds (retrieval/index/kinds.py), fused (search/fusion.py), or one side.
+A searcher holds a QueryConfig (search/query.py): the k, side and fusion of a search that names
+none; a call may pass another whole (`query=`), as the server does per request.
 
 The searcher follows the directory's LATEST version: `refresh()` swaps a newer version in
 with one reference assignment, so a search in flight finishes on the version it started with.
@@ -13,7 +15,7 @@ What every searcher provides, the Searcher here and the LiveSearcher (search/liv
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,6 +30,7 @@ from ralm.retrieval.index.kinds import Side, side_class
 from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.index.verify import check_open
 from ralm.retrieval.search.fusion import Fusion, Ranked, rank
+from ralm.retrieval.search.query import QueryConfig
 from ralm.runtime import Runtime
 
 
@@ -83,19 +86,21 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
 
 
 class Searcher:
-    def __init__(self, index: IndexDir, model=None, *, runtime: Runtime | None = None, check_model: bool = True,
-                 own_if_other: bool = False, device: torch.device | None = None, dtype: str | torch.dtype | None = None):
+    def __init__(self, index: IndexDir, model=None, *, query: QueryConfig | None = None, runtime: Runtime | None = None,
+                 check_model: bool = True, own_if_other: bool = False, device: torch.device | None = None,
+                 dtype: str | torch.dtype | None = None):
         """`model`: offered to every side as its query model (`Side.query_model`: the dense side
         takes a retriever, loaded or a checkpoint, that shares the index's document tower);
         each side otherwise uses the one the index was built with. `own_if_other`: a model
         that does not fit a side gives way to the side's own instead of being refused.
-        `runtime`: where queries are encoded and searched (None: the CPU, auto dtype; the older
+        `query`: the k, side and fusion of a search that names none (None: QueryConfig()'s:
+        SEARCH_K passages, every side, fused by defaults.FUSION). `runtime`: where queries are encoded and searched (None: the CPU, auto dtype; the older
         `device`/`dtype` still work, see `Runtime.of`)."""
         self.index = index
         self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
         self.device, self.dtype = self.runtime.device, self.runtime.dtype  # query encoding and exact search
         self.check_model = check_model
-        self.fusion = Fusion()  # how the sides' lists are fused (search/fusion.py)
+        self.query = query or QueryConfig()
         latest = index.latest()
         manifest = index.version(latest)
         self.models = {s: side_class(s).query_model(index, manifest, model, self.device, own_if_other=own_if_other)
@@ -103,13 +108,22 @@ class Searcher:
         self.current = self._load(latest)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, model: str | os.PathLike | None = None, *, runtime: Runtime | None = None,
-             check_model: bool = True, device: torch.device | None = None, dtype: str | torch.dtype | None = None
-             ) -> "Searcher":
+    def open(cls, path: str | os.PathLike, model: str | os.PathLike | None = None, *, query: QueryConfig | None = None,
+             runtime: Runtime | None = None, check_model: bool = True, device: torch.device | None = None,
+             dtype: str | torch.dtype | None = None) -> "Searcher":
         """Open the index at `path`. Its dense side, if any, uses the retriever it was built
         with unless `model` (a retriever checkpoint) is given; that model must share its
-        document tower. `runtime`: as the constructor's."""
-        return cls(IndexDir(path), model, runtime=runtime, check_model=check_model, device=device, dtype=dtype)
+        document tower. `query`, `runtime`: as the constructor's."""
+        return cls(IndexDir(path), model, query=query, runtime=runtime, check_model=check_model, device=device, dtype=dtype)
+
+    @property
+    def fusion(self) -> Fusion:
+        """How the sides' lists are fused: the query config's (search/fusion.py)."""
+        return self.query.fusion
+
+    @fusion.setter
+    def fusion(self, fusion: Fusion) -> None:  # the older spelling: `searcher.fusion = Fusion("rrf")`
+        self.query = replace(self.query, fusion=fusion)
 
     @property
     def retriever(self):
@@ -167,13 +181,16 @@ class Searcher:
 
     # -- every side, fused ------------------------------------------------------------------
     @renamed_keywords(retriever="side")
-    def rank(self, queries: Sequence[str], k: int, snap=None, side: str | None = None) -> Ranked:
-        """The top k of each query: fused over every side (side None), or one side."""
+    def rank(self, queries: Sequence[str], k: int, snap=None, side: str | None = None, *, query: QueryConfig | None = None
+             ) -> Ranked:
+        """The top k of each query over the side(s) and with the fusion of `query` (None: this
+        searcher's) or the `side` named: every side, fused (side None), or one side."""
         check_queries(queries)
         check_k(k)
         snap = snap or self.current
-        return rank(self, list(queries), k=k, snap=snap, sides=pick_sides(tuple(snap.sides), side, self.index.root),
-                    fusion=self.fusion)
+        query = (query or self.query).given(side=side)
+        return rank(self, list(queries), k=k, snap=snap, sides=pick_sides(tuple(snap.sides), query.side, self.index.root),
+                    fusion=query.fusion)
 
     @renamed_keywords(retriever="side")
     def search_rows(self, queries: Sequence[str], k: int, snap=None, side: str | None = None
@@ -186,11 +203,15 @@ class Searcher:
         return ranked.scores, ranked.rows
 
     @renamed_keywords(retriever="side")
-    def search(self, queries: Sequence[str], k: int = SEARCH_K, side: str | None = None) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], k: int | None = None, side: str | None = None, *,
+               query: QueryConfig | None = None) -> list[list[Hit]]:
+        """The hits of each query, searched as `query` (None: this searcher's) says, or the `k` and
+        `side` named (k None: SEARCH_K)."""
         snap = self.current  # one version for the whole call, even if a swap happens meanwhile
         if not queries and not isinstance(queries, str):
             return []
-        return hits(snap.blocks, self.rank(queries, k, snap, side))
+        query = (query or self.query).given(k=k, side=side)
+        return hits(snap.blocks, self.rank(queries, query.k or SEARCH_K, snap, query=query))
 
 
 def check_queries(queries: Sequence[str]) -> None:
