@@ -396,6 +396,13 @@ def test_index_and_corpus_are_options_and_the_older_positionals_still_work(ralm,
      "`ralm index build --corpus c.jsonl`"),
     (("index", "add", "more.jsonl"), "missing option --index (read 'more.jsonl' as --corpus)",
      "`ralm index add --index DIR --corpus CORPUS`"),
+    # issue 64: these said click's "Missing option '--index'"
+    (("serve", "runs/dev"), "read 'runs/dev' as one too many", "did you mean `ralm serve --index runs/dev`?"),
+    (("eval", "qa", "runs/dev", "--questions", "q.jsonl"), "read 'runs/dev' as one too many",
+     "did you mean `ralm eval qa --index runs/dev --questions q.jsonl`?"),
+    (("eval", "retrieval", "runs/dev", "--questions", "q.jsonl"), "read 'runs/dev' as one too many",
+     "did you mean `ralm eval retrieval --index runs/dev --questions q.jsonl`?"),
+    (("eval", "qa", "--questions", "q.jsonl"), "missing option --index", "`ralm eval qa --index DIR --questions QUESTIONS`"),
 ])
 def test_a_positional_too_many_or_an_index_missing_names_what_was_read(argv, read, meant):
     """`ralm ask idx "question"` said "Missing option '--index'", not that idx was read as the
