@@ -587,3 +587,30 @@ def test_the_server_compacts_its_log_once_it_passes_the_bound(dirs):
         assert c.get("/stats").json()["corpus_blocks"] == len(DOCS) + 4
         assert c.post("/search", json={"query": "zq2", "k": 1, "retriever": "bm25"}).json()[0]["id"] == "z2:0"
     assert len(UpdateLog(dirs[0] / "index").read().records) == 0
+
+
+def test_one_openqa_answers_every_ask_each_side_at_its_own_maps_threshold_and_follows_the_index(dirs):
+    """The server holds one OpenQA: each /ask passes its request's k and side, and, with no
+    --min-confidence, withholds at the map of the side it searched (the dense map's 0.6 withholds
+    a confidence of 0.5, the BM25 map's 0.4 gives it); a new version is what the next /ask reads."""
+    from ralm.models.confidence import Calibrations
+    from test_openqa import _constant_map
+
+    by_kind = {"by_kind": {"dense": _constant_map(0.5, 0.6), "bm25": _constant_map(0.5, 0.4), "hybrid": _constant_map(0.5)}}
+    for min_confidence, withheld in ((None, {"dense": True, "bm25": False}), (0.0, {"dense": False, "bm25": False})):
+        svc = service(dirs, min_confidence=min_confidence)
+        qa = svc.qa
+        qa.calibrations = Calibrations.from_json(by_kind, "the test's maps")
+        with client(svc) as c:
+            def ask(side):
+                return c.post("/ask", json={"question": "Who created Python?", "k": 2, "side": side}).json()
+
+            for side, no_answer in withheld.items():
+                r = ask(side)
+                assert (r["kind"], r["confidence"], r["no_answer"]) == (side, 0.5, no_answer), (min_confidence, r)
+                assert len(r["evidence"]) == 2 and r["guess"]
+            before = svc.live.current.name
+            assert c.post("/documents", json={"documents": [NEW]}).status_code == 200
+            svc.compact()  # publishes the log as a new version, which the live searcher serves
+            assert ask("bm25")["index_version"] == svc.live.current.name != before
+        assert svc.qa is qa
