@@ -26,6 +26,7 @@ _EXPORTS = {
     "Searcher": "ralm.retrieval.search.searcher",
     "LiveSearcher": "ralm.retrieval.search.live",
     "Hit": "ralm.retrieval.search.searcher",
+    "QueryConfig": "ralm.retrieval.search.query",  # k, side(s), fusion, min_confidence: what a query asks
     "IndexDir": "ralm.retrieval.index.store",
     "ExactIndex": "ralm.retrieval.backends.exact",
     "FaissIndex": "ralm.retrieval.backends.faiss_index",
