@@ -30,7 +30,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ralm.atomic import check_output
-from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime
+from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime, untyped_help_flag
 from ralm.configs import ConfigError, Recipe, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
@@ -295,7 +295,7 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     command.config = config_cls
     app = typer.Typer(add_completion=False)
     app.command(name, help=trainer.help)(command)
-    return typer.main.get_command(app)
+    return untyped_help_flag(typer.main.get_command(app))
 
 
 def _given_value(args: list[str], flag: str) -> str | None:
