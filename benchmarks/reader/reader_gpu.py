@@ -33,13 +33,15 @@ import lzma
 import math
 import os
 import shutil
-import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, ralm  # noqa: E402
+
 PART_BYTES = 56_000_000  # a teacher part: what travels in one call beside the working tree
 NEAR = -1  # the text number of a question's near miss (its paragraph without the answer's sentences)
 
@@ -72,8 +74,7 @@ def prepare(args) -> None:
     if not (data / "questions.jsonl.xz").is_file():
         bm25 = work / "squad-bm25"
         if not (bm25 / "LATEST").is_file():
-            subprocess.run(["ralm", "index", "build", str(DATA / "squad_corpus.jsonl"), "--out", str(bm25), "--kind", "bm25",
-                            "--json"], check=True)
+            ralm("index", "build", DATA / "squad_corpus.jsonl", "--out", bm25, "--kind", "bm25")
         _write_xz(data / "docs.jsonl.xz", ({"id": d["id"], "text": d["text"]} for d in docs))
         searcher = Searcher.open(bm25)
         records = searcher.current.blocks.records(range(len(searcher.current.blocks)))

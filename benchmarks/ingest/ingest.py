@@ -18,6 +18,7 @@ import argparse
 import html
 import json
 import statistics
+import sys
 import tempfile
 import time
 from itertools import groupby
@@ -26,7 +27,9 @@ from pathlib import Path
 from ralm.data.corpus import read_corpus
 from ralm.data.formats import FileFilter
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA  # noqa: E402
+
 FORMATS = {"txt": "*.txt", "markdown": "*.md", "html": "*.html", "pdf": "*.pdf"}
 
 

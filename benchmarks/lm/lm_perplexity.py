@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +29,10 @@ from ralm.models.retro import load_retro
 from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
 from ralm.retrieval.lm.datastore import Datastore
 
-WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2-raw"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA  # noqa: E402
+
+WIKITEXT = DATA / "wikitext-2-raw"
 
 
 def normalise_title(title: str) -> str:

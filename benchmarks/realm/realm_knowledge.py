@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -56,7 +57,8 @@ from ralm.train.ict import IctConfig, train_ict
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.pretrain import PretrainConfig, pretrain
 
-FIGURES = Path(__file__).parent / "figures"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import FIGURES  # noqa: E402
 CURVES = ("span_in_top", "loss", "p_null", "retrieval_utility")
 
 

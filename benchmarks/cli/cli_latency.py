@@ -28,7 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import SRC  # noqa: E402
+
 QUESTION = "who invented the telephone"
 
 PHASES = r'''

@@ -37,9 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
-from commands import linked_copy, ralm, read_jsonl, write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import linked_copy, ralm, read_jsonl, write_jsonl  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "ood"
 SECOND = HERE / "second"

@@ -43,12 +43,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import ROOT, SRC, free_port, ralm_env, run_ralm  # noqa: E402
+from common import start_server as serve  # noqa: E402
+
+sys.path[:0] = [str(SRC), str(ROOT / "tests")]
 from conftest import DOCS, make_tiny_bert  # noqa: E402  (the tests' tiny model and corpus)
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "RALM_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1",
-       "OMP_NUM_THREADS": "2"}
+ENV = ralm_env(SRC, OMP_NUM_THREADS="2")
 LR = r"--lr|learning rate|\blr\b"  # trainer configs name their field (lr), as library errors do
 
 
@@ -68,12 +70,8 @@ class Case:
 
 
 def ralm(*args, timeout: float = 120, stdin: Path | None = None) -> subprocess.CompletedProcess:
-    argv = [a if isinstance(a, bytes) else str(a) for a in args]  # bytes: an argument that is not UTF-8
-    with open(stdin or os.devnull, "rb") as f:
-        proc = subprocess.run([sys.executable, "-m", "ralm", *argv], capture_output=True, env=ENV, timeout=timeout,
-                              cwd=ROOT, stdin=f, check=False)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode("utf-8", "replace"),
-                                       proc.stderr.decode("utf-8", "replace"))
+    """One case's command (an argument may be bytes, one that is not UTF-8), whatever its exit code."""
+    return run_ralm(*args, env=ENV, cwd=ROOT, timeout=timeout, stdin=stdin)
 
 
 def check(case: Case, timeout: float) -> str | None:
@@ -676,12 +674,6 @@ def kill_faults(tmp: Path, d: dict, timeout: float) -> list[tuple[str, str | Non
 
 # -- HTTP ----------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def request(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, bytes]:
     """(status, body) of one request (`answer` with the headers too)."""
     status, _, raw = answer(port, method, path, body, headers)
@@ -758,22 +750,7 @@ C4 = "4 server"
 
 def start_server(index: Path, port: int, timeout: float, *extra) -> subprocess.Popen:
     """`ralm serve` on 127.0.0.1:`port`, once /health answers (its own process group, to be killed whole)."""
-    server = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port), "--host", "127.0.0.1",
-                               *extra], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if request(port, "GET", "/health")[0] == 200:
-                return server
-        except OSError:
-            pass
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with {server.returncode}: {server.stderr.read().decode()[-300:]}")
-        time.sleep(0.3)
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
-    raise RuntimeError("the server did not answer /health in time")
+    return serve(index, port, "--host", "127.0.0.1", *extra, env=ENV, cwd=ROOT, timeout=timeout, poll=0.3)
 
 
 def stop_server(server: subprocess.Popen) -> None:
@@ -1018,7 +995,7 @@ def main() -> None:
         summary = {"cli_inputs_tried": len(cases), "cli_handled": handled,
                    "by_class": {name: {"tried": t, "handled": h} for name, (t, h) in sorted(by_class.items())},
                    "kills": len(kills), "kills_recovered": sum(why is None for _, why in kills),
-                   "writes_under_kills": writes, "code": str(args.baseline_src or ROOT / "src"),
+                   "writes_under_kills": writes, "code": str(args.baseline_src or SRC),
                    "http_tried": len(http), "http_handled": sum(why is None for _, why in http),
                    "seconds": round(time.time() - start), "failures": failures}
         print(json.dumps(summary, indent=1))

@@ -39,8 +39,10 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import SRC, ralm, ralm_env, run_ralm  # noqa: E402
+
+ENV = ralm_env(SRC, OMP_NUM_THREADS="1")
 
 
 def note(doc_id: str) -> dict:
@@ -193,16 +195,14 @@ def cli_writer(port: int, work: Path, stop: threading.Event, index: Path, server
         doc_id = f"c{rng.randrange(1 << 40):x}"
         (work / "cli.jsonl").write_text(json.dumps(note(doc_id)) + "\n")
         ack("add", doc_id, "start")
-        subprocess.run([sys.executable, "-m", "ralm", "index", "add", str(index), str(work / "cli.jsonl")], env=ENV, check=True,
-                       capture_output=True)
+        ralm("index", "add", index, work / "cli.jsonl", env=ENV)
         ack("add", doc_id, "done")
         took = visible_after(port, doc_id, time.time(), server)
         if took is not None:
             seen.append(took)
         if previous is not None:
             ack("delete", previous, "start")
-            subprocess.run([sys.executable, "-m", "ralm", "index", "delete", str(index), previous], env=ENV, check=True,
-                           capture_output=True)
+            ralm("index", "delete", index, previous, env=ENV)
             ack("delete", previous, "done")
         previous = doc_id
 
@@ -255,7 +255,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
-    corpus.write_text("".join((ROOT / "src" / "ralm" / "data" / "demo" / "corpus.jsonl").read_text().splitlines(keepends=True)[:40]))
+    corpus.write_text("".join((SRC / "ralm" / "data" / "demo" / "corpus.jsonl").read_text().splitlines(keepends=True)[:40]))
     encoder = save_random_encoder(work / "encoder", hidden_size=64, layers=2, pooling="mean")
     build_index(corpus, index, model=str(encoder), show_progress=False)
     for name in ("a", "b", "http", "cli"):
@@ -330,8 +330,7 @@ def main() -> None:
     final = LiveSearcher.open(index)
     lost += [f"{d}: acknowledged {'add' if p else 'delete'}, not so on open" for d, p in want.items()
              if p is not None and final.exists(d) != p]
-    check = subprocess.run([sys.executable, "-m", "ralm", "index", "check", str(index), "--json"], env=ENV, capture_output=True, text=True,
-                           check=False)
+    check = run_ralm("index", "check", index, "--json", env=ENV)
     reads = [json.loads(line) for line in (work / "reader.jsonl").read_text().splitlines() if line.endswith("}")]
     acks = [json.loads(line) for p in work.glob("acks-*.jsonl") for line in p.read_text().splitlines() if line.endswith("}")]
     done = [a for a in acks if a["phase"] == "done"]

@@ -19,48 +19,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, SRC, free_port, ralm, ralm_env, start_server  # noqa: E402
 
 
 def restart_seconds(index: Path, src: Path, *extra: str, timeout: float = 3600) -> float:
     """Seconds from starting `ralm serve` (the code in `src`) to its first /health answer."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1"}
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        while time.perf_counter() - start < timeout:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}: {proc.stderr.read().decode()[-1500:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - start
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise SystemExit("the server did not answer /health in time")
-    finally:
-        proc.kill()
-        proc.wait()
+        proc = start_server(index, port, *extra, env=ralm_env(src), timeout=timeout, poll=0.1)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    took = time.perf_counter() - start
+    proc.kill()
+    proc.wait()
+    return took
 
 
 def updates(n: int, seed: int = 0, batch: int = 1000) -> list[tuple[str, dict]]:
@@ -121,8 +102,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     base = work / "base"
     if not (base / "LATEST").is_file():
-        build_index(ROOT / "src" / "ralm" / "data" / "demo" / "corpus.jsonl", base, show_progress=False)
-    src = ROOT / "src"
+        build_index(SRC / "ralm" / "data" / "demo" / "corpus.jsonl", base, show_progress=False)
+    src = SRC
     print(json.dumps({"log": "empty", "updates": 0, "code": "after", "seconds": round(restart_seconds(base, src, "--compact-after", "0"), 1)}),
           flush=True)
     for n in (int(c) for c in args.counts.split(",")):
@@ -141,9 +122,7 @@ def main() -> None:
                               "seconds": round(restart_seconds(index, code, *extra), 1),
                               **({"written_seconds": round(written, 1)} if label == "after" else {})}), flush=True)
         start = time.perf_counter()
-        env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1"}
-        done = json.loads(subprocess.run([sys.executable, "-m", "ralm", "index", "compact", str(after), "--json"], env=env,
-                                         check=True, capture_output=True, text=True).stdout)
+        done = ralm("index", "compact", after, env=ralm_env(src))
         print(json.dumps({"log": "compacted", "updates": n, "code": "after", "compact_seconds": round(time.perf_counter() - start, 1),
                           "blocks": done["blocks"], "seconds": round(restart_seconds(after, src, "--compact-after", "0"), 1)}), flush=True)
         shutil.rmtree(before, ignore_errors=True)

@@ -17,8 +17,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,30 +25,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(index: Path, port: int, timeout: float = 120) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ralm", "serve", "--index", str(index), "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {proc.stderr.read().decode()[-500:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("the server did not answer /health in time")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import SRC, free_port, start_server  # noqa: E402
 
 
 def writer(port: int, rng: random.Random, acked: dict, stop: threading.Event) -> None:
@@ -122,7 +98,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="ralm-kill-"))
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
-    demo = (ROOT / "src" / "ralm" / "data" / "demo" / "corpus.jsonl").read_text().splitlines(keepends=True)
+    demo = (SRC / "ralm" / "data" / "demo" / "corpus.jsonl").read_text().splitlines(keepends=True)
     corpus.write_text("".join(demo[:40]))
     index = work / "index"
     if not (index / "LATEST").is_file():
@@ -132,7 +108,7 @@ def main() -> None:
     port = free_port()
     for _ in range(args.kills):
         try:
-            proc = start(index, port)
+            proc = start_server(index, port)
         except RuntimeError as e:
             failed_restarts += 1
             print(f"restart failed: {e}", file=sys.stderr)
@@ -150,7 +126,7 @@ def main() -> None:
         stop.set()
         for t in threads:
             t.join(15)
-    proc = start(index, port)
+    proc = start_server(index, port)
     missing = missing or check(port, index, acked)
     os.killpg(proc.pid, signal.SIGKILL)
     print(json.dumps({"kills": args.kills, "failed_restarts": failed_restarts, "acknowledged_adds": sum(v is True for v in acked.values()),

@@ -10,22 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-
-
-def run(cmd: list[str], log: Path) -> float:
-    start = time.perf_counter()
-    with open(log, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-    return round(time.perf_counter() - start, 1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, FIGURES, run  # noqa: E402
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -72,7 +63,7 @@ def main() -> None:
                    help="small: 4 sentences x k 4, blocks of 96 (the optimizer's share of a step is large); "
                         "default: ralm pretrain's own (8 x k 8, blocks of 288, max-len 352)")
     p.add_argument("--only", choices=("finetune", "pretrain"), help="time one trainer only")
-    p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
+    p.add_argument("--figures", default=str(FIGURES))
     args = p.parse_args()
 
     work = Path(args.work)

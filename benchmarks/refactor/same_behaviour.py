@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +21,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, SRC, ralm, ralm_env  # noqa: E402
+
 TIMINGS = {"steps_per_s", "tokens_per_s", "refresh_s"}
 
 
@@ -60,14 +60,12 @@ def commands(out: Path, corpus: Path, questions: Path) -> dict[str, list[str]]:
 def run_all(out: Path, docs: int, questions: int) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     corpus, qfile = tiny_data(out, DATA, docs, questions)
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "RALM_NO_PROGRESS": "1"}
+    env = ralm_env(SRC)
     seconds = {}
     for name, args in commands(out, corpus, qfile).items():
         start = time.perf_counter()
         print("python -m ralm " + " ".join(args), flush=True)
-        subprocess.run([sys.executable, "-m", "ralm", *args, "--json"], check=True, env=env,
-                       stdout=open(out / f"{name}.json", "w"))
+        (out / f"{name}.json").write_text(json.dumps(ralm(*args, env=env)) + "\n")
         seconds[name] = round(time.perf_counter() - start, 1)
         print(f"  {seconds[name]} s", flush=True)
     return seconds

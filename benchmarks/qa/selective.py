@@ -30,12 +30,14 @@ import argparse
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from commands import DATA, linked_copy, ralm, read_jsonl, write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, linked_copy, ralm, read_jsonl, write_jsonl  # noqa: E402
 
 SETS = {"handful": (4, 12, 101), "hundreds": (60, 4, 102), "large": (60, 4, 103)}  # corpora, questions each, seed
 

@@ -54,8 +54,9 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, FIGURES, SRC  # noqa: E402
+
 CHUNK = 10_000  # documents drawn from one seeded generator: every corpus is a prefix of the larger ones
 BODY_BUDGET = 220  # wordpieces of a document's text: with a title of <= 32, one 288-wordpiece block
 NOISE = 0.35  # norm of the Gaussian noise added to a document's mean sentence vector (unit vectors)
@@ -941,7 +942,7 @@ def main() -> None:
     ap.add_argument("--update-timeout", type=float, default=1800, help="seconds before stages add and replay give up")
     ap.add_argument("--force", action="store_true", help="rerun stages that have results")
     ap.add_argument("--report", action="store_true", help="print the figures, their log-log slopes, and draw --figure")
-    ap.add_argument("--figure", default=Path(__file__).resolve().parent / "figures" / "scale.png")
+    ap.add_argument("--figure", default=FIGURES / "scale.png")
     ap.add_argument("--child", choices=list(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--index", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)

@@ -39,7 +39,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,18 +47,8 @@ from ralm.atomic import read_json
 from ralm.retrieval.index.store import KEEP_VERSIONS
 from ralm.train.pretrain import PretrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-
-
-def run(cmd: list[str], log: Path) -> float:
-    """Run `cmd`, appending its output to `log`; its wall time in seconds."""
-    start = time.perf_counter()
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-    return round(time.perf_counter() - start, 1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, FIGURES, run  # noqa: E402
 
 
 def copy_dir(src: Path, dst: Path) -> None:
@@ -143,7 +132,7 @@ def train(args, corpus: Path, work: Path, ralm: list[str]) -> dict:
         if not dst.is_dir():
             walls[str(step)] = run([*ralm, "pretrain", "--corpus", str(corpus), "--out", str(run_dir), "--steps", str(step),
                                     "--save-every", str(args.save_every), "--device", args.device, *args.pretrain_args.split()],
-                                   work / "train.log")
+                                   work / "train.log", append=True)
             write_json(work / "train_wall.json", walls)
             copy_dir(run_dir / "final", dst)
         start_point(run_dir, points / "step-0")
@@ -198,7 +187,7 @@ def evaluate(args, corpus: Path, work: Path, ralm: list[str]) -> dict[str, dict[
                 index = work / "indexes" / f"{weights_key(point / 'retriever')}{suffix}"
                 if not (index / "LATEST").is_file():
                     run([*ralm, "index", "build", str(indexed), "--out", str(index), "--kind", "dense",
-                         "--model", str(point / "retriever"), "--device", args.device], work / "eval.log")
+                         "--model", str(point / "retriever"), "--device", args.device], work / "eval.log", append=True)
                 start = time.perf_counter()
                 cfg = EvidenceConfig(str(point / "retriever"), str(point / "encoder"), str(index), args.heldout, k=args.k,
                                      limit=args.sentences, cache=str(work / "heldout"))
@@ -278,7 +267,7 @@ def main() -> None:
                         "sentence's own paragraph excluded, as pre-training excludes trivial retrievals)")
     p.add_argument("--stage", choices=("all", "train", "eval"), default="all")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda: training, indexes and scoring")
-    p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
+    p.add_argument("--figures", default=str(FIGURES))
     args = p.parse_args()
 
     work = Path(args.work)

@@ -10,19 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run(cmd: list[str], log: Path) -> float:
-    start = time.perf_counter()
-    with open(log, "w") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-    return round(time.perf_counter() - start, 1)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import DATA, FIGURES, run  # noqa: E402
 
 
 def window_mean(rows: list[dict], key: str, first: bool, n: int) -> float:
@@ -33,7 +25,7 @@ def window_mean(rows: list[dict], key: str, first: bool, n: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "squad_corpus.jsonl"))
+    p.add_argument("--corpus", default=str(DATA / "squad_corpus.jsonl"))
     p.add_argument("--paragraphs", type=int, default=300)
     p.add_argument("--work", default="/tmp/ralm-bench-pretrain")
     p.add_argument("--ict-steps", type=int, default=100)
@@ -48,7 +40,7 @@ def main() -> None:
     p.add_argument("--retriever-lr", type=float, default=1e-5)
     p.add_argument("--refresh-every", type=int, default=50)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--figures", default=str(ROOT / "benchmarks" / "figures"))
+    p.add_argument("--figures", default=str(FIGURES))
     args = p.parse_args()
 
     work = Path(args.work)
