@@ -1,9 +1,9 @@
 """How ralm's costs grow with the corpus: N = 10k, 100k, 1M blocks of a hybrid index built from
 precomputed embeddings, and the dense and BM25 search structures alone at larger N.
 
-  python benchmarks/scale.py --work runs/scale                       # every stage, every size
-  python benchmarks/scale.py --work runs/scale --sizes 10000 --only data,build,open,search
-  python benchmarks/scale.py --work runs/scale --report              # table + log-log figure
+  python benchmarks/scale/scale.py --work runs/scale                       # every stage, every size
+  python benchmarks/scale/scale.py --work runs/scale --sizes 10000 --only data,build,open,search
+  python benchmarks/scale/scale.py --work runs/scale --report              # table + log-log figure
 
 The corpora are made, deterministically, from the SQuAD paragraphs: each document is 2-6 of
 their sentences (mostly consecutive ones of one article, so a document keeps a topic), short
@@ -536,15 +536,15 @@ def child_open(args) -> dict:
 def child_writelog(args) -> dict:
     """--updates updates through LiveSearcher.add/delete (the path of `ralm index add/delete`),
     in appends of 10,000; the dense side's state of a new block is its generated vector (the
-    corpus's own import path, no encoder run), everything else as the library computes it."""
+    corpus's own import path, no encoder run, given to `add` as the dense side's states),
+    everything else as the library computes it."""
     from ralm.data.corpus import Document
-    from ralm.retrieval.index.dense_side import DenseSide
     from ralm.retrieval.search.live import LiveSearcher
 
     n_new, n_del = int(args.updates * 0.6), min(int(args.updates * 0.2), args.n // 2)
     docs, vecs = update_docs(sentences(args), n_new, seed=args.seed, start=args.add_docs)
     vec_of = {d["id"]: v for d, v in zip(docs, vecs)}
-    DenseSide.live_state = lambda self, tokens, records: [vec_of[r["doc_id"]] for r in records]
+    imported = {"dense": lambda records: [vec_of[r["doc_id"]] for r in records]}  # each block: its document's vector
     rng = np.random.default_rng([args.seed, 7])
     replaced = [docs[int(i)] for i in rng.choice(n_new, args.updates - n_new - n_del)]
     batches = [("add", [Document(d["id"], d["title"], d["text"]) for d in docs]),
@@ -555,7 +555,7 @@ def child_writelog(args) -> dict:
     for op, items in batches:
         for i in range(0, len(items), 10_000):
             if op == "add":
-                searcher.add(items[i : i + 10_000])
+                searcher.add(items[i : i + 10_000], states=imported)
             else:
                 searcher.delete(items[i : i + 10_000])
     return {"updates": args.updates, "live_documents": n_new, "replacements": len(replaced), "deletes": n_del,
@@ -905,7 +905,7 @@ def report(args) -> None:
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("ralm cost against corpus size (benchmarks/scale.py on a 2-core CPU box; RESULTS.md says which ran idle)")
+    fig.suptitle("ralm cost against corpus size (benchmarks/scale/scale.py on a 2-core CPU box; RESULTS.md says which ran idle)")
     fig.tight_layout()
     fig.savefig(args.figure, dpi=110)
     slopes = {name: slope(pts) for name, pts in series.items() if len(pts) >= 2}
