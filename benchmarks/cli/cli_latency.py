@@ -11,9 +11,9 @@ blocks). Medians over the rounds; the last line is JSON {"search_ratio", "ask_ra
 a missing index, `-k 0`, a missing corpus, a folder of no readable file, and `eval qa
 --calibrate` on 20 questions (it needs 50), in this checkout and `--baseline-src`'s.
 
-  python benchmarks/cli_latency.py --rounds 7
-  python benchmarks/cli_latency.py --rounds 7 --baseline-src /path/to/old/checkout/src
-  python benchmarks/cli_latency.py --errors --rounds 3 --baseline-src /path/to/old/checkout/src
+  python benchmarks/cli/cli_latency.py --rounds 7
+  python benchmarks/cli/cli_latency.py --rounds 7 --baseline-src /path/to/old/checkout/src
+  python benchmarks/cli/cli_latency.py --errors --rounds 3 --baseline-src /path/to/old/checkout/src
 """
 
 from __future__ import annotations

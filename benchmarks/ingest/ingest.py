@@ -9,7 +9,7 @@ the structure each format carries: Markdown and HTML with a title and one headin
 the `test` extra) one paragraph per page with an outline entry each, .txt the paragraphs alone.
 Medians over `--rounds`; the last line is JSON.
 
-  python benchmarks/ingest.py --files 300 --rounds 3      # 300 files per format: 1,200 files
+  python benchmarks/ingest/ingest.py --files 300 --rounds 3      # 300 files per format: 1,200 files
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Every user-facing command on HF-REALM weights converted by `ralm convert hf-realm`.
-# Needs the tiny models of a previous `python benchmarks/hf_realm_compat.py --work HF` run.
+# Needs the tiny models of a previous `python benchmarks/interop/hf_realm_compat.py --work HF` run.
 # Random weights: the answers are meaningless; this shows the commands run on converted weights.
-#   benchmarks/hf_realm_cli.sh /tmp/hf-realm-compat /tmp/hfrealm
+#   benchmarks/interop/hf_realm_cli.sh /tmp/hf-realm-compat /tmp/hfrealm
 HF=${1:-/tmp/hf-realm-compat}
 W=${2:-/tmp/hfrealm}
 DATA=/work/shared/data

@@ -17,7 +17,7 @@ separate venv that has transformers==4.57.6):
         (equal). Exits 1 when a check fails.
 
 Run both (the default stage shells out to the other venv for the first):
-  python benchmarks/hf_realm_compat.py --work /tmp/hf-realm-compat --hf-python /tmp/venv-hf4/bin/python
+  python benchmarks/interop/hf_realm_compat.py --work /tmp/hf-realm-compat --hf-python /tmp/venv-hf4/bin/python
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Does benchmarks/hf_realm_compat.py catch conversion mistakes? Break one detail of the
+"""Does benchmarks/interop/hf_realm_compat.py catch conversion mistakes? Break one detail of the
 converter at a time, rerun the comparison on the models a previous `hf_realm_compat.py` run
 saved in --work, and print which checks fail (each mutation must fail at least one).
 
-  python benchmarks/hf_realm_sensitivity.py --work /tmp/hf-realm-compat
+  python benchmarks/interop/hf_realm_sensitivity.py --work /tmp/hf-realm-compat
 """
 
 from __future__ import annotations

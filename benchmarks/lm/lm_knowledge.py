@@ -34,7 +34,7 @@ them; "stated_context" queries the kNN-LM with those very keys, the context the 
 The held-out entities are split in two halves: kNN-LM's lambda and temperature are chosen on the
 first ("tune"), every figure is reported on the second.
 
-    python benchmarks/lm_knowledge.py            # about 60 minutes on 2 idle CPU cores
+    python benchmarks/lm/lm_knowledge.py            # about 60 minutes on 2 idle CPU cores
 
 The last stdout line is JSON: {"lm": {...}, "knnlm": {...}, "retro": {...}, "retro_off": {...},
 "retro_copy": {...}, "retro_copy_off": {...}, "lm_stated": {...}, "knnlm_stated_context": {...},

@@ -4,7 +4,7 @@ retrieval, plus the WikiText/training-text article overlap. Figures for benchmar
 The models come from the commands in benchmarks/RESULTS.md (RETRO and kNN-LM) (`ralm lm train`,
 `ralm knnlm build`, `ralm retro build-db`, `ralm retro train`); this script only evaluates:
 
-  python benchmarks/lm_perplexity.py --lm RUN_LM --store STORE --retro RUN_RETRO --db DB \
+  python benchmarks/lm/lm_perplexity.py --lm RUN_LM --store STORE --retro RUN_RETRO --db DB \
       --train-text ../shared/data/squad_corpus.jsonl --limit-tokens 20000 --out results.json
 
 --lm/--store (base LM + kNN-LM over a λ × temperature grid) and --retro/--db (RETRO with and

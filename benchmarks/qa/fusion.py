@@ -1,7 +1,7 @@
 """Which fusion of an index's sides is the default: weighted score fusion (several dense weights)
 vs reciprocal rank fusion, with each side alone for reference.
 
-    python benchmarks/fusion.py --index runs/dev --questions runs/calibration.jsonl [--em 300] [--out FILE]
+    python benchmarks/qa/fusion.py --index runs/dev --questions runs/calibration.jsonl [--em 300] [--out FILE]
 
 Recall@1/5/20/100 of every setting over the questions; with --em N, EM/F1 of the first N
 questions read through the pipeline (reading defaults) for the fused settings. Choose on the

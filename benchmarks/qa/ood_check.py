@@ -1,7 +1,7 @@
 """Confidence off SQuAD: answerable and unanswerable questions over documents written for this
 check (not Wikipedia), at three corpus sizes, through the default pipeline (`ralm eval qa`).
 
-  handful   benchmarks/ood/handbook.jsonl: 12 handbook pages of a made-up company; 25 questions
+  handful   benchmarks/qa/ood/handbook.jsonl: 12 handbook pages of a made-up company; 25 questions
             they answer and 15 they do not (several ask what is stated for a neighbour: the
             Lisbon office's headcount where only Bergen's and its bicycle spaces are given)
   hundreds  the handbook plus 300 generated facility records of made-up towns (libraries,
@@ -16,7 +16,7 @@ corpus is about it.
             the same documents added (`ralm index add`, live) to a copy of the default index of
             the SQuAD corpus (`--background`, about 20,800 Wikipedia blocks)
 
-`--check second` runs the second check instead (benchmarks/ood/second: 30 pages of a software
+`--check second` runs the second check instead (benchmarks/qa/ood/second: 30 pages of a software
 manual, a town's services guide and a company wiki as Markdown, HTML and text files, 90
 answerable and 90 unanswerable questions, written after the reader's training data was fixed
 and never trained or fitted on): handful = the pages alone, hundreds = the pages added to the
@@ -27,7 +27,7 @@ For each size: the share of unanswerable questions answered at the reader's defa
 answered), apart for answers in tables, lists, definition lists and `key: value` lines and in
 prose where the questions say so. A question counts as answered when its answer is not withheld.
 
-    python benchmarks/ood_check.py --work runs/ood --background runs/dev [--model READER] [--check second]
+    python benchmarks/qa/ood_check.py --work runs/ood --background runs/dev [--model READER] [--check second]
 
 Writes WORK/report-TAG.json (TAG: the reader's path with / as -, or "shipped").
 """

@@ -2,7 +2,7 @@
 blocks read per question (k) and the hybrid weight alpha, for dense, BM25 and hybrid retrieval.
 Chooses ralm's defaults (ralm/defaults.py) on held-back questions.
 
-  python benchmarks/qa_settings.py --index runs/dev --questions runs/calibration.jsonl --work runs/tune/cal.json
+  python benchmarks/qa/qa_settings.py --index runs/dev --questions runs/calibration.jsonl --work runs/tune/cal.json
 
 Per question it retrieves the top 100 of both sides of a hybrid index (the fusion candidates of
 ralm.retrieval.search.fusion) and reads, once, every block that any setting of the grid reads

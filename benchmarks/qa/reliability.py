@@ -1,7 +1,7 @@
 """Reliability plot of a calibrated reader: share of exact matches per confidence bin, from the
 predictions of `ralm eval qa` with a calibrated reader (each row has "confidence" and "em").
 
-  python benchmarks/reliability.py HELDOUT.predictions.jsonl --out benchmarks/figures/reader_reliability.png
+  python benchmarks/qa/reliability.py HELDOUT.predictions.jsonl --out benchmarks/figures/reader_reliability.png
 
 Plot the questions the calibration was NOT fitted on: on its own fit set isotonic regression
 is calibrated by construction.

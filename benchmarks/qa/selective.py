@@ -19,7 +19,7 @@ articles and generated corpora out; the threshold: at most --max-unanswerable of
 unanswerable questions answered), each kind's map added to the reader of the one before, then
 `ralm eval qa` reports on the held-back half with the calibrated reader.
 
-    python benchmarks/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25]
+    python benchmarks/qa/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25]
 
 Writes WORK/reader (the calibrated reader) and WORK/report.json. Resumes: finished steps are kept.
 """

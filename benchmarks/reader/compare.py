@@ -2,7 +2,7 @@
 questions gained and lost, the two-sided sign test, and a 95% bootstrap interval of the
 difference that resamples articles (questions of one article are not independent).
 
-    python benchmarks/compare.py BEFORE.predictions.jsonl AFTER.predictions.jsonl --questions Q.jsonl [--metric em]
+    python benchmarks/reader/compare.py BEFORE.predictions.jsonl AFTER.predictions.jsonl --questions Q.jsonl [--metric em]
 
 Predictions are `ralm eval qa --predictions` files (or any JSONL with "id" and the metric);
 --questions gives each question's article ("title"; questions without one are their own unit).

@@ -2,7 +2,7 @@
 # The recipe of the general-purpose reader shipped in src/ralm/data/reader (what `ralm ask`,
 # `eval qa`, `serve` and `demo` use without --model), as it was trained. Run from the repository root:
 #
-#   bash benchmarks/general_reader.sh [WORKDIR]        # default WORKDIR: runs/general-reader
+#   bash benchmarks/reader/general_reader.sh [WORKDIR]        # default WORKDIR: runs/general-reader
 #
 # Every stage resumes where it stopped (trainers from their last checkpoint, finished stages are
 # skipped), so rerunning the same command after a crash continues the run. Every training stage
@@ -25,7 +25,7 @@
 #     The shipped reader: legs of 306, 520, 500 and 300 steps (51,968 questions), lr 3e-5, 3e-5,
 #     2e-5, 1.5e-5; the first three on one H100 in 6.7 min of training (2.0-5.4 steps/s), the
 #     fourth on a 2-core CPU in 61 min (12.2 s a step).
-#  2b. The GPU stage (benchmarks/reader_gpu.py; not run by this script: it needs a GPU lease and
+#  2b. The GPU stage (benchmarks/reader/reader_gpu.py; not run by this script: it needs a GPU lease and
 #     its files travel both ways): from the reader of stage 2, students on all of SQuAD train
 #     with the answer rule's labels, the null span (30% of questions read without their gold
 #     paragraph, half of those a near miss) and 4 distractors, one also distilled from a teacher
@@ -38,7 +38,7 @@
 #     of a dense index over squad_corpus.jsonl, p(z|x) from retrieval, retriever frozen). 500 steps of its earlier,
 #     per-block form lowered held-out EM by about a point (benchmarks/RESULTS.md): OPEN_STEPS=0.
 #  4. Pack: fp16 weights in two safetensors shards (45 MB; no file over 30 MB) -> WORKDIR/reader.
-#  5. Calibrate (benchmarks/selective.py): a two-stage map per index kind and a fallback map, fitted on the odd
+#  5. Calibrate (benchmarks/qa/selective.py): a two-stage map per index kind and a fallback map, fitted on the odd
 #     lines of squad_dev_official.jsonl (articles no model here was trained on) over the default
 #     hybrid index of the SQuAD corpus + those articles, with half of the questions' articles
 #     deleted from it; EM/F1 and a reliability plot on the even lines.
@@ -153,9 +153,9 @@ rm -rf "$W/reader" && cp -r "${init[1]}" "$W/reader"
 [ -f "$W/dev-corpus.jsonl" ] || cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
 [ -f "$W/dev/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev" "${OPT[@]}" --json
 awk 'NR % 2 == 0' "$DATA/squad_dev_official.jsonl" > "$W/heldout.jsonl"
-python benchmarks/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader" --kinds hybrid,dense,bm25
+python benchmarks/qa/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader" --kinds hybrid,dense,bm25
 rm -rf "$W/reader-calibrated" && cp -r "$W/selective/reader" "$W/reader-calibrated"
 ralm eval qa --model "$W/reader-calibrated" --index "$W/dev" --questions "$W/heldout.jsonl" \
   --predictions "$W/heldout.predictions.jsonl" "${OPT[@]}" --json
-python benchmarks/reliability.py "$W/heldout.predictions.jsonl" --out "$W/reader_reliability.png"
+python benchmarks/qa/reliability.py "$W/heldout.predictions.jsonl" --out "$W/reader_reliability.png"
 du -sh "$W/reader"

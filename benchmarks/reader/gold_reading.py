@@ -2,10 +2,10 @@
 retrieved), EM/F1 by the pipeline's own answer rule (`read_blocks` + `pick_answer`); the ceiling
 the reader puts on open-domain answers, measured apart from retrieval.
 
-    python benchmarks/gold_reading.py --questions Q.jsonl --corpus C.jsonl [--reader DIR] --predictions OUT.jsonl
+    python benchmarks/reader/gold_reading.py --questions Q.jsonl --corpus C.jsonl [--reader DIR] --predictions OUT.jsonl
 
 Questions name their paragraph by "doc_id" in the corpus. Per-question rows go to --predictions
-(for benchmarks/compare.py); the summary is printed as JSON.
+(for benchmarks/reader/compare.py); the summary is printed as JSON.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ in one prepared run on one GPU; every part but the run itself happens on the CPU
            precise than fp16 weights), the teacher's top spans over the first pass of the data.
   unpack   (CPU) a student reader directory from the shipped reader and its deltas.
 
-    python benchmarks/reader_gpu.py prepare --work runs/gpu --dev-index runs/dev --teacher-dir /path/all-mpnet-base-v2 --out .gpu
-    python benchmarks/reader_gpu.py train --data .gpu/data --teacher /tmp/w/teacher --student .gpu/student --out $OUT --budget 540
-    python benchmarks/reader_gpu.py unpack --delta OUT/student_kd --init src/ralm/data/reader --out runs/gpu/student-kd
+    python benchmarks/reader/reader_gpu.py prepare --work runs/gpu --dev-index runs/dev --teacher-dir /path/all-mpnet-base-v2 --out .gpu
+    python benchmarks/reader/reader_gpu.py train --data .gpu/data --teacher /tmp/w/teacher --student .gpu/student --out $OUT --budget 540
+    python benchmarks/reader/reader_gpu.py unpack --delta OUT/student_kd --init src/ralm/data/reader --out runs/gpu/student-kd
 """
 
 from __future__ import annotations

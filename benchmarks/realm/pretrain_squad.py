@@ -2,7 +2,7 @@
 N paragraphs of the SQuAD corpus (CPU-sized by default). Copies the curves to
 benchmarks/figures/ and prints a JSON summary (wall times, steps/s, first/last metrics).
 
-    python benchmarks/pretrain_squad.py --paragraphs 300 --ict-steps 100 --steps 700
+    python benchmarks/realm/pretrain_squad.py --paragraphs 300 --ict-steps 100 --steps 700
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ k 8, 288-wordpiece blocks, the asynchronous index builder) on a CPU-sized share 
 corpus, measured at several points of the run on held-out articles
 (squad_dev_official_corpus.jsonl, never pre-trained on) with `ralm.eval.evidence`.
 
-    python benchmarks/realm_evidence.py --work runs/evidence
+    python benchmarks/realm/realm_evidence.py --work runs/evidence
 
 Resumable: each stage skips what WORK already holds.
   corpus   WORK/corpus.jsonl: every `--every`-th paragraph of squad_corpus.jsonl (all articles)
@@ -30,7 +30,7 @@ Resumable: each stage skips what WORK already holds.
 Only corpus, out, steps, save-every and device are given to `ralm pretrain`; everything else is its
 default. On a GPU (`--device cuda`; auto picks it) a step takes about 0.25 s instead of 14 s:
 
-    python benchmarks/realm_evidence.py --work runs/evidence-gpu --points 100,1000 --save-every 250
+    python benchmarks/realm/realm_evidence.py --work runs/evidence-gpu --points 100,1000 --save-every 250
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ masked-token accuracy of the marginal, p(null|x). `start_recall@1` is the same r
 towers at step 0. Curves: benchmarks/figures/realm_knowledge_*.png. The last stdout line is
 JSON: {"full": {"recall@1", "mlm_accuracy", "start_recall@1", ...}, "frozen": {...}, ...}.
 
-    python benchmarks/realm_knowledge.py            # 37 minutes on a shared 2-core CPU (4.5-11 per arm)
+    python benchmarks/realm/realm_knowledge.py            # 37 minutes on a shared 2-core CPU (4.5-11 per arm)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 build, tiny and deterministic (CPU, fp32, fixed seed), whose loss curves, embeddings and exported
 weights are compared with a recorded baseline.
 
-    python benchmarks/same_behaviour.py --out runs/same-new --baseline runs/same-old
+    python benchmarks/refactor/same_behaviour.py --out runs/same-new --baseline runs/same-old
 
 runs the three commands into --out (with the `python -m ralm` of this checkout's src/), then,
 given --baseline (the same command's --out from the code before), prints one line per compared

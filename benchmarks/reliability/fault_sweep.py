@@ -1,6 +1,6 @@
 """Fault sweep: bad inputs and killed processes against the real `ralm` command.
 
-    python benchmarks/fault_sweep.py [--http] [--keep DIR] [--timeout 180] [--classes 69.1,...] [--baseline-src OLD/src]
+    python benchmarks/reliability/fault_sweep.py [--http] [--keep DIR] [--timeout 180] [--classes 69.1,...] [--baseline-src OLD/src]
 
 Builds tiny data in a temporary folder (a random 2-layer BERT with the bundled wordpieces, a
 six-document corpus, dense and BM25 indexes, a RETRO chunk DB), then

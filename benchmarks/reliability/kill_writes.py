@@ -3,7 +3,7 @@ while clients add and delete documents; after each kill it must start again, and
 acknowledged write must be seen by both sides (BM25 finds each added document by its unique
 word; the dense side lists it; a deleted one is gone from both).
 
-    python benchmarks/kill_writes.py [--kills 10] [--seed 0] [--work DIR]
+    python benchmarks/reliability/kill_writes.py [--kills 10] [--seed 0] [--work DIR]
 
 Builds a small hybrid index (the demo corpus's first 40 documents, bundled MiniLM), serves it on
 127.0.0.1 only, and prints a JSON summary: kills, restarts that failed, acknowledged writes,

@@ -1,6 +1,6 @@
 """Restart time of `ralm serve` against the number of updates its index's log holds.
 
-    python benchmarks/restart_time.py --baseline-src OLD/src [--counts 1000,10000,100000] [--work DIR]
+    python benchmarks/reliability/restart_time.py --baseline-src OLD/src [--counts 1000,10000,100000] [--work DIR]
 
 The index: the demo corpus (bundled MiniLM, hybrid). The log: N updates of one-sentence notes
 (each a SQuAD paragraph's first sentence and a unique word), every tenth the replacement of an

@@ -1,7 +1,7 @@
 """Several processes sharing one index, killed at random: no acknowledged update may be lost,
 and an update logged by another process must be live in the server within a second.
 
-    python benchmarks/shared_index.py [--seconds 240] [--compact-after 500] [--seed 0] [--work DIR]
+    python benchmarks/reliability/shared_index.py [--seconds 240] [--compact-after 500] [--seed 0] [--work DIR]
 
 On a small hybrid index (the demo corpus's first 40 documents; a small random encoder, hidden 64, so
 that the processes spend their time on the index, not on a model) it runs at once:

@@ -5,9 +5,9 @@ document tower (the bundled MiniLM, its own vectors) over the same blocks writte
   pair256   the same, cut to 256 (the sentence-transformers model's max_seq_length)
   text288   [CLS] title body [SEP]: the title's [SEP] dropped, as sentence-transformers users
             encode "title text"
-  text256   both: exactly the plain model's input of benchmarks/squad_retrieval.py
+  text256   both: exactly the plain model's input of benchmarks/retrieval/squad_retrieval.py
 
-  python benchmarks/block_format.py --corpus ../shared/data/squad_corpus.jsonl \\
+  python benchmarks/retrieval/block_format.py --corpus ../shared/data/squad_corpus.jsonl \\
       ../shared/data/squad_dev_official_corpus.jsonl --questions ../shared/data/squad_dev.jsonl \\
       ../shared/data/squad_dev_official.jsonl --distractors 3000 --work runs/block_format
 

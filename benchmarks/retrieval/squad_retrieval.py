@@ -5,7 +5,7 @@ questions only the default finds an answer for against those only plain does, an
 sign test of that split. --model swaps the encoder (default: the bundled MiniLM), e.g. for a local
 all-mpnet-base-v2.
 
-  python benchmarks/squad_retrieval.py --work runs/sqret \\
+  python benchmarks/retrieval/squad_retrieval.py --work runs/sqret \\
       --corpus ../shared/data/squad_corpus.jsonl ../shared/data/squad_dev_official_corpus.jsonl \\
       --questions ../shared/data/squad_dev_official.jsonl ../shared/data/squad_dev.jsonl
 

@@ -3,7 +3,7 @@ the package, in headless Chromium: an answered question at desktop width (1280 p
 and phone width (390 px: docs/web-page-phone.png), and a question the corpus cannot answer
 (docs/web-page-withheld.png); below the answer, the document form and the index's files.
 
-  python benchmarks/screenshot.py [--out-dir docs] [--question "..."] [--unanswerable "..."]
+  python benchmarks/serving/screenshot.py [--out-dir docs] [--question "..."] [--unanswerable "..."]
 
 Needs Chromium (Debian: apt-get install chromium) and playwright (the test extra). The demo
 index is built once (about 30 s on a CPU) and cached (`ralm demo` uses the same one).

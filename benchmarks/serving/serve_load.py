@@ -1,6 +1,6 @@
 """Bounded loopback load test of `ralm serve`: N requests at concurrency C, then stop.
 
-  python benchmarks/serve_load.py --index runs/dev --questions ../shared/data/squad_dev.jsonl \
+  python benchmarks/serving/serve_load.py --index runs/dev --questions ../shared/data/squad_dev.jsonl \
       --requests 400 --concurrency 8 --endpoint search [--side dense]
 
 Starts the server in this process on 127.0.0.1 (a free port), sends the questions of the file

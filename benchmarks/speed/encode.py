@@ -1,8 +1,8 @@
 """Corpus encoding throughput: ralm's encode path with default settings vs plain Hugging Face
 AutoModel, same inputs and batch size, measured in one run, with an output check.
 
-  python benchmarks/encode.py                       # CPU: bundled MiniLM, 1,000 blocks
-  python benchmarks/encode.py --model bert-base --n 20000 --batch-size 256 --device cuda   # GPU
+  python benchmarks/speed/encode.py                       # CPU: bundled MiniLM, 1,000 blocks
+  python benchmarks/speed/encode.py --model bert-base --n 20000 --batch-size 256 --device cuda   # GPU
 
 Printed ratios (time of the baseline / time of ours):
   ratio             vs HF in fp32, batches in corpus order: what a user gets without ralm

@@ -1,8 +1,8 @@
 """Exact MIPS throughput: ralm's ExactIndex (in fp32 and in bf16) vs faiss.IndexFlatIP on the
 same vectors, with a check that each returns the same ids as faiss.
 
-  python benchmarks/mips.py                          # CPU: 1M x 128, 1,024 queries, top-8
-  python benchmarks/mips.py --n 13000000 --device cuda   # GPU: 13M x 128 in bf16
+  python benchmarks/speed/mips.py                          # CPU: 1M x 128, 1,024 queries, top-8
+  python benchmarks/speed/mips.py --n 13000000 --device cuda   # GPU: 13M x 128 in bf16
 
 Each engine runs in its own process on the same seeded vectors: numpy's OpenBLAS, faiss's and
 torch's thread pools each keep their threads busy-waiting after a call, so on a small CPU the

@@ -2,8 +2,8 @@
 one run per dtype on the same machine, on the first N SQuAD paragraphs. Prints steps/s and the
 loss curves' agreement as JSON and draws both curves per trainer into benchmarks/figures/.
 
-    python benchmarks/train_dtype.py --work runs/train-dtype
-    python benchmarks/train_dtype.py --work runs/train-dtype-default --only pretrain --pretrain-settings default --pretrain-steps 8
+    python benchmarks/speed/train_dtype.py --work runs/train-dtype
+    python benchmarks/speed/train_dtype.py --work runs/train-dtype-default --only pretrain --pretrain-settings default --pretrain-steps 8
 """
 
 from __future__ import annotations
