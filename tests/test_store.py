@@ -37,7 +37,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_a_manifest_of_ralm_04_is_read_into_the_sides_sections():
-    """versions/v000001/manifest.json of a real hybrid build by ralm 0.4 (benchmarks/same_behaviour.py's
+    """versions/v000001/manifest.json of a real hybrid build by ralm 0.4 (benchmarks/refactor/same_behaviour.py's
     index, before sections): the dense side's fields at the top level, BM25's nowhere."""
     from ralm.retrieval.index.bm25_side import BM25Section
     from ralm.retrieval.index.dense_side import DenseSection

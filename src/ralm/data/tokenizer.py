@@ -6,7 +6,7 @@ max_length=..., return_tensors="pt")`, the special-token ids, `get_vocab`, `deco
 Both run the same Rust `tokenizers` pipeline (transformers' fast tokenizer sets truncation and
 padding on it and calls `encode_batch`), so the ids are the same; this one loads without
 importing transformers, which costs more than torch itself on a one-shot `ralm ask`
-(benchmarks/cli_latency.py). tests/test_bert.py checks it against transformers.
+(benchmarks/cli/cli_latency.py). tests/test_bert.py checks it against transformers.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from ralm.errors import RalmError, RalmWarning
 
 # Answers whose calibrated P(correct) is below this are withheld: the lowest threshold at which at
 # most 7% of the calibration half's unanswerable questions (their article removed from the
-# corpus) get an answer, for the shipped reader's hybrid map (benchmarks/selective.py;
+# corpus) get an answer, for the shipped reader's hybrid map (benchmarks/qa/selective.py;
 # benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
 MIN_CONFIDENCE = 0.41
 
