@@ -12,6 +12,7 @@ import torch
 from ralm.data.chunks import TokenStream
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, load_lm, lm_loss
+from ralm.runtime import Runtime
 
 
 def tiny(**kw) -> TransformerLM:
@@ -38,7 +39,7 @@ def test_windowed_nll_equals_one_full_forward_when_it_fits():
     ids = torch.from_numpy(tokens.astype(np.int64))[None]
     with torch.no_grad():
         brute = -torch.log_softmax(model(ids[:, :-1]), -1)[0].gather(-1, ids[0, 1:, None])[:, 0]
-    nll = lm_nll(model, stream, seq_len=32, stride=8, device=torch.device("cpu"), show_progress=False, dtype="fp32")
+    nll = lm_nll(model, stream, seq_len=32, stride=8, runtime=Runtime(torch.device("cpu"), torch.float32), show_progress=False)
     np.testing.assert_allclose(nll, brute.numpy(), rtol=1e-5, atol=1e-5)
     # the loss function is the mean of the same numbers
     assert lm_loss(model(ids[:, :-1]), ids[:, 1:]).item() == pytest.approx(brute.mean().item(), rel=1e-5)
@@ -121,3 +122,4 @@ def test_hf_causal_lm_directory_loads_behind_the_same_interface(tmp_path, tiny_b
     assert model.dim == 16 and model.cfg.max_len == 32
     with pytest.raises(RalmError, match="not a language model"):
         load_lm(tmp_path)
+
