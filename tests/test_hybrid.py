@@ -17,6 +17,7 @@ from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.fusion import Fusion, candidates, fuse_rrf, fuse_weighted, minmax, rank
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.dense_side import dense_of
 from conftest import DOCS
 
 QUERIES = ["capital of France", "Who created Python?", "highest mountain"]
@@ -102,8 +103,9 @@ def test_fused_results_say_which_side_found_them_and_read_block_text(tiny_hybrid
 def test_queries_are_encoded_once_per_side_and_dense_scores_are_exact(tiny_hybrid_index):
     s = Searcher.open(tiny_hybrid_index)
     calls = []
-    real = s.retriever.encode_queries
-    s.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
+    retriever = dense_of(s.current).retriever
+    real = retriever.encode_queries
+    retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
     ranked = rank(s, QUERIES, k=2, snap=s.current, sides=("dense", "bm25"), fusion=Fusion(alpha=1.0))
     assert calls == [3]
     q = real(QUERIES).numpy()
