@@ -78,8 +78,12 @@ def test_rebuilding_adds_a_version_and_the_searcher_swaps_to_it(tiny_bert, corpu
 
 def test_bm25_index_through_the_same_searcher(tiny_bert, corpus_file, tmp_path):
     build_index(corpus_file, tmp_path / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
-    hits = Searcher.open(tmp_path / "bm25").search(["Guido van Rossum"], 2)[0]
+    searcher = Searcher.open(tmp_path / "bm25")
+    hits = searcher.search(["Guido van Rossum"], 2)[0]
     assert hits[0].id == "python:0"
+    assert dense_of(searcher.current, optional=True) is None
+    with pytest.raises(RalmError, match=f"index {tmp_path / 'bm25'} \\(v000001\\) holds bm25 and no dense side"):
+        dense_of(searcher.current)
 
 
 def test_faiss_flat_version_matches_exact(tiny_bert, corpus_file, tmp_path):
