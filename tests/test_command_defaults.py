@@ -20,15 +20,23 @@ from test_from_config import _commands
 # shared typer options of commands/shared.py: the Runtime's "auto", the confidence maps' threshold).
 SHARED = {"device": "auto", "dtype": "auto", "min_confidence": None}  # None: each confidence map's own threshold
 
+
+def _default_kind(kind: str) -> str | None:
+    """The library's kind=None is the default kind (kinds.DEFAULT_KIND, read when called)."""
+    from ralm.retrieval.index import kinds
+
+    return None if kind == kinds.DEFAULT_KIND else kind
+
+
 # (config, field) -> (the library callable the command hands it to, its parameter, the field's
 # value as that parameter takes it)
 LIBRARY = {
     (SearchConfig, "k"): ("ralm.retrieval.search.searcher:Searcher.search", "k", None),
-    (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", None),
+    (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", _default_kind),
     (IndexBuildConfig, "faiss"): ("ralm.retrieval.index.build:build_index", "faiss_spec", None),
     (IndexBuildConfig, "batch_size"): ("ralm.retrieval.index.build:build_index", "batch_size", None),
     (IndexBuildConfig, "replace"): ("ralm.retrieval.index.build:build_index", "replace", None),
-    (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
+    (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", _default_kind),
     (IndexUpgradeConfig, "batch_size"): ("ralm.retrieval.index.build:upgrade_index", "batch_size", None),
     (EvalRetrievalConfig, "ks"): ("ralm.eval.retrieval:evaluate_retrieval", "ks", lambda v: tuple(int(x) for x in v.split(","))),
     (AskConfig, "k"): ("ralm.pipeline:OpenQA.open", "k", None),

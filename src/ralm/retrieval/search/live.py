@@ -29,6 +29,7 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Callable, Container, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -129,6 +130,10 @@ class Snapshot:
     @property
     def sides(self) -> dict:
         return self.version.sides
+
+    @property
+    def path(self) -> Path:
+        return self.version.path
 
 
 class LiveSearcher(Searcher):
