@@ -12,7 +12,7 @@
 #     training articles for distractors, the default index of those + the official dev articles
 #  2. ralm train-reader --recipe recipes/reader.json (RUN/final/reader records its command, the
 #     recipe's sha256, its config and the fingerprints of its data in made_by.json)
-#  3. calibration: benchmarks/selective.py runs `ralm eval qa --calibrate` per side (hybrid and
+#  3. calibration: benchmarks/qa/selective.py runs `ralm eval qa --calibrate` per side (hybrid and
 #     the fallback, dense, BM25) on the calibration half of the official dev questions (half of
 #     their articles deleted) and generated corpora of three sizes, then reports on the held-out half
 #  4. ralm export --format package: fp16 shards, as the package ships them
@@ -30,6 +30,6 @@ mkdir -p "$W"
 
 # the recipe names runs/... paths: run it from a WORKDIR of runs, or edit its inputs
 ralm train-reader --recipe recipes/reader.json --out "$W/reader-0.5" --json
-python benchmarks/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader-0.5"
+python benchmarks/qa/selective.py --index "$W/dev" --work "$W/selective" --reader "$W/reader-0.5"
 [ -d "$W/reader-package" ] || ralm export "$W/selective/reader" --format package --out "$W/reader-package" --json
 du -sh "$W/reader-package"

@@ -139,3 +139,20 @@ def bm25_index(tiny_bm25_index, tmp_path) -> Path:
     """A test's own copy of tiny_bm25_index, which it may write (the update log is inside)."""
     shutil.copytree(tiny_bm25_index, tmp_path / "bm25")
     return tmp_path / "bm25"
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def lay_out_as_ralm_04(index: Path) -> None:
+    """Rewrite a hybrid index's manifests as ralm 0.4 wrote them (tests/fixtures): DIR/manifest.json
+    names its kind under "retriever" alone, and each version's manifest has the keys of a real
+    0.4 build's: the sides' fields at its top level, no "sections", no checksum."""
+    shutil.copyfile(FIXTURES / "index_manifest_0.4_hybrid.json", index / "manifest.json")
+    keys = set(json.loads((FIXTURES / "version_manifest_0.4_hybrid.json").read_text()))
+    for path in (index / "versions").glob("v*/manifest.json"):
+        new = json.loads(path.read_text())
+        legacy = {**{k: v for k, v in new.items() if k not in ("sections", "checksum")},
+                  **{k: v for section in new["sections"].values() for k, v in section.items()}}
+        assert set(legacy) == keys  # the layout of a real ralm 0.4 build
+        path.write_text(json.dumps(legacy))

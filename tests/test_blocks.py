@@ -186,3 +186,21 @@ def test_special_tokens_typed_in_a_document_are_text(tokenizer):
     placed = [i for i, t in enumerate(block.token_ids) if t in special]
     assert placed == [0, block.body_start - 1, len(block.token_ids) - 1]
     assert "[ sep ]" in tokenizer.decode(block.token_ids[block.body_start : -1])
+
+
+def test_special_tokens_typed_in_a_query_are_text_to_the_retriever(tiny_bert):
+    """The query tower reads "[SEP]" typed in a question as the block builder reads it in a
+    document: its wordpieces, with only the ids ralm places special, through either tokenizer
+    (the checkpoint's tokenizer.json, or transformers' for a plain model directory)."""
+    from transformers import AutoTokenizer
+
+    from ralm.retrieval.towers.encoders import Retriever
+
+    retriever = Retriever.from_pretrained(tiny_bert, dim=None)
+    for tok in (retriever.tokenizer, AutoTokenizer.from_pretrained(tiny_bert)):
+        retriever.tokenizer = tok
+        special = {tok.cls_token_id, tok.sep_token_id, tok.mask_token_id, tok.pad_token_id}
+        ids = retriever.tokenize_queries(["who [SEP] wrote [MASK] it"])["input_ids"][0].tolist()
+        assert [i for i, t in enumerate(ids) if t in special] == [0, len(ids) - 1], (type(tok).__name__, ids)
+        doc = retriever.tokenize_documents([Document("d", "A [CLS] title", "body [SEP] text")])["input_ids"][0].tolist()
+        assert sum(t in special for t in doc) == 3, (type(tok).__name__, doc)

@@ -256,12 +256,17 @@ def test_late_mistakes_are_one_line_before_torch_is_imported(tiny_hybrid_index, 
                  (("search", index, b"caf\xe9"), "the query is not UTF-8 text (byte 0xe9 at character 3)"),
                  (("index", "build", corpus, "--out", str(tmp_path / "e"), "--model", bert, "--embeddings", str(tmp_path / "emb.npz")),
                   "is a .npz archive"),
-                 (("index", "build", corpus, "--out", str(tmp_path / "f"), "--model", bert, "--faiss", "HNSW0"), "HNSW0 is too small")]
+                 (("index", "build", corpus, "--out", str(tmp_path / "f"), "--model", bert, "--faiss", "HNSW0"), "HNSW0 is too small"),
+                 (("ict", "--corpus", corpus, "--out", str(tmp_path / "g"), "--model", "nosuch"), "--model nosuch: no such directory"),
+                 (("train-reader", "--questions", corpus, "--init", str(afile), "--out", str(tmp_path / "g")), "--init " + str(afile) + " is a file"),
+                 (("pretrain", "--corpus", corpus, "--encoder=nosuch", "--out", str(tmp_path / "g")), "--encoder nosuch: no such directory"),
+                 (("dpr", "--questions", corpus, "--corpus", corpus, "--model", str(pickled), "--out", str(tmp_path / "g")),
+                  "ralm loads safetensors only")]
         for argv, message in cases:
             rc, torch_imported, err = _before_torch(argv)
             assert (rc, torch_imported) == (2, False) and message in err, (argv, err)
             assert len(err.strip().splitlines()) == 1 and "weights_only" not in err, err
-    assert not any((tmp_path / d).exists() for d in "abcdef")  # nothing half-built
+    assert not any((tmp_path / d).exists() for d in "abcdefg")  # nothing half-built
 
 
 def test_one_shot_search_and_ask_import_no_transformers(served, tmp_path):
@@ -413,11 +418,12 @@ def test_a_positional_too_many_or_an_index_missing_names_what_was_read(argv, rea
 
 
 def test_flags_print_no_value_in_help(ralm):
-    """Item 7: an on/off flag takes no value, so help prints none beside it (typer printed `--json <bool>`)."""
-    for command in (("search",), ("ask",), ("eval", "qa"), ("index", "build"), ("retro", "eval"), ("convert", "hf-realm"),
-                    ("pretrain",)):
+    """Item 7: an on/off flag takes no value, so help prints none beside it (typer printed `--json <bool>`
+    and `--help <bool>`)."""
+    for command in ((), ("search",), ("ask",), ("eval", "qa"), ("index",), ("index", "build"), ("retro", "eval"),
+                    ("convert", "hf-realm"), ("pretrain",), ("lm", "train")):
         rc, out, _ = ralm(*command, "--help")
-        flags = [line for line in out.splitlines() if "<bool>" in line and "--help" not in line]
+        flags = [line for line in out.splitlines() if "<bool>" in line]
         assert rc == 0 and not flags, (command, flags)
 
 

@@ -21,17 +21,25 @@ from test_from_config import _commands
 # shared typer options of commands/shared.py: the Runtime's "auto").
 SHARED = {"device": "auto", "dtype": "auto"}
 
+
+def _default_kind(kind: str) -> str | None:
+    """The library's kind=None is the default kind (kinds.DEFAULT_KIND, read when called)."""
+    from ralm.retrieval.index import kinds
+
+    return None if kind == kinds.DEFAULT_KIND else kind
+
+
 # (config, field) -> (the library callable the command hands it to, its parameter, the field's
 # value as that parameter takes it); a field of a library config nested in a command's (the
 # QueryConfig of search, ask, eval qa, demo) is listed where the command's default instance sets
 # it, with the value the library reads for the config's own default (parameter None: a constant)
 LIBRARY = {
     (SearchConfig, "k"): ("ralm.defaults:SEARCH_K", None, None),  # what Searcher.search reads for QueryConfig.k None
-    (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", None),
+    (IndexBuildConfig, "kind"): ("ralm.retrieval.index.build:build_index", "kind", _default_kind),
     (IndexBuildConfig, "faiss"): ("ralm.retrieval.index.build:build_index", "faiss_spec", None),
     (IndexBuildConfig, "batch_size"): ("ralm.retrieval.index.build:build_index", "batch_size", None),
     (IndexBuildConfig, "replace"): ("ralm.retrieval.index.build:build_index", "replace", None),
-    (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", None),
+    (IndexUpgradeConfig, "kind"): ("ralm.retrieval.index.build:upgrade_index", "kind", _default_kind),
     (IndexUpgradeConfig, "batch_size"): ("ralm.retrieval.index.build:upgrade_index", "batch_size", None),
     (EvalRetrievalConfig, "ks"): ("ralm.eval.retrieval:evaluate_retrieval", "ks", lambda v: tuple(int(x) for x in v.split(","))),
     (AskConfig, "k"): ("ralm.defaults:READ_K", None, None),  # what OpenQA reads for QueryConfig.k None

@@ -9,6 +9,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from ralm.distributed import shard_range
+from ralm.retrieval.index.dense_side import dense_of
 
 from conftest import DOCS
 
@@ -54,7 +55,7 @@ def _build_and_search(rank, corpus, index_dir, model, out_file):
 
     build_index(corpus, index_dir, model=model, dim=16, show_progress=False, piece_rows=3, dtype="fp32")
     searcher = Searcher.open(index_dir, dtype="fp32")
-    assert type(searcher.current.index).__name__ == "ShardedExactIndex"
+    assert type(dense_of(searcher.current).index).__name__ == "ShardedExactIndex"
     scores, rows = searcher.search_rows(["capital city", "river in Africa", "Moon landing"], 5)
     if rank == 0:
         np.savez(out_file, scores=scores, rows=rows)

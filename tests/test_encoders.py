@@ -126,6 +126,42 @@ def test_model_loading_errors_are_clear(tmp_path):
         Retriever.from_pretrained(tmp_path / "empty")
 
 
+def test_a_name_that_is_no_directory_is_looked_up_on_the_hub_once_without_retries(monkeypatch, tmp_path):
+    """Online, `--model nosuch` used to reach the loader, which retried an unreachable hub for
+    about 50 s; the lookup is one call with a timeout, and each answer is one line."""
+    from unittest import mock
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from ralm.encoders import locate
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # nothing cached
+    calls = []
+
+    def answer(error):
+        def model_info(self, name, timeout=None):
+            calls.append((name, timeout))
+            if error is not None:
+                raise error
+        return model_info
+
+    for error, message in [(ConnectionError("no route"), "--model nosuch: no such directory, and the Hugging Face hub"),
+                           (RepositoryNotFoundError("404", response=mock.Mock()), "nor a model on the Hugging Face hub")]:
+        monkeypatch.setattr(HfApi, "model_info", answer(error))
+        with pytest.raises(RalmError, match=message):
+            locate.check_model_location("nosuch")
+    for error in (None, GatedRepoError("401", response=mock.Mock())):  # a model there: the loader takes over
+        monkeypatch.setattr(HfApi, "model_info", answer(error))
+        locate.check_model_location("org/model")
+    assert calls == [("nosuch", locate.HUB_TIMEOUT_S)] * 2 + [("org/model", locate.HUB_TIMEOUT_S)] * 2
+    (tmp_path / "models--org--cached").mkdir()
+    locate.check_model_location("org/cached")  # in the cache: no lookup
+    assert len(calls) == 4
+
+
 def test_length_sorted_batches_cover_every_row_once():
     lengths = np.random.default_rng(0).integers(1, 300, size=1000)
     batches = length_sorted_batches(lengths, 32, window=4)

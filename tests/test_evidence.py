@@ -19,6 +19,7 @@ from ralm.eval.evidence import (EvidenceConfig, evidence_gain, gain_interval, he
 from ralm.models.realm import KnowledgeAugmentedEncoder
 from ralm.retrieval.index.store import IndexDir
 from ralm.runtime import Runtime
+from ralm.retrieval.index.dense_side import dense_of
 
 FP32 = Runtime(torch.device("cpu"), torch.float32, show_progress=False)
 HELD_OUT = [
@@ -52,7 +53,7 @@ def _config(run, index, corpus, **kw) -> EvidenceConfig:
 def _brute_force(model, version, examples, doc_ids, k: int, exclude: bool) -> tuple[float, float, list[bool]]:
     """(retrieval loss, null-only loss) per masked wordpiece and per sentence whether retrieval
     helped: ranking over the stored embeddings, one unpadded encoder call per (x, z) pair, float64."""
-    emb = np.asarray(version.embeddings, dtype=np.float64)
+    emb = np.asarray(dense_of(version).embeddings, dtype=np.float64)
     blocks = version.blocks
     own_doc = {blocks.record(i)["doc_id"]: int(blocks.doc_index[i]) for i in range(len(blocks))}
     cls_id, sep_id = model.cls_id, model.sep_id

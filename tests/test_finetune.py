@@ -14,6 +14,7 @@ from ralm.models.reader import Reader
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import Searcher
 from ralm.train.finetune import FinetuneConfig, finetune, resolve_init
+from ralm.retrieval.index.dense_side import dense_of
 
 from conftest import DOCS
 
@@ -39,7 +40,7 @@ def _cfg(questions_file, index, tiny_bert, **kw):
 
 
 def test_finetune_trains_reader_and_query_tower_only(questions_file, tiny_dense_index, tiny_bert, tmp_path):
-    before = Searcher.open(tiny_dense_index).retriever
+    before = dense_of(Searcher.open(tiny_dense_index).current).retriever
     # every block is read (k = all of them), so exactly q1-q3 are answerable at every step: q4's answer is in no block
     summary = finetune(_cfg(questions_file, tiny_dense_index, tiny_bert, k=len(DOCS)), tmp_path / "run", show_progress=False)
     assert summary.steps == 4 and summary.trained_query_tower and summary.answerable_share == 0.75

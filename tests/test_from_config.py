@@ -63,6 +63,19 @@ def test_every_trainer_option_defaults_to_its_config_field(name):
     assert set(params) == {o.name for o in options} | {"out", "preset", "recipe", "device", "as_json"}
 
 
+@pytest.mark.parametrize("name", list(ALL_TRAINERS))
+def test_the_model_options_checked_before_the_import_are_the_configs_model_locations(name):
+    """A trainer names the options checked before its module is imported (`models`); each is a
+    location field of its config, and every location field is either one of them or an index."""
+    trainer = ALL_TRAINERS[name]
+    config_cls, _ = trainer.load()
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    locations = {o.flag for o in config_options(config_cls)
+                 if o.parent is None and fields[o.name].metadata.get("path") == "location"}
+    assert set(trainer.models) <= locations, (name, trainer.models, locations)
+    assert locations - set(trainer.models) <= {"--index", "--db", "--tokenizer", "--retrofit"}, (name, locations)
+
+
 def test_presets_only_name_fields_and_validate_like_any_config():
     for trainer in ALL_TRAINERS.values():
         config_cls, _ = trainer.load()

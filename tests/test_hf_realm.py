@@ -1,6 +1,6 @@
 """`ralm convert hf-realm`: name mapping on synthetic HF-REALM directories, the released
 architecture's maths (pooler + Linear + LayerNorm projection, LayerNorm span scorer), and clear
-errors. Parity with transformers 4.x itself is benchmarks/hf_realm_compat.py (needs that venv)."""
+errors. Parity with transformers 4.x itself is benchmarks/interop/hf_realm_compat.py (needs that venv)."""
 
 from __future__ import annotations
 

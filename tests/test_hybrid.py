@@ -17,6 +17,7 @@ from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.fusion import Fusion, candidates, fuse_rrf, fuse_weighted, minmax, rank
 from ralm.retrieval.search.live import LiveSearcher
 from ralm.retrieval.search.searcher import Searcher
+from ralm.retrieval.index.dense_side import dense_of
 from conftest import DOCS
 
 QUERIES = ["capital of France", "Who created Python?", "highest mountain"]
@@ -102,8 +103,9 @@ def test_fused_results_say_which_side_found_them_and_read_block_text(tiny_hybrid
 def test_queries_are_encoded_once_per_side_and_dense_scores_are_exact(tiny_hybrid_index):
     s = Searcher.open(tiny_hybrid_index)
     calls = []
-    real = s.retriever.encode_queries
-    s.retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
+    retriever = dense_of(s.current).retriever
+    real = retriever.encode_queries
+    retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]
     ranked = rank(s, QUERIES, k=2, snap=s.current, sides=("dense", "bm25"), fusion=Fusion(alpha=1.0))
     assert calls == [3]
     q = real(QUERIES).numpy()
@@ -199,7 +201,7 @@ def test_a_third_side_joins_the_hybrid_fused_with_weights_summing_to_one(monkeyp
     assert np.allclose(ranked.agreement, agreements) and len(set(agreements)) > 1
 
 
-def test_a_third_side_in_the_default_hybrid_withholds_answers_by_the_fallback_map(monkeypatch, tmp_path, tiny_bert):
+def test_a_third_side_in_the_default_kind_withholds_answers_by_the_fallback_map(monkeypatch, tmp_path, tiny_bert):
     """The toy side joins the default kind: it is built and fused with dense and BM25, its own
     section is in the manifest, its top score is a confidence feature (`top_title`), and the
     fallback map ("*", the only one the reader has) withholds the answer to a question whose
@@ -209,11 +211,11 @@ def test_a_third_side_in_the_default_hybrid_withholds_answers_by_the_fallback_ma
     from ralm.pipeline import OpenQA
 
     monkeypatch.setitem(kinds.SIDES, "title", TOY)
-    monkeypatch.setitem(kinds.KINDS, "hybrid", ("dense", "bm25", "title"))
+    monkeypatch.setattr(kinds, "DEFAULT_KIND", "bm25+dense+title")
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     index, name = build_index(corpus, tmp_path / "idx", model=str(tiny_bert), dim=16, show_progress=False)
-    assert index.kind == "hybrid" and index.version_manifest(name)["sections"]["title"] == {"file": "titles.json"}
+    assert index.kind == "bm25+dense+title" and index.version_manifest(name)["sections"]["title"] == {"file": "titles.json"}
     searcher = Searcher.open(tmp_path / "idx")
     found = searcher.rank(["Where is Mount Everest?"], 3).found_by[0]
     assert any("title" in f and len(f) > 1 for f in found)  # fused: the title side agrees with another on a block
@@ -224,3 +226,66 @@ def test_a_third_side_in_the_default_hybrid_withholds_answers_by_the_fallback_ma
     named, unnamed = qa.answer(["Where is Mount Everest?", "Which river flows north?"])
     assert named.confidence == pytest.approx(1 / (1 + np.exp(-3))) and not named.no_answer
     assert unnamed.confidence == pytest.approx(1 / (1 + np.exp(3))) and unnamed.no_answer and unnamed.answer == ""
+
+
+def test_a_kind_is_named_by_its_registered_alias_else_by_its_sides_joined(monkeypatch):
+    """kind_of names a side set (the alias registered for it, else its sides joined by "+" in
+    alphabetical order); sides_of reads either name back, in the registry's order."""
+    monkeypatch.setitem(kinds.SIDES, "title", TOY)
+    assert kinds.kind_of(("bm25", "dense")) == "hybrid" and kinds.kind_of(("dense",)) == "dense"
+    assert kinds.kind_of(("title", "dense", "bm25")) == "bm25+dense+title" and kinds.kind_of(("title",)) == "title"
+    assert kinds.sides_of("title+bm25+dense") == kinds.sides_of("bm25+dense+title") == ("dense", "bm25", "title")
+    assert kinds.sides_of("hybrid") == ("dense", "bm25")
+    for bad in ("dense+dense", "dense+colbert", "", "+"):
+        with pytest.raises(RalmError, match="unknown index kind"):
+            kinds.sides_of(bad)
+    with pytest.raises(RalmError, match="unknown: colbert"):
+        kinds.kind_of(("dense", "colbert"))
+
+
+def test_hybrid_indexes_of_ralm_04_open_unchanged_when_a_third_side_joins_the_default(monkeypatch, tmp_path, tiny_bert,
+                                                                                       tiny_hybrid_index):
+    """The default kind gains the toy side: a default build holds dense, BM25 and title, named by
+    its sides ("bm25+dense+title"), and reads the map keyed by that name, else the fallback. A
+    hybrid index laid out as ralm 0.4 wrote it (tests/fixtures) opens by the sides its manifest
+    holds: still "hybrid", read with the hybrid map, its results what they were before."""
+    import shutil
+
+    from conftest import lay_out_as_ralm_04
+    from ralm.models.confidence import Calibrations, SelectiveCalibration
+    from ralm.models.reader import Reader
+    from ralm.pipeline import OpenQA
+    from ralm.serve.service import ServeConfig, Service
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_hybrid_index, old)
+    lay_out_as_ralm_04(old)
+
+    def results(path):
+        return [[(h.id, h.score, h.found_by) for h in q] for q in Searcher.open(path).search(QUERIES, 3)]
+
+    before = results(old)
+    monkeypatch.setitem(kinds.SIDES, "title", TOY)
+    monkeypatch.setattr(kinds, "DEFAULT_KIND", "bm25+dense+title")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    new, _ = build_index(corpus, tmp_path / "new", model=str(tiny_bert), dim=16, show_progress=False)
+    assert new.sides == ("dense", "bm25", "title") and new.kind == "bm25+dense+title"
+    assert json.loads((tmp_path / "new" / "manifest.json").read_text())["kind"] == "bm25+dense+title"
+    assert (IndexDir(old).kind, IndexDir(old).sides) == ("hybrid", ("dense", "bm25")) and results(old) == before
+
+    hybrid_map, joined_map, fallback = (SelectiveCalibration(("logit_score",), (0.0,), (1.0,), (w,), 0.0, 100)
+                                        for w in (1.0, 2.0, 3.0))
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16)
+
+    def map_read(path, maps, side=None):
+        qa = OpenQA(reader, Searcher.open(path), k=3, side=side)
+        qa.calibrations = Calibrations(maps)
+        return qa.kind, qa.calibration
+
+    maps = {"hybrid": hybrid_map, "*": fallback}
+    assert map_read(old, maps) == ("hybrid", hybrid_map)
+    assert map_read(tmp_path / "new", maps) == ("bm25+dense+title", fallback)
+    assert map_read(tmp_path / "new", {**maps, "bm25+dense+title": joined_map}) == ("bm25+dense+title", joined_map)
+    assert map_read(tmp_path / "new", maps, side="hybrid") == ("hybrid", hybrid_map)
+    assert Service(ServeConfig(index=str(tmp_path / "new"))).kinds() == ["bm25+dense+title", "hybrid", "dense", "bm25", "title"]

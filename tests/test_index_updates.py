@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from conftest import DOCS
 
@@ -310,6 +311,37 @@ def test_opening_an_index_reads_logged_documents_back_without_embedding_them(ral
     monkeypatch.setattr(bm25_side, "tokens_of", embedding)
     reader = LiveSearcher.open(index)
     assert {r: reader.search(["archipelago volcano capital"], 8, retriever=r)[0] for r in before} == before
+
+
+def test_add_takes_a_sides_states_computed_elsewhere_and_the_log_keeps_them(tiny_hybrid_index, tmp_path, monkeypatch):
+    """`add(docs, states={side: fn})`: fn of the new blocks' records gives that side's states in
+    place of its own (imported vectors: nothing is embedded); a side the index lacks, or a count
+    other than the blocks', is refused before anything is logged."""
+    index = tmp_path / "idx"
+    shutil.copytree(tiny_hybrid_index, index)
+    live = LiveSearcher.open(index)
+    vec = np.zeros(live.current.version.sides["dense"].embeddings.shape[1], np.float32)
+    vec[0] = 1.0
+    seen = []
+
+    def given(records):
+        seen.extend(r["doc_id"] for r in records)
+        return [vec for _ in records]
+
+    def embedding(*args, **kwargs):
+        raise AssertionError("a block with given states was embedded")
+
+    monkeypatch.setattr(dense_side, "encode_rows", embedding)
+    with pytest.raises(RalmError, match="nosuch"):
+        live.add([Document(**NEW[0])], states={"nosuch": given})
+    with pytest.raises(RalmError, match="for 1 blocks"):
+        live.add([Document(**NEW[0])], states={"dense": lambda records: []})
+    assert not LiveSearcher.open(index).exists("zanzibar")
+    live.add([Document(**NEW[0])], states={"dense": given})
+    assert seen == ["zanzibar"]
+    for searcher in (live, LiveSearcher.open(index)):  # the log keeps the given state
+        state = searcher.current.delta.state
+        assert len(state["dense"]) == 1 and np.array_equal(state["dense"][0], vec) and len(state["bm25"]) == 1
 
 
 def test_a_replay_holds_the_cycle_collector_off_and_leaves_it_as_it_found_it(tiny_hybrid_index, tmp_path, monkeypatch):

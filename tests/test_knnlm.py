@@ -14,6 +14,7 @@ from ralm.errors import RalmError
 from ralm.models.knnlm import build_datastore, interpolate, knn_distribution, knn_target_prob
 from ralm.models.lm import LMConfig, TransformerLM
 from ralm.retrieval.lm.datastore import Datastore, auto_faiss_spec
+from ralm.runtime import Runtime
 
 
 def test_knn_interpolation_matches_hand_computation():
@@ -133,7 +134,7 @@ def test_knnlm_eval_lambda_zero_is_the_lm_and_memorised_text_gets_easier(tmp_pat
     store = Datastore(build_datastore(model, path, stream, tmp_path / "store", seq_len=16, stride=8, show_progress=False))
     res = knnlm_eval(model, store, stream, k=4, lambdas=(0.0, 0.5), temperatures=(1.0, 10.0), seq_len=16, stride=8,
                      show_progress=False)
-    lm = perplexity_report(lm_nll(model, stream, seq_len=16, stride=8, device=torch.device("cpu"), show_progress=False),
+    lm = perplexity_report(lm_nll(model, stream, seq_len=16, stride=8, runtime=Runtime.of(), show_progress=False),
                            stream.words)
     grid = {(r["lmbda"], r["temperature"]): {k: r[k] for k in lm} for r in res["knn"]}
     assert res["lm"] == lm == grid[0.0, 1.0] == grid[0.0, 10.0]

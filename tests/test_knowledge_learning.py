@@ -117,7 +117,7 @@ LENGTHS = {"max_len": 80, "max_query_len": 32, "block_len": 48}
 
 @pytest.fixture(scope="module")
 def realm_start(tmp_path_factory):
-    """How benchmarks/realm_knowledge.py starts every arm, here on 160 training entities (each
+    """How benchmarks/realm/realm_knowledge.py starts every arm, here on 160 training entities (each
     notes sentence a dated document: see above): a random hidden-64 BERT for the towers (mean
     pooling) and the encoder; the encoder's MLM warm-up on another, 800-entity task (too many
     facts to memorise), each entity one document read with its own block, the masked sentence

@@ -24,6 +24,7 @@ from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import Searcher
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_of
 
 QUESTIONS = [
     Question("q1", "What is the capital of France?", ("Paris",)),
@@ -245,7 +246,7 @@ def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
     with pytest.raises(RalmError, match="k must be"):
         OpenQA(reader, Searcher.open(tiny_dense_index), k=0)
     # no fine-tuned retriever in the run: the index's own retriever answers
-    assert open_searcher(tiny_dense_index, model=tmp_path / "run").retriever is not None
+    assert dense_of(open_searcher(tiny_dense_index, model=tmp_path / "run").current).retriever is not None
     with pytest.raises(RalmError, match="list of questions"):
         OpenQA(reader, Searcher.open(tiny_dense_index)).answer("What is the capital of France?")
     assert OpenQA(reader, Searcher.open(tiny_dense_index)).answer([]) == []
@@ -261,7 +262,7 @@ def test_open_searcher_loads_a_run_retriever_once(tmp_path, tiny_bert, other_tin
     real = Retriever.from_pretrained.__func__
     monkeypatch.setattr(Retriever, "from_pretrained", classmethod(lambda cls, path, **kw: loads.append(Path(path)) or real(cls, path, **kw)))
     searcher = open_searcher(tiny_dense_index, model=tmp_path / "same")
-    assert loads == [tmp_path / "same" / "final" / "retriever"] and not searcher.retriever.training
+    assert loads == [tmp_path / "same" / "final" / "retriever"] and not dense_of(searcher.current).retriever.training
     loads.clear()
     open_searcher(tiny_dense_index, model=tmp_path / "other")  # another document tower: the index's own
     assert loads == [tmp_path / "other" / "final" / "retriever", built_with]

@@ -1,4 +1,4 @@
-"""benchmarks/reader_gpu.py's transport, on the CPU at tiny sizes: what travels to and from a GPU
+"""benchmarks/reader/reader_gpu.py's transport, on the CPU at tiny sizes: what travels to and from a GPU
 lease (a teacher encoder as int8 rows, a student as int8 deltas from its start) comes back
 within the rounding its docstring promises, and a student keeps its null span."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _stage():
-    spec = importlib.util.spec_from_file_location("reader_gpu", ROOT / "benchmarks" / "reader_gpu.py")
+    spec = importlib.util.spec_from_file_location("reader_gpu", ROOT / "benchmarks" / "reader" / "reader_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -25,6 +25,7 @@ from ralm.models.realm import (
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import load_version
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_of
 
 
 @pytest.fixture
@@ -48,7 +49,7 @@ def _examples(model, version) -> list[MaskedSentence]:
 
 
 def _exact_search(version):
-    return lambda q, n: version.index.search(q, n)[1]
+    return lambda q, n: dense_of(version).index.search(q, n)[1]
 
 
 def test_marginal_nll_matches_python_sum():

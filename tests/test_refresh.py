@@ -20,6 +20,7 @@ from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.refresh import Snapshots, publish_embeddings
 from ralm.retrieval.search.searcher import Searcher
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_of
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ QUERIES = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
 
 def _assert_embeddings(version, expected: np.ndarray) -> None:
     """The version answers every query over all rows exactly as the expected matrix does."""
-    scores, rows = version.index.search(QUERIES, len(expected))
+    scores, rows = dense_of(version).index.search(QUERIES, len(expected))
     want = QUERIES @ expected.T  # [3, N]
     np.testing.assert_allclose(scores, np.take_along_axis(want, rows, 1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.sort(scores, 1), np.sort(want, 1), rtol=1e-4, atol=1e-5)
@@ -133,7 +134,7 @@ def test_killing_the_builder_mid_write_leaves_the_index_readable(index):
     assert index.latest() == before and index.versions() == [before]
     searcher = Searcher(index, None, check_model=False)
     assert searcher.current.name == before
-    assert searcher.current.index.search(QUERIES, 2)[1].shape == (3, 2)
+    assert dense_of(searcher.current).index.search(QUERIES, 2)[1].shape == (3, 2)
 
 
 def test_sync_publish_records_step_and_prunes_old_retrievers(index, tmp_path):

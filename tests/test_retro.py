@@ -9,6 +9,7 @@ import torch
 from ralm.errors import RalmError
 from ralm.models.lm import lm_loss
 from ralm.models.retro import RetroConfig, RetroLM, generate, load_retro, retrofit
+from ralm.runtime import Runtime
 
 M, K, V = 4, 2, 50
 
@@ -378,14 +379,14 @@ def test_training_and_evaluation_feed_each_chunk_its_own_neighbours(tmp_path, mo
     neighbours = text_neighbours(db, stream, k=K, exclude_same_doc=True, show_progress=False)  # [n, K] DB chunk ids
     n = len(stream.tokens) // M  # the text is the DB's first half: the twin of chunk c is DB chunk c + n, not c itself
     np.testing.assert_array_equal(neighbours[:, 0], np.arange(n) + n)
-    retro_nll(model, db, stream, neighbours=neighbours, stride=2 * M, device=torch.device("cpu"), show_progress=False)
+    retro_nll(model, db, stream, neighbours=neighbours, stride=2 * M, runtime=Runtime.of(), show_progress=False)
     assert seen and all(nb is not None for _, nb, _ in seen)
     for ids, nb, mask in seen:
         want, want_mask = _expected_neighbour(ids, stream.tokens)
         torch.testing.assert_close(nb[:, :, 0] * mask[:, :, 0], want, rtol=0, atol=0)
         torch.testing.assert_close(mask[:, :, 0], want_mask, rtol=0, atol=0)
     seen.clear()
-    retro_nll(model, db, stream, neighbours=None, stride=2 * M, device=torch.device("cpu"), show_progress=False)
+    retro_nll(model, db, stream, neighbours=None, stride=2 * M, runtime=Runtime.of(), show_progress=False)
     assert seen and all(nb is None and mask is None for _, nb, mask in seen)
 
 

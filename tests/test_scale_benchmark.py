@@ -1,4 +1,4 @@
-"""benchmarks/scale.py at its smallest size (10,000 documents) with the tiny BERT: every stage runs
+"""benchmarks/scale/scale.py at its smallest size (10,000 documents) with the tiny BERT: every stage runs
 on the real SQuAD sentences and reports what its figures must satisfy. The benchmark's figures
 themselves (1M blocks, the bundled MiniLM) are in benchmarks/RESULTS.md."""
 
@@ -18,7 +18,7 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     if not (DATA / "squad_corpus.jsonl").is_file():
         pytest.skip(f"needs the SQuAD data in {DATA}")
     stages = "data,build,open,search,serve,check,add,replay,dense,bm25"
-    subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
+    subprocess.run([sys.executable, ROOT / "benchmarks" / "scale" / "scale.py", "--work", tmp_path, "--model", tiny_bert, "--stride", "20",
                     "--sizes", "10000", "--dense-sizes", "20000", "--bm25-sizes", "20000,40000", "--bm25-whole", "20000",
                     "--bm25-tile-base", "20000", "--only", stages, "--queries", "20", "--add-docs", "100",
                     "--updates", "300", "--restarts", "2", "--threads", "1"], check=True, timeout=1200)
@@ -48,6 +48,6 @@ def test_scale_benchmark_runs_its_smallest_size(tiny_bert, tmp_path):
     assert tiled["repeats"] == 2 and tiled["tiled_from"]["n"] == 20_000 and tiled["disk_mb"] > bm25["disk_mb"]
     assert tiled["best_block_as_in_the_build"] >= 0.8  # the rest move with the idf of the repeated counts
     assert not list(tmp_path.glob("bm25-*/"))
-    report = subprocess.run([sys.executable, ROOT / "benchmarks" / "scale.py", "--work", tmp_path, "--report", "--figure",
+    report = subprocess.run([sys.executable, ROOT / "benchmarks" / "scale" / "scale.py", "--work", tmp_path, "--report", "--figure",
                              tmp_path / "scale.png"], check=True, capture_output=True, text=True).stdout
     assert (tmp_path / "scale.png").is_file() and json.loads(report)["series"]["open (s)"]

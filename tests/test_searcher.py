@@ -9,6 +9,7 @@ from ralm.retrieval.index.build import build_index
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import Searcher
 from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_of
 
 from conftest import DOCS
 
@@ -23,7 +24,7 @@ def test_dense_index_round_trips_and_search_returns_block_text(tiny_dense_index)
         assert texts[h.id] == h.text and h.doc_id == h.id.split(":")[0]
     # scores are inner products of the stored embeddings and the query tower's output
     version = s.current
-    q = s.retriever.encode_queries(["capital of France"]).numpy()
+    q = dense_of(s.current).retriever.encode_queries(["capital of France"]).numpy()
     emb = np.load(IndexDir(tiny_dense_index).version_path(version.name) / "embeddings.npy")
     np.testing.assert_allclose([h.score for h in hits[0]], np.sort(q @ emb.T)[0, ::-1][:3], rtol=1e-4)
 
@@ -77,8 +78,12 @@ def test_rebuilding_adds_a_version_and_the_searcher_swaps_to_it(tiny_bert, corpu
 
 def test_bm25_index_through_the_same_searcher(tiny_bert, corpus_file, tmp_path):
     build_index(corpus_file, tmp_path / "bm25", kind="bm25", model=str(tiny_bert), show_progress=False)
-    hits = Searcher.open(tmp_path / "bm25").search(["Guido van Rossum"], 2)[0]
+    searcher = Searcher.open(tmp_path / "bm25")
+    hits = searcher.search(["Guido van Rossum"], 2)[0]
     assert hits[0].id == "python:0"
+    assert dense_of(searcher.current, optional=True) is None
+    with pytest.raises(RalmError, match=f"index {tmp_path / 'bm25'} \\(v000001\\) holds bm25 and no dense side"):
+        dense_of(searcher.current)
 
 
 def test_faiss_flat_version_matches_exact(tiny_bert, corpus_file, tmp_path):
@@ -95,7 +100,7 @@ def test_ivf_version_is_searched_with_its_recorded_nprobe(tiny_bert, corpus_file
     assert index.version_manifest(name)["sections"]["dense"]["faiss_params"] == {"nprobe": 2}
     import faiss
 
-    assert faiss.extract_index_ivf(Searcher.open(tmp_path / "ivf").current.index.index).nprobe == 2
+    assert faiss.extract_index_ivf(dense_of(Searcher.open(tmp_path / "ivf").current).index.index).nprobe == 2
 
 
 def test_empty_query_is_rejected(tiny_dense_index):
@@ -175,6 +180,6 @@ def test_large_indexes_get_ivf_by_default_and_small_ones_stay_exact(tiny_bert, c
     large = Searcher.open(tmp_path / "large")
     scores, rows = large.search_rows(queries, 6, retriever="dense")
     # rescored from the float32 vectors: each row's exact score, in the exact order (the tiny model's near-ties aside)
-    q = large.retriever.encode_queries(queries).numpy()
-    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", q, large.current.embeddings[rows]), rtol=1e-5)
+    q = dense_of(large.current).retriever.encode_queries(queries).numpy()
+    np.testing.assert_allclose(scores, np.einsum("qd,qkd->qk", q, dense_of(large.current).embeddings[rows]), rtol=1e-5)
     np.testing.assert_allclose(scores, Searcher.open(tmp_path / "small").search_rows(queries, 6, retriever="dense")[0], rtol=1e-5)

@@ -21,6 +21,7 @@ from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.update_log import UpdateLog
 from ralm.serve.app import create_app
 from ralm.serve.service import ServeConfig, Service
+from ralm.retrieval.index.dense_side import dense_of
 
 from conftest import DOCS
 
@@ -390,7 +391,7 @@ def test_a_live_search_encodes_its_queries_once_and_hiding_reads_only_the_delete
     # no map of every document, which under the writer lock would stall writers on a large corpus
     assert 0 < len(reads) <= 2 and sum(locked) <= 2
     svc.add([Document(NEW["id"], NEW["title"], NEW["text"])])
-    retriever = svc.live.searcher.retriever
+    retriever = dense_of(svc.live.searcher.current).retriever
     calls = []
     real = retriever.encode_queries
     retriever.encode_queries = lambda texts, **kw: (calls.append(len(texts)), real(texts, **kw))[1]

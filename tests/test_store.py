@@ -37,7 +37,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_a_manifest_of_ralm_04_is_read_into_the_sides_sections():
-    """versions/v000001/manifest.json of a real hybrid build by ralm 0.4 (benchmarks/same_behaviour.py's
+    """versions/v000001/manifest.json of a real hybrid build by ralm 0.4 (benchmarks/refactor/same_behaviour.py's
     index, before sections): the dense side's fields at the top level, BM25's nowhere."""
     from ralm.retrieval.index.bm25_side import BM25Section
     from ralm.retrieval.index.dense_side import DenseSection
@@ -58,21 +58,16 @@ def test_a_manifest_of_ralm_04_is_read_into_the_sides_sections():
 
 
 def test_an_index_of_ralm_04_opens_searches_and_checks_as_before(tiny_hybrid_index, tmp_path, ralm):
-    """A hybrid index whose version manifest is laid out as ralm 0.4 wrote it (the fixture's keys)
+    """A hybrid index whose manifests are laid out as ralm 0.4 wrote them (the fixtures' keys)
     searches as the index it came from, and `ralm index check` verifies it."""
     import shutil
 
+    from conftest import lay_out_as_ralm_04
     from ralm.retrieval.search.searcher import Searcher
 
     old = tmp_path / "old"
     shutil.copytree(tiny_hybrid_index, old)
-    path = old / "versions" / "v000001" / "manifest.json"
-    new = json.loads(path.read_text())
-    legacy = {**{k: v for k, v in new.items() if k not in ("sections", "checksum")},  # 0.4 wrote no checksum
-              **new["sections"]["dense"], **new["sections"]["bm25"]}
-    fixture = json.loads((FIXTURES / "version_manifest_0.4_hybrid.json").read_text())
-    assert set(legacy) == set(fixture)  # the layout of a real ralm 0.4 build
-    path.write_text(json.dumps(legacy))
+    lay_out_as_ralm_04(old)
     assert IndexDir(old).version("v000001") == IndexDir(tiny_hybrid_index).version("v000001")
     queries = ["capital of France", "highest mountain"]
     a, b = Searcher.open(old).search(queries, 3), Searcher.open(tiny_hybrid_index).search(queries, 3)

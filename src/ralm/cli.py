@@ -28,7 +28,7 @@ from ralm.commands.evidence import eval_evidence
 from ralm.commands.from_config import config_command, lazy_trainer_group
 from ralm.commands.index import eval_retrieval, index_app, search
 from ralm.commands.lm import knnlm_app, lm_app, retro_app
-from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MoreArgs, OldSpellings, check_models, check_runtime, finite_floats,
+from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, MoreArgs, OldSpellings, check_models, check_runtime, finite_floats, untyped_help_flag,
                                   flag_option, index_option, index_path, os_error_line, positionals, positive, quiet_libraries,
                                   refuse_second_index, runtime)
 from ralm.commands.train import TRAINERS
@@ -352,7 +352,7 @@ def main() -> None:
     """The one error boundary: bad input (RalmError) and the filesystem (OSError) are one line
     and exit code 2; anything else is a bug, one line and exit code 1. RALM_DEBUG=1 shows
     the traceback of every error instead."""
-    command = finite_floats(typer.main.get_command(app))
+    command = untyped_help_flag(finite_floats(typer.main.get_command(app)))
     debug = os.environ.get("RALM_DEBUG", "") not in ("", "0")
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning

@@ -20,7 +20,7 @@ The CLI (`ask`, `eval qa`, `demo`), the server and evaluation (eval/openqa.py) a
 through `OpenQA`; `OpenQA.open` loads it the way they do from an index directory and a run. Its
 reading step is two functions, `read_blocks` (the reader over (question, block) pairs) and
 `pick_answer` (one question's answer and signals from its blocks read), which studies of reading
-settings call directly (benchmarks/qa_settings.py reads once and picks under many settings).
+settings call directly (benchmarks/qa/qa_settings.py reads once and picks under many settings).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ralm.atomic import check_output
-from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime
+from ralm.commands.shared import DeviceOpt, JsonOpt, OutOpt, quiet_libraries, renamed_option, runtime, untyped_help_flag
 from ralm.configs import ConfigError, Recipe, preset_values
 from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
@@ -51,6 +51,9 @@ class TrainerCommand:
     done: Callable[[Any, Any], str]
     # build(config class, {option: value}, {options given}) -> config; None: the generic one
     build: Callable[[type, dict, set], Any] | None = None
+    # its options that name a model (a directory or a hub name), checked before its module, which
+    # imports torch, is: their flags, each a location field of its config (test_from_config checks)
+    models: tuple[str, ...] = ()
 
     def load(self) -> tuple[type, Callable]:
         """(the config class, fit(cfg, run, runtime=, notify=, on_metrics=) -> a TrainResult)."""
@@ -307,16 +310,33 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
     command.config = config_cls
     app = typer.Typer(add_completion=False)
     app.command(name, help=trainer.help)(command)
-    return typer.main.get_command(app)
+    return untyped_help_flag(typer.main.get_command(app))
 
 
-def _check_run_arg(args: list[str]) -> None:
-    """A trainer's --out read from its arguments before they are parsed: its options are known only
-    once its module (torch, seconds) is imported, and --out naming a file is a mistake to name first."""
+def _given_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in unparsed arguments (`--flag V` or `--flag=V`; the last one wins)."""
+    value = None
     for i, arg in enumerate(args):
-        run = arg.partition("=")[2] if arg.startswith("--out=") else args[i + 1] if arg == "--out" and i + 1 < len(args) else None
-        if run:
-            check_output("--out", run, directory=True)
+        if arg.startswith(flag + "="):
+            value = arg.partition("=")[2]
+        elif arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def _check_early(trainer: TrainerCommand, args: list[str]) -> None:
+    """A trainer's --out and model options read from its arguments before they are parsed: its
+    options are known only once its module (torch, seconds) is imported, and --out naming a file or
+    --model naming nothing are mistakes to name first."""
+    from ralm.commands.shared import check_models
+
+    run = _given_value(args, "--out")
+    if run:
+        check_output("--out", run, directory=True)
+    for flag in trainer.models:
+        model = _given_value(args, flag)
+        if model not in (None, "", "default"):  # "default": the bundled MiniLM
+            check_models(model, option=flag)
 
 
 def lazy_trainer_group(trainers: dict[str, TrainerCommand], *, first: tuple[str, ...] = ()) -> type[TyperGroup]:
@@ -334,7 +354,7 @@ def lazy_trainer_group(trainers: dict[str, TrainerCommand], *, first: tuple[str,
 
         def resolve_command(self, ctx: typer.Context, args: list[str]):
             if args and args[0] in trainers and "--help" not in args:
-                _check_run_arg(args[1:])
+                _check_early(trainers[args[0]], args[1:])
             return super().resolve_command(ctx, args)
 
         def get_command(self, ctx: typer.Context, cmd_name: str):

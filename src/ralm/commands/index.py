@@ -98,7 +98,6 @@ def index_build(
     check_rebuild(out_dir, replace=cfg.replace)  # before torch loads; the build checks again
     from ralm.retrieval.backends.faiss_index import AUTO, FACTORY_DIMS, check_spec
     from ralm.retrieval.index.build import build_index
-    from ralm.retrieval.index.kinds import sides_of
 
     quiet_libraries()
     reports = main_rank()  # under torchrun every rank encodes; rank 0 reports
@@ -107,7 +106,9 @@ def index_build(
     if spec not in (None, AUTO):
         check_spec(spec, (dim,) if dim > 0 else FACTORY_DIMS)
     if embeddings is not None:
-        if "dense" not in sides_of(kind):
+        from ralm.retrieval.index.dense_side import holds_dense
+
+        if not holds_dense(kind):
             raise RalmError(f"--embeddings: a {kind} index has no dense side to import them into")
         if dim > 0:
             raise RalmError("--embeddings keep the dimension of the model that made them; --dim adds an untrained projection")

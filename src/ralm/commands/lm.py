@@ -14,8 +14,7 @@ import typer
 from ralm.atomic import check_output
 from ralm.commands.from_config import TrainerCommand, config_command, config_options, lazy_trainer_group
 from ralm.commands.shared import (DeviceOpt, DtypeOpt, JsonOpt, LimitOpt, MoreArgs, OldSpellings, check_faiss_spec, check_models, corpus_option, flag_option,
-                                  optional_positive, positionals, positive, quiet_libraries, removed_on_error, runtime, token_limit,
-                                  torch_device)
+                                  optional_positive, positionals, positive, quiet_libraries, removed_on_error, runtime, token_limit)
 from ralm.configs import TEXT_HELP, option
 from ralm.console import out, print_json, print_perplexity, print_summary
 from ralm.defaults import (CHUNK_LEN, EMBED_BATCH, KNN_K, KNN_LAMBDA, KNN_TEMPERATURE, LM_BATCH, MAX_NEW_TOKENS, NPROBE, RETRO_BATCH,
@@ -119,7 +118,7 @@ def lm_eval(
     lm, tok = load_lm(model)
     report = lm_perplexity(lm.to(rt.device), tokenize_text(text, tok, token_limit(limit_tokens)),
                            seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
-                           device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
+                           runtime=rt, batch_size=positive("--batch-size", batch_size))
     print_perplexity(f"perplexity on {text.name}", [("lm", report)], as_json, {})
 
 
@@ -151,7 +150,7 @@ def retro_build_db(
     start = time.perf_counter()
     with removed_on_error(db):
         path = build_chunk_db(corpus, db, model=model, chunk_len=chunk_len, faiss_spec=faiss, limit_tokens=token_limit(limit_tokens),
-                              batch_size=positive("--batch-size", batch_size), device=rt.device, dtype=rt.dtype)
+                              batch_size=positive("--batch-size", batch_size), runtime=rt)
     summary = {**chunk_db_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['chunks']} chunks of {chunk_len} "
                   f"({summary['tokens']} tokens), keys dim {summary['dim']} in {summary['seconds']} s")
@@ -182,9 +181,9 @@ def retro_eval(
     quiet_libraries()
     rt = runtime(device, dtype)
     retro, tok = load_retro(model)
-    report = retro_perplexity(retro.to(rt.device), ChunkDB(db, rt.device, dtype=rt.dtype), tokenize_text(text, tok, token_limit(limit_tokens)),
-                              retrieval=not no_retrieval, stride=optional_positive("--stride", stride), device=rt.device,
-                              batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
+    report = retro_perplexity(retro.to(rt.device), ChunkDB(db, runtime=rt), tokenize_text(text, tok, token_limit(limit_tokens)),
+                              retrieval=not no_retrieval, stride=optional_positive("--stride", stride), runtime=rt,
+                              batch_size=positive("--batch-size", batch_size))
     print_perplexity(f"RETRO perplexity on {text.name}", [("retro" + (" (retrieval off)" if no_retrieval else ""), report)],
                      as_json, {"retrieval": not no_retrieval})
 
@@ -210,10 +209,11 @@ def retro_generate(
 
     quiet_libraries()
     check_sampling(top_p, temperature)
-    dev = torch_device(device)
+    rt = runtime(device, "auto")  # no --dtype: the chunk DB embeds in the automatic dtype, the model decodes in fp32
     retro, tok = load_retro(model)
-    text, used = generate(retro.to(dev), ChunkDB(db, dev), tok, prompt,
-                          max_new_tokens=positive("--max-new-tokens", max_new_tokens), top_p=top_p, temperature=temperature, generator=torch.Generator().manual_seed(seed), device=dev)
+    text, used = generate(retro.to(rt.device), ChunkDB(db, runtime=rt), tok, prompt,
+                          max_new_tokens=positive("--max-new-tokens", max_new_tokens), top_p=top_p, temperature=temperature,
+                          generator=torch.Generator().manual_seed(seed), runtime=rt)
     if as_json:
         print_json({"prompt": prompt, "continuation": text, "retrieved": used}, ensure_ascii=False)
         return
@@ -257,7 +257,7 @@ def knnlm_build(
     with removed_on_error(store):
         path = build_datastore(lm.to(rt.device), model, tokenize_text(text, tok, token_limit(limit_tokens)), store,
                                seq_len=optional_positive("--seq-len", seq_len), stride=optional_positive("--stride", stride),
-                               faiss_spec=faiss, batch_size=positive("--batch-size", batch_size), device=rt.device, dtype=rt.dtype)
+                               faiss_spec=faiss, batch_size=positive("--batch-size", batch_size), runtime=rt)
     summary = {**datastore_summary(path), "seconds": round(time.perf_counter() - start, 1)}
     print_summary(summary, as_json, f"[green]built[/green] {path}: {summary['entries']} keys of dim {summary['dim']}, "
                   f"{summary['faiss']} index, {summary['seconds']} s")
@@ -298,6 +298,6 @@ def knnlm_eval_cmd(
     ds.check_model(model)
     res = knnlm_eval(lm.to(rt.device), ds, tokenize_text(text, tok, token_limit(limit_tokens)), k=positive("-k", k), lambdas=lambdas,
                      temperatures=temperatures, seq_len=optional_positive("--seq-len", seq_len),
-                     stride=optional_positive("--stride", stride), device=rt.device, batch_size=positive("--batch-size", batch_size), dtype=rt.dtype)
+                     stride=optional_positive("--stride", stride), runtime=rt, batch_size=positive("--batch-size", batch_size))
     rows = [("lm", res["lm"])] + [(f"knn-lm (λ={r['lmbda']}, T={r['temperature']}, k={k})", r) for r in res["knn"]]
     print_perplexity(f"kNN-LM perplexity on {text.name}", rows, as_json, {"k": k, "seconds": res["seconds"]})

@@ -273,6 +273,22 @@ def finite_floats(command):
     return command
 
 
+def untyped_help_flag(command):
+    """`--help` in the help of a typer command and of its subcommands without `<bool>` beside it,
+    as every other flag (`flag_option`): typer makes the help option itself, when help is shown."""
+    for sub in getattr(command, "commands", {}).values():
+        untyped_help_flag(sub)
+    make = command.get_help_option
+
+    def get_help_option(ctx):
+        option = make(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    command.get_help_option = get_help_option
+    return command
+
+
 def _finite(callback):
     def check(ctx, param, value):
         for v in value if isinstance(value, (list, tuple)) else (value,):

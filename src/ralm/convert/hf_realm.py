@@ -33,7 +33,7 @@ import torch
 from ralm.atomic import read_json, write_json
 from ralm.configs import ConfigError
 from ralm.data.geometry import GEOMETRY
-from ralm.errors import RalmError
+from ralm.errors import RalmError, first_line
 from ralm.rundir import final_dir
 
 ARCHITECTURES = ("RealmEmbedder", "RealmScorer", "RealmKnowledgeAugEncoder", "RealmReader", "RealmForOpenQA")
@@ -93,7 +93,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(f))
         except Exception as e:  # a truncated or foreign file
-            raise RalmError(f"{f}: unreadable safetensors file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            raise RalmError(f"{f}: unreadable safetensors file ({first_line(e)})") from None
 
     def load_bin(f: Path) -> dict:
         try:

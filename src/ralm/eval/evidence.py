@@ -42,8 +42,9 @@ from ralm.errors import RalmError
 from ralm.models.realm import (KnowledgeAugmentedEncoder, Realm, RealmConfig, marginal_nll, masked_token_log_probs,
                                read_pairs)
 from ralm.progress import progress_bar
+from ralm.retrieval.index.dense_side import dense_of, section_of
 from ralm.retrieval.index.store import IndexDir
-from ralm.retrieval.search.searcher import LoadedVersion, load_version
+from ralm.retrieval.search.searcher import LoadedVersion, Searcher
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
 from ralm.rundir import find_model, is_model_dir
 from ralm.runtime import Runtime, autocast
@@ -119,7 +120,7 @@ def null_only_nll(encoder: KnowledgeAugmentedEncoder, examples: Sequence[MaskedS
 def sentence_losses(model: Realm, examples: Sequence[MaskedSentence], version: LoadedVersion, rt: Runtime) -> SentenceLosses:
     """Both losses of one batch; `examples[i].doc` is x's document ordinal in the index (-1: none)."""
     with autocast(rt.device, rt.dtype):
-        out = model(examples, version.blocks, lambda q, n: version.index.search(q, n)[1])  # retrieval as in training
+        out = model(examples, version.blocks, lambda q, n: dense_of(version).index.search(q, n)[1])  # retrieval as in training
         null = null_only_nll(model.encoder, examples, model.cfg)
     return SentenceLosses(out.nll.float(), null.float(), out.tokens, out.utility.float(), out.log_pz[:, -1].exp())
 
@@ -209,10 +210,10 @@ def open_index(cfg: EvidenceConfig, retriever: Retriever, rt: Runtime) -> Loaded
     """The index's newest version; its dense side must come from `retriever`'s document tower."""
     index = IndexDir(cfg.index)
     name = index.latest()
-    if "dense" not in index.version(name).sides:
+    if section_of(index.version(name)) is None:
         raise RalmError(f"index {cfg.index} has no dense side; the evidence gain needs the REALM document tower's embeddings")
     check_block_len(cfg.block_len, index.blocks(index.version(name).blocks).config.max_len, cfg.index)
-    return load_version(index, name, models={"dense": retriever}, device=rt.device, dtype=rt.dtype)
+    return Searcher(index, retriever, runtime=rt).current  # `retriever` the query model its sides are offered
 
 
 def evidence_gain(cfg: EvidenceConfig, rt: Runtime | None = None) -> EvidenceScores:

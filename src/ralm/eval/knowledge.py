@@ -31,6 +31,7 @@ from ralm.data.knowledge import FactSentence, KnowledgeTask
 from ralm.data.masking import MaskedSentence, MaskingConfig, mask_sentence
 from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig
 from ralm.retrieval.index.build import build_index
+from ralm.retrieval.index.dense_side import DENSE_KIND, dense_of
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher, load_version
 from ralm.retrieval.towers.encoders import Retriever
 
@@ -63,7 +64,7 @@ def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: 
     """The training corpus plus the held-out fact documents, indexed by `retriever`'s document tower."""
     out = Path(out)
     corpus = task.write_corpus(out / "corpus.jsonl", with_eval=True)
-    index, name = build_index(corpus, out / "index", kind="dense", model=str(retriever), device=device,
+    index, name = build_index(corpus, out / "index", kind=DENSE_KIND, model=str(retriever), device=device,
                               block_cfg=BlockConfig(max_len=block_len), show_progress=False)
     return load_version(index, name, device=device)
 
@@ -72,7 +73,7 @@ def search_recall(index: str | os.PathLike, queries: Sequence[str], sources: Seq
     """Share of `queries` whose top `k` blocks in the index's dense side include a block of
     their source document: a retriever's score without an encoder (ICT, DPR)."""
     searcher = Searcher.open(index)
-    rows = searcher.search_rows(list(queries), k, side="dense")[1]  # [Q, k]
+    rows = searcher.search_rows(list(queries), k, side=DENSE_KIND)[1]  # [Q, k]
     blocks = searcher.current.blocks
     return float(np.mean([any(blocks.record(int(r))["doc_id"] == s for r in ranked if r >= 0)
                           for ranked, s in zip(rows, sources)]))
@@ -90,7 +91,7 @@ def score_realm(model: Realm, version: LoadedVersion, sentences: Sequence[FactSe
     for a in range(0, len(examples), batch_size):
         batch, facts = examples[a:a + batch_size], sentences[a:a + batch_size]
         q = model.embed_query(batch)  # [B, D]
-        rows = version.index.search(q, k)[1]  # [B, k]
+        rows = dense_of(version).index.search(q, k)[1]  # [B, k]
         sources = np.array([f.source for f in facts])
         top1.append(doc_ids[rows[:, 0]] == sources)
         topk.append((doc_ids[rows] == sources[:, None]).any(1))

@@ -27,7 +27,8 @@ from ralm.eval.calibration import (auroc, check_fittable, check_question_count, 
 from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
 from ralm.models.confidence import ANY_KIND, FOUND, map_threshold
-from ralm.retrieval.index.kinds import DEFAULT_KIND, side_class
+from ralm.retrieval.index import kinds
+from ralm.retrieval.index.kinds import side_class
 from ralm.pipeline import OpenQA
 from ralm.progress import progress_bar
 
@@ -174,7 +175,7 @@ def _calibrate(qa: OpenQA, questions: Sequence[Question], main: _Answered, also:
     rule = (f"the lowest threshold at which at most {max_unanswerable:.0%} of each calibration set's unanswerable questions "
             "get an answer, on confidences cross-fitted leaving whole articles / generated corpora out")
     maps = {qa.kind: found_features(qa, signals)}
-    if qa.kind == DEFAULT_KIND:
+    if qa.kind == kinds.DEFAULT_KIND:
         maps["*"] = ANY_KIND  # the fallback for any other kind: the reader's own signals only
     report: dict = {"sets": {name: {"questions": len(qs), "unanswerable": sum(map(unanswerable_of, qs))} for name, qs, _, _ in sets},
                     "cross_fitted": "by article" if by_title else "by half", "rule": rule, "maps": {}}

@@ -22,7 +22,7 @@ from ralm.models.lm import context
 from ralm.progress import progress_bar
 from ralm.retrieval.lm.chunkdb import text_neighbours
 from ralm.retrieval.lm.datastore import Datastore
-from ralm.runtime import autocast, compute_dtype
+from ralm.runtime import Runtime, autocast
 
 
 def perplexity_report(nll: np.ndarray, words: int) -> dict:
@@ -32,28 +32,30 @@ def perplexity_report(nll: np.ndarray, words: int) -> dict:
             "ppl": round(math.exp(total / max(len(nll), 1)), 3), "word_ppl": round(math.exp(total / max(words, 1)), 3)}
 
 
-def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, device: torch.device, batch_size: int = LM_BATCH,
-           show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
+def lm_nll(model, stream: TokenStream, *, seq_len: int, stride: int, runtime: Runtime, batch_size: int = LM_BATCH,
+           show_progress: bool = True) -> np.ndarray:
     """NLL [T - 1] of each next token under a causal LM (`features` / `head` interface)."""
     n = len(stream.tokens) - 1
     nll = np.empty(n, dtype=np.float64)
     with progress_bar(show_progress) as bar:
         task = bar.add_task("scoring", total=n)
-        for pos, _, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride, device=device,
-                                      batch_size=batch_size, dtype=dtype):
+        for pos, _, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride, runtime=runtime,
+                                      batch_size=batch_size):
             nll[pos] = -logp.cpu().numpy()
             bar.advance(task, len(pos))
     return nll
 
 
 def lm_perplexity(model, stream: TokenStream, *, seq_len: int | None = None, stride: int | None = None,
-                  device: torch.device | None = None, batch_size: int = LM_BATCH, show_progress: bool = True,
-                  dtype: str | torch.dtype | None = None) -> dict:
+                  runtime: Runtime | None = None, batch_size: int = LM_BATCH, show_progress: bool = True,
+                  device: torch.device | str | None = None, dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of a causal LM on `stream`; the window defaults to the model's training
-    length, the stride to half of it."""
+    length, the stride to half of it. `runtime`: where the model (already there) runs and its
+    compute dtype (None: the CPU, auto dtype; the older `device`/`dtype` still work, see
+    `Runtime.of`)."""
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     seq_len, stride = context(model, seq_len, stride)
-    nll = lm_nll(model, stream, seq_len=seq_len, stride=stride, device=device or torch.device("cpu"), batch_size=batch_size,
-                 show_progress=show_progress, dtype=dtype)
+    nll = lm_nll(model, stream, seq_len=seq_len, stride=stride, runtime=rt, batch_size=batch_size, show_progress=show_progress)
     return perplexity_report(nll, stream.words)
 
 
@@ -66,18 +68,20 @@ def check_grid(lambdas, temperatures) -> None:
 
 
 def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = KNN_K, lambdas=(KNN_LAMBDA,), temperatures=(KNN_TEMPERATURE,),
-               seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
+               seq_len: int | None = None, stride: int | None = None, runtime: Runtime | None = None,
                batch_size: int = LM_BATCH, exact_distances: bool = True, show_progress: bool = True, search_batch: int = 2048,
-               dtype: str | torch.dtype | None = None) -> dict:
+               device: torch.device | str | None = None, dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity of the LM alone and interpolated with p_kNN for each (λ, temperature): the
     neighbours are searched once, so a grid costs no more than one setting. Hidden states are
     searched `search_batch` at a time: faiss is several times faster on large query blocks.
-    The window defaults to the model's training length, the stride to half of it."""
+    The window defaults to the model's training length, the stride to half of it. `runtime`:
+    as `lm_perplexity`'s (the datastore is searched on the CPU)."""
     check_grid(lambdas, temperatures)
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     start = time.perf_counter()
     p_lm, p_knn = knnlm_log_probs(model, store, stream, k=k, temperatures=temperatures, seq_len=seq_len, stride=stride,
-                                  device=device, batch_size=batch_size, exact_distances=exact_distances, show_progress=show_progress,
-                                  search_batch=search_batch, dtype=dtype)
+                                  runtime=rt, batch_size=batch_size, exact_distances=exact_distances, show_progress=show_progress,
+                                  search_batch=search_batch)
     result = {"lm": perplexity_report(-p_lm, stream.words), "k": k, "seconds": round(time.perf_counter() - start, 1), "knn": []}
     for i, t in enumerate(temperatures):
         for lmbda in lambdas:
@@ -86,14 +90,13 @@ def knnlm_eval(model, store: Datastore, stream: TokenStream, *, k: int = KNN_K, 
     return result
 
 
-def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = KNN_K, temperatures=(KNN_TEMPERATURE,),
-                    seq_len: int | None = None, stride: int | None = None, device: torch.device | None = None,
+def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, runtime: Runtime, k: int = KNN_K,
+                    temperatures=(KNN_TEMPERATURE,), seq_len: int | None = None, stride: int | None = None,
                     batch_size: int = LM_BATCH, exact_distances: bool = True, show_progress: bool = True,
-                    search_batch: int = 2048, dtype: str | torch.dtype | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    search_batch: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """Per next token of `stream`: (log p_LM [T - 1], p_kNN [len(temperatures), T - 1]), for
     scoring chosen positions (interpolate with models.knnlm.interpolate)."""
     check_grid((0.0,), temperatures)
-    device = device or torch.device("cpu")
     seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1
     p_lm, p_knn = np.empty(n, dtype=np.float64), np.empty((len(temperatures), n), dtype=np.float64)
@@ -110,8 +113,8 @@ def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = KN
 
     with progress_bar(show_progress) as bar:
         task = bar.add_task("kNN-LM scoring", total=n)
-        for pos, hidden, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride, device=device,
-                                           batch_size=batch_size, dtype=dtype):
+        for pos, hidden, logp in lm_states(model, stream.tokens, start=0, end=n, seq_len=seq_len, stride=stride,
+                                           runtime=runtime, batch_size=batch_size):
             p_lm[pos] = logp.double().cpu().numpy()
             pending.append((np.asarray(pos), hidden.float().cpu().numpy()))
             if sum(len(p) for p, _ in pending) >= search_batch:
@@ -122,28 +125,30 @@ def knnlm_log_probs(model, store: Datastore, stream: TokenStream, *, k: int = KN
 
 
 def retro_perplexity(model, db, stream: TokenStream, *, retrieval: bool = True, stride: int | None = None,
-                     device: torch.device | None = None, batch_size: int = RETRO_BATCH, show_progress: bool = True,
-                     dtype: str | torch.dtype | None = None) -> dict:
+                     runtime: Runtime | None = None, batch_size: int = RETRO_BATCH, show_progress: bool = True,
+                     device: torch.device | str | None = None, dtype: str | torch.dtype | None = None) -> dict:
     """Perplexity report of RETRO on `stream`, with neighbours from chunk DB `db` (retrieved
-    once, cached in the DB) or with retrieval off. The stride, a multiple of the chunk length,
-    defaults to half the training length."""
+    once, cached in the DB, under the DB's own runtime) or with retrieval off. The stride, a
+    multiple of the chunk length, defaults to half the training length. `runtime`: as
+    `lm_perplexity`'s."""
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     m = model.cfg.chunk_len
     stride = stride or max(m, model.cfg.max_len // 2 // m * m)
     if stride % m:
         raise RalmError(f"stride must be a multiple of the chunk length {m}, got {stride}")
     neighbours = (text_neighbours(db, stream, k=model.cfg.neighbours, exclude_same_doc=False, show_progress=show_progress)
                   if retrieval else None)
-    nll = retro_nll(model, db, stream, neighbours=neighbours, stride=stride, device=device or torch.device("cpu"),
-                    batch_size=batch_size, show_progress=show_progress, dtype=dtype)
+    nll = retro_nll(model, db, stream, neighbours=neighbours, stride=stride, runtime=rt, batch_size=batch_size,
+                    show_progress=show_progress)
     return perplexity_report(nll, stream.words)
 
 
 @torch.inference_mode()
-def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, stride: int, device: torch.device,
-              batch_size: int = RETRO_BATCH, show_progress: bool = True, dtype: str | torch.dtype | None = None) -> np.ndarray:
+def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, stride: int, runtime: Runtime,
+              batch_size: int = RETRO_BATCH, show_progress: bool = True) -> np.ndarray:
     """NLL [T - 1] under RETRO; `neighbours` [T // m, k] chunk ids of the stream's complete
     chunks, or None for retrieval off. Windows start on chunk boundaries."""
-    dtype = compute_dtype(dtype, device)
+    device = runtime.device
     m, seq_len = model.cfg.chunk_len, model.cfg.max_len
     tokens = stream.tokens
     n = len(tokens) - 1
@@ -158,7 +163,7 @@ def retro_nll(model, db, stream: TokenStream, *, neighbours: np.ndarray | None, 
                 chunks = ids.shape[1] // m
                 nb_ids = np.stack([neighbours[a // m : a // m + chunks] for a, _, _ in part])  # [B, n, k]
                 nb, mask = (torch.from_numpy(x).to(device) for x in db.values(nb_ids))
-            with autocast(device, dtype):
+            with autocast(device, runtime.dtype):
                 logits = model(ids, nb, mask)  # [B, L, V], fp32 logits (RetroModel's head)
             logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]  # [B, L]
             for row, (a, b, s) in enumerate(part):

@@ -1,8 +1,9 @@
 """Calibrated answer confidence: P(the answer is right), whether or not the corpus holds one.
 
 A reader's config.json keeps one map per index kind (hybrid, dense, BM25, ...: their scores
-differ in meaning and scale), chosen by the sides a question was searched with, and a fallback
-map ("*") on the reader's own signals for any other kind. Three forms:
+differ in meaning and scale), keyed by the name of the sides a question was searched with
+(retrieval/index/kinds.py `kind_of`: an alias, else the sides joined, "bm25+dense+title"), and a
+fallback map ("*") on the reader's own signals for any other kind. Three forms:
 
   two_stage  P(right) = P(found | x) x P(right | found, x): "found" is that a block read holds
              an answer (the corpus, the search and k decide it), fitted on the reading softmax's

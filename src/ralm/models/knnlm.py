@@ -21,7 +21,7 @@ from ralm.defaults import LM_BATCH
 from ralm.errors import RalmError
 from ralm.models.lm import context
 from ralm.retrieval.lm.datastore import model_fingerprint, write_datastore
-from ralm.runtime import autocast, compute_dtype
+from ralm.runtime import Runtime, autocast
 
 
 # -- the maths ----------------------------------------------------------------------------
@@ -57,13 +57,14 @@ def interpolate(lm_logprobs: torch.Tensor, knn_probs: torch.Tensor, lmbda: float
 # -- hidden states of a text --------------------------------------------------------------
 
 @torch.inference_mode()
-def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, stride: int, device: torch.device,
-              batch_size: int = 16, dtype: str | torch.dtype | None = None):
+def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, stride: int, runtime: Runtime,
+              batch_size: int = 16):
     """Yield (positions [P], hidden [P, D], log p_LM(next token) [P]) for positions start..end-1
     of `tokens` (end <= len - 1), each with >= seq_len - stride tokens of context."""
+    device = runtime.device
     for part in window_batches(context_windows(start, end, seq_len=seq_len, stride=stride), batch_size):
         ids = torch.from_numpy(np.stack([tokens[a:b] for a, b, _ in part]).astype(np.int64)).to(device)  # [B, L]
-        with autocast(device, compute_dtype(dtype, device)):
+        with autocast(device, runtime.dtype):
             hidden = model.features(ids)  # [B, L, D]
         logp = torch.log_softmax(model.head(hidden), dim=-1)  # [B, L, V], fp32 logits
         for row, (a, b, s) in enumerate(part):
@@ -75,12 +76,14 @@ def lm_states(model, tokens: np.ndarray, *, start: int, end: int, seq_len: int, 
 
 def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, out: str | os.PathLike,
                     *, seq_len: int | None = None, stride: int | None = None, faiss_spec: str | None = None,
-                    batch_size: int = LM_BATCH, device: torch.device | None = None, show_progress: bool = True,
-                    dtype: str | torch.dtype | None = None) -> Path:
+                    batch_size: int = LM_BATCH, runtime: Runtime | None = None, show_progress: bool = True,
+                    device: torch.device | str | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """Keys = LM hidden states at every position of `stream` but the last, values = next tokens;
     the window defaults to the model's training length, the stride to half of it. Resumable:
-    finished blocks of keys survive a crash; STORE appears only when complete."""
-    device = device or torch.device("cpu")
+    finished blocks of keys survive a crash; STORE appears only when complete. `runtime`: where
+    the model (already there) runs and its compute dtype (None: the CPU, auto dtype; the older
+    `device`/`dtype` still work, see `Runtime.of`)."""
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     seq_len, stride = context(model, seq_len, stride)
     n = len(stream.tokens) - 1
     if n <= 0:
@@ -89,7 +92,7 @@ def build_datastore(model, model_path: str | os.PathLike, stream: TokenStream, o
     def keys(start: int, end: int) -> np.ndarray:
         rows = np.empty((end - start, model.dim), dtype=np.float16)
         for pos, hidden, _ in lm_states(model, stream.tokens, start=start, end=end, seq_len=seq_len, stride=stride,
-                                        device=device, batch_size=batch_size, dtype=dtype):
+                                        runtime=rt, batch_size=batch_size):
             rows[pos - start] = hidden.cpu().numpy()
         return rows
 

@@ -42,6 +42,7 @@ from ralm.errors import RalmError
 from ralm.models.lm import FORMAT as LM_FORMAT
 from ralm.models.lm import Attention, LMConfig, TransformerBlock, TransformerLM, _init_weights, load_model_dir, model_dir, rotary
 from ralm.retrieval.lm.chunkdb import read_chunk_db_manifest
+from ralm.runtime import Runtime
 
 FORMAT = "ralm.retro/2"
 OLD_FORMAT = "ralm.retro/1"  # trained with CCA query positions lacking the m - 1 offset: refused, not silently shifted
@@ -224,8 +225,11 @@ def load_retro(path: str | os.PathLike) -> tuple[RetroLM, object]:
     return load_model_dir(found, RetroLM, RetroConfig)
 
 
-def neighbour_batch(db, neighbour_ids: np.ndarray, device: torch.device, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neighbour chunk ids [B, n, k] (-1: none) -> tokens [B, n, k, r], mask [B, n, k, r] on `device`."""
+def neighbour_batch(db, neighbour_ids: np.ndarray, device: torch.device | str | None = None, pad_id: int = 0, *,
+                    runtime: Runtime | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neighbour chunk ids [B, n, k] (-1: none) -> tokens [B, n, k, r], mask [B, n, k, r] on the
+    runtime's device (None: the CPU; the older `device` still works, see `Runtime.of`)."""
+    device = Runtime.of(runtime, device=device).device
     tokens, mask = db.values(neighbour_ids, pad_id)
     return torch.from_numpy(tokens).to(device), torch.from_numpy(mask).to(device)
 
@@ -241,11 +245,14 @@ def check_sampling(top_p: float | None, temperature: float) -> None:
 @torch.inference_mode()
 def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int = MAX_NEW_TOKENS, top_p: float | None = None,
              temperature: float = SAMPLE_TEMPERATURE, generator: torch.Generator | None = None,
-             device: torch.device | None = None) -> tuple[str, list[dict]]:
+             runtime: Runtime | None = None, device: torch.device | str | None = None) -> tuple[str, list[dict]]:
     """Greedy (top_p None) or nucleus sampling; a chunk's neighbours are retrieved as soon as it
-    is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}]."""
+    is complete. Returns the continuation and the neighbours used [{chunk, neighbours: [text]}].
+    `runtime`: where the model (already there) runs (None: the CPU; the older `device` still
+    works, see `Runtime.of`); it decodes in its weights' fp32 whatever the runtime's dtype, and
+    `db` embeds the chunks under its own runtime."""
     check_sampling(top_p, temperature)
-    device = device or torch.device("cpu")
+    rt = Runtime.of(runtime, device=device)
     m, k = model.cfg.chunk_len, model.cfg.neighbours
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if not ids:
@@ -265,8 +272,9 @@ def generate(model: RetroLM, db, tokenizer, prompt: str, *, max_new_tokens: int 
             used.append({"chunk": tokenizer.decode(chunk.tolist()),
                          "neighbours": [tokenizer.decode(db.values(got[0, j : j + 1])[0][0][: m].tolist()) for j in range(k) if got[0, j] >= 0]})
         first = offset // m
-        nb, mask = neighbour_batch(db, neighbours[first : first + len(window) // m][None], device, tokenizer.pad_token_id or 0)
-        logits = model(torch.tensor([window], device=device), nb, mask)[0, -1].float()  # [V]
+        nb, mask = neighbour_batch(db, neighbours[first : first + len(window) // m][None], pad_id=tokenizer.pad_token_id or 0,
+                                   runtime=rt)
+        logits = model(torch.tensor([window], device=rt.device), nb, mask)[0, -1].float()  # [V]
         ids.append(_next_token(logits, top_p, temperature, generator))
     return tokenizer.decode(ids[start:]), used
 

@@ -99,10 +99,11 @@ class Service:
 
     # -- queries --------------------------------------------------------------------------
     def kinds(self) -> list[str]:
-        """What a query's `side` may name: every kind whose sides the index holds, its own first."""
+        """What a query's `side` may name: its own kind first, then every registered kind whose
+        sides the index holds, then each side it holds."""
         have = set(self.live.sides)
-        own = kind_of(self.live.sides)
-        return [own] + [k for k, sides in KINDS.items() if set(sides) <= have and k != own]
+        named = [kind_of(self.live.sides), *(k for k, sides in KINDS.items() if set(sides) <= have), *self.live.sides]
+        return list(dict.fromkeys(named))
 
     @property
     def default_kind(self) -> str:

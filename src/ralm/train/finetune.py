@@ -32,6 +32,8 @@ from ralm.data.reader_features import valid_spans
 from ralm.distributed import DistEnv
 from ralm.errors import RalmError
 from ralm.models.reader import Reader, is_reader_dir, marginal_nll
+from ralm.retrieval.index.dense_side import dense_of
+from ralm.retrieval.index.kinds import Side
 from ralm.retrieval.towers.encoders import is_retriever_dir
 from ralm.retrieval.search.searcher import Searcher
 from ralm.rundir import final_dir, find_model, is_model_dir, is_run
@@ -123,18 +125,19 @@ def load_reader(source: str | None, max_len: int, trainable_layers: int | None =
     return Reader.from_encoder(source, max_len=max_len, trainable_layers=trainable_layers)
 
 
-def retrieval_logits(searcher: Searcher, embeddings: np.ndarray | None, questions: list[str], k: int, *,
+def retrieval_logits(searcher: Searcher, dense: Side | None, questions: list[str], k: int, *,
                      device: torch.device, env: DistEnv) -> tuple[torch.Tensor, np.ndarray]:
-    """(logits [B, K] for p(z|x), block rows [B, K]). Dense: scores recomputed with gradients
-    from the query tower against the fixed document embeddings; BM25: the BM25 scores."""
-    if embeddings is None:
+    """(logits [B, K] for p(z|x), block rows [B, K]). With the index's dense side (`dense_of`):
+    scores recomputed with gradients from the query tower against the fixed document
+    embeddings; without: the searcher's scores (BM25's)."""
+    if dense is None:
         scores, rows = searcher.search_rows(questions, k)
         return torch.from_numpy(scores).to(device), rows
-    retriever = searcher.retriever
+    retriever = dense.retriever
     tok = {key: v.to(device) for key, v in retriever.tokenize_queries(questions).items()}
     q = retriever.query(tok["input_ids"], tok["attention_mask"]).float()  # [B, D]
-    _, rows = search_rank_queries(searcher.current.index, q, k, env)  # the fixed index
-    cand = torch.from_numpy(np.asarray(embeddings[rows.reshape(-1)], dtype=np.float32)).to(device)
+    _, rows = search_rank_queries(dense.index, q, k, env)  # the fixed index
+    cand = torch.from_numpy(np.asarray(dense.embeddings[rows.reshape(-1)], dtype=np.float32)).to(device)
     cand = cand.view(len(questions), rows.shape[1], -1)  # [B, K, D]
     with full_precision(device):  # p(z|x) logits in fp32 even inside the step's autocast
         return torch.einsum("bd,bkd->bk", q, cand), rows
@@ -160,17 +163,17 @@ class QAModel(torch.nn.Module):
     """What a fine-tuning checkpoint holds: the reader and the (trainable) query tower. Its
     forward is a step's retrieval and reading, so DDP sees every parameter that trains."""
 
-    def __init__(self, reader: Reader, searcher: Searcher, embeddings: np.ndarray | None, env: DistEnv):
+    def __init__(self, reader: Reader, searcher: Searcher, dense: Side | None, env: DistEnv):
         super().__init__()
         self.reader = reader
-        self.query = searcher.retriever.query if embeddings is not None else None
-        self.searcher, self.embeddings, self.env = searcher, embeddings, env
+        self.query = dense.retriever.query if dense is not None else None
+        self.searcher, self.dense, self.env = searcher, dense, env
 
     def forward(self, questions: list[Question], k: int) -> tuple[torch.Tensor, ...]:
         """-> retrieval logits [B, K]; span scores, valid spans, answer matches [B, K, L, W];
         no_answer [B]."""
         device = self.reader.device
-        logits, rows = retrieval_logits(self.searcher, self.embeddings, [q.question for q in questions], k, device=device,
+        logits, rows = retrieval_logits(self.searcher, self.dense, [q.question for q in questions], k, device=device,
                                         env=self.env)
         batch, valid, match, no_answer = read_candidates(self.reader, self.searcher, questions, rows, device=device)
         scores = self.reader(batch)  # [B*K, L, W]
@@ -186,13 +189,15 @@ class FinetuneTrainer(QuestionTrainer):
         cfg, ctx = self.cfg, self.ctx
         reader_src, retriever_src = resolve_init(cfg.init)
         self.searcher = searcher = Searcher.open(cfg.index, model=retriever_src, runtime=ctx.runtime)
-        self.dense = searcher.retriever is not None
+        dense = dense_of(searcher.current, optional=True)
+        self.retriever = dense.retriever if dense is not None else None  # the query tower, with a dense side
+        self.dense = dense is not None
         self.reader = load_reader(reader_src, cfg.max_len, cfg.trainable_layers).to(ctx.device)
         self.train_query = self.dense and cfg.train_retriever
-        return QAModel(self.reader, searcher, searcher.current.embeddings, ctx.env).to(ctx.device)
+        return QAModel(self.reader, searcher, dense, ctx.env).to(ctx.device)
 
     def optimizer(self, model: QAModel) -> torch.optim.Optimizer:
-        retriever = self.searcher.retriever
+        retriever = self.retriever
         groups = [{"params": [p for p in self.reader.parameters() if p.requires_grad], "lr": self.cfg.lr}]
         if self.train_query:
             groups.append({"params": retriever.query.parameters(), "lr": self.cfg.retriever_lr})
@@ -209,7 +214,7 @@ class FinetuneTrainer(QuestionTrainer):
         self.count = AnswerableCount(**self.loop.resumed)
         self.loop.model.train()
         if self.dense and not self.train_query:
-            self.searcher.retriever.eval()
+            self.retriever.eval()
 
     def step(self, i: int):
         cfg, env, device = self.cfg, self.ctx.env, self.ctx.device
@@ -226,7 +231,7 @@ class FinetuneTrainer(QuestionTrainer):
         return loss if answerable_now else None, {"loss": loss.item(), "answerable": answerable_now / (len(qs) * env.world)}
 
     def exports(self):
-        return {"reader": self.reader, **({"retriever": self.searcher.retriever} if self.dense else {})}
+        return {"reader": self.reader, **({"retriever": self.retriever} if self.dense else {})}
 
     def log_extra(self, record: dict) -> dict:
         return {"answerable_cumulative": self.count.share}

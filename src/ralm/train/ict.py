@@ -21,7 +21,7 @@ from ralm.data.masking import SentenceTable, corpus_sentences
 from ralm.data.padding import pad_rows
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoders import Retriever
-from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_index
 from ralm.rundir import final_dir
 from ralm.train.loop import LoopConfig, TrainResult
 from ralm.train.parallel import in_batch_contrastive, main_first, rank_batch, rank_slice
@@ -75,7 +75,7 @@ class IctTrainer(Trainer):
         cfg, ctx = self.cfg, self.ctx
         with main_first(ctx.env):
             self.retriever = Retriever.from_pretrained(cfg.model, dim=cfg.dim)
-            index = IndexDir.create(ctx.path / "index", "dense")
+            index = dense_index(ctx.path / "index")
             _, self.blocks, self.table = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
                                                           hf_tokenizer=self.retriever.tokenizer, block_len=cfg.block_len,
                                                           show_progress=ctx.show_progress)

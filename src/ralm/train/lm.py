@@ -32,7 +32,7 @@ from ralm.encoders.loading import default_model_path
 from ralm.errors import RalmError
 from ralm.models.lm import LMConfig, TransformerLM, lm_loss, load_lm
 from ralm.models.retro import RetroConfig, RetroLM, neighbour_batch, retrofit
-from ralm.runtime import seed_everything
+from ralm.runtime import Runtime, seed_everything
 from ralm.train.loop import LoopConfig, TrainResult, warmup_cosine
 from ralm.train.parallel import main_first, rank_batch
 from ralm.train.trainer import Trainer
@@ -103,9 +103,9 @@ def _windows(tokens: np.ndarray, seq: int, text: str) -> int:
     return n
 
 
-def _window_batch(tokens: np.ndarray, idx: np.ndarray, seq: int, device: torch.device) -> torch.Tensor:
-    """Windows `idx` of the token stream: [B, seq + 1]."""
-    return torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(device)
+def _window_batch(tokens: np.ndarray, idx: np.ndarray, seq: int, runtime: Runtime) -> torch.Tensor:
+    """Windows `idx` of the token stream: [B, seq + 1] on the runtime's device."""
+    return torch.from_numpy(np.stack([tokens[i * seq : i * seq + seq + 1] for i in idx]).astype(np.int64)).to(runtime.device)
 
 
 @dataclass
@@ -185,7 +185,7 @@ class LMTrainer(CausalLMTrainer):
         return self.new_model(TransformerLM(cfg.model))
 
     def loss(self, idx: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
-        x = _window_batch(self.tokens, idx, self.seq, self.ctx.device)
+        x = _window_batch(self.tokens, idx, self.seq, self.ctx.runtime)
         return lm_loss(net(x[:, :-1]), x[:, 1:])
 
 
@@ -196,7 +196,7 @@ class RetroTrainer(CausalLMTrainer):
         from ralm.retrieval.lm.chunkdb import ChunkDB, text_neighbours
 
         config, ctx = self.cfg, self.ctx
-        self.db = db = ChunkDB(config.db, ctx.device)
+        self.db = db = ChunkDB(config.db, runtime=ctx.runtime)  # the run's device and dtype embed and search
         cfg = config.model
         if cfg.chunk_len != db.chunk_len:
             raise RalmError(f"chunk_len {cfg.chunk_len} differs from the DB's chunk length {db.chunk_len}")
@@ -244,8 +244,8 @@ class RetroTrainer(CausalLMTrainer):
         return self._loss(self.tokens, idx, np.stack([self.neighbours[i * self.chunks : (i + 1) * self.chunks] for i in idx]), net)
 
     def _loss(self, tokens: np.ndarray, idx: np.ndarray, neighbours: np.ndarray, net: torch.nn.Module) -> torch.Tensor:
-        x = _window_batch(tokens, idx, self.seq, self.ctx.device)
-        nb, mask = neighbour_batch(self.db, neighbours, self.ctx.device, self.tokenizer.pad_token_id or 0)
+        x = _window_batch(tokens, idx, self.seq, self.ctx.runtime)
+        nb, mask = neighbour_batch(self.db, neighbours, pad_id=self.tokenizer.pad_token_id or 0, runtime=self.ctx.runtime)
         return lm_loss(net(x[:, :-1], nb, mask), x[:, 1:])
 
     def result(self, done: TrainResult) -> RetroTrainResult:

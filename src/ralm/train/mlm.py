@@ -41,7 +41,7 @@ from ralm.data.geometry import GEOMETRY
 from ralm.data.masking import MaskedSentence, MaskingConfig, SentenceConfig, SentenceTable, corpus_sentences, masked_batch
 from ralm.errors import RalmError
 from ralm.models.realm import KnowledgeAugmentedEncoder, RealmConfig, masked_token_log_probs, read_pairs
-from ralm.retrieval.index.store import IndexDir
+from ralm.retrieval.index.dense_side import dense_index
 from ralm.rundir import final_dir
 from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
 from ralm.train.parallel import global_mean, main_first, rank_batch
@@ -133,7 +133,7 @@ class MlmTrainer(Trainer):
         self.encoder = KnowledgeAugmentedEncoder.from_pretrained(cfg.model)
         if self.corpus is None:
             with main_first(ctx.env):
-                index = IndexDir.create(ctx.path / "index", "dense")
+                index = dense_index(ctx.path / "index")
                 _, *self.corpus = corpus_sentences(index.blocks_dir, index.sentences_dir, cfg.corpus,
                                                    hf_tokenizer=self.encoder.tokenizer, block_len=cfg.block_len,
                                                    show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))

@@ -38,7 +38,8 @@ from ralm.models.realm import KnowledgeAugmentedEncoder, Realm, RealmConfig, spa
 from ralm.retrieval.towers.encoders import Retriever, is_retriever_dir
 from ralm.retrieval.index.refresh import Snapshots, publish_embeddings, start_refresher
 from ralm.retrieval.search.searcher import load_version
-from ralm.retrieval.index.dense_side import DenseSide, embeddings_file, section_of
+from ralm.retrieval.index.dense_side import dense_index, dense_of, dense_sections, embeddings_file, section_of
+from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model, is_model_dir
 from ralm.runtime import dtype_name
@@ -124,10 +125,10 @@ def _retriever_source(cfg: PretrainConfig) -> str | None:
         return str(found)
     if cfg.index:
         src = IndexDir(cfg.index)
-        manifest = src.version(src.latest())
-        if DenseSide.name not in manifest.sides:  # checked before any work: the run would start from its retriever
+        dense = section_of(src.version(src.latest()))
+        if dense is None:  # checked before any work: the run would start from its retriever
             raise RalmError(f"index {cfg.index} is a {src.kind} index with no dense embeddings; pre-training needs a dense one")
-        return str(src.root / section_of(manifest).retriever)
+        return str(src.root / dense.retriever)
     return None
 
 
@@ -136,12 +137,12 @@ def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) ->
     of this run's index (step 0), with the retriever that built it."""
     src = IndexDir(src_path)
     manifest = src.version(src.latest())
-    if DenseSide.name not in manifest.sides:
+    dense = section_of(manifest)
+    if dense is None:
         raise RalmError(f"{src_path} is a {src.kind} index; pre-training needs one with a dense side")
     check_block_len(block_len, src.blocks(manifest.blocks).config.max_len, src_path)
     if manifest.blocks != key:
         raise RalmError(f"{src_path} was built over another corpus, tokenizer or block size than this run's corpus")
-    dense = section_of(manifest)
     rpath = index.root / dense.retriever
     if not rpath.is_dir():
         shutil.copytree(src.root / dense.retriever, rpath)
@@ -149,10 +150,9 @@ def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) ->
     def write(tmp: Path) -> dict:
         shutil.copyfile(embeddings_file(src.version_path(src.latest())), embeddings_file(tmp))
         # the embeddings only: pre-training searches them exactly (a faiss index of them is left behind)
-        section = replace(dense, faiss=None, faiss_params={}).to_json()
+        sections = dense_sections(replace(dense, faiss=None, faiss_params={}).to_json())
         return {**{k: v for k, v in manifest.to_json().items() if k not in ("version", "created", "build_seconds")},
-                "kind": DenseSide.name, "sides": [DenseSide.name], "sections": {DenseSide.name: section}, "step": 0,
-                "source": str(src.root)}
+                "kind": kind_of(sections), "sides": list(sections), "sections": sections, "step": 0, "source": str(src.root)}
 
     return index.publish(write)
 
@@ -235,7 +235,7 @@ class IndexInUse:
 
     def search(self, queries: torch.Tensor, k: int) -> np.ndarray:
         """Block rows [B, k] of this rank's queries [B, D]."""
-        return search_rank_queries(self.version.index, queries, k, self.ctx.env)[1]
+        return search_rank_queries(dense_of(self.version).index, queries, k, self.ctx.env)[1]
 
     def fields(self, _record: dict) -> dict:
         """What a metrics record says of the index."""
@@ -265,7 +265,7 @@ class PretrainTrainer(Trainer):
         with main_first(ctx.env):
             source = _retriever_source(cfg)
             self.retriever = Retriever.from_pretrained(source or cfg.model, dim=cfg.dim)
-            self.index = IndexDir.create(ctx.path / "index", "dense")
+            self.index = dense_index(ctx.path / "index")
             self.key, self.blocks, self.table = corpus_sentences(self.index.blocks_dir, self.index.sentences_dir, cfg.corpus,
                                                                  hf_tokenizer=self.retriever.tokenizer, block_len=cfg.block_len,
                                                                  show_progress=ctx.show_progress, cfg=SentenceConfig(cfg.spacy_model))

@@ -37,7 +37,7 @@ _IVF = re.compile(r"IVF(\d+)")
 FACTORY_DIMS = (64, 96, 128, 256, 384, 768, 1024)  # the usual embedding sizes, to parse a spec before the model loads
 AUTO = FAISS_AUTO  # a spec chosen from the number of vectors (auto_spec)
 # Below this many blocks exact search answers within the latency target on 2 CPU cores (fp32 scan of
-# N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale.py), so small indexes stay exact.
+# N x 384: ~15 ms at 100k, ~150 ms at 1M; benchmarks/scale/scale.py), so small indexes stay exact.
 APPROX_MIN_BLOCKS = 250_000
 HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer is an HNSW graph
 # From this many lists the coarse centroids come from two-level k-means (`train`): one k-means over
@@ -45,7 +45,7 @@ HNSW_LISTS = 16_384  # from this many IVF lists (N >= ~10M) the coarse quantizer
 TWO_LEVEL_LISTS = HNSW_LISTS
 # Graph search width when an HNSW graph of the lists' centroids picks each vector's list. faiss's
 # 16 misplaced about 9% of 10M vectors in lists no query probes (recall@10 0.91 whatever nprobe;
-# 64: 0.979, benchmarks/scale.py); a search of nprobe lists widens it to nprobe anyway.
+# 64: 0.979, benchmarks/scale/scale.py); a search of nprobe lists widens it to nprobe anyway.
 QUANTIZER_EF_SEARCH = 64
 # A loaded IVF's lists are memory-mapped from its file, not read: IVF4096,SQ8 over 1M vectors
 # (398 MB) opened in 0.47 s, now 0.01 s, and a server's RSS holds only the lists its queries
@@ -192,7 +192,7 @@ class FaissIndex:
     def default_search_params(self) -> dict:
         """Recall-minded defaults (faiss's own, nprobe=1 and efSearch=16, lose many neighbours).
         IVF probes 1/32 of its lists (at least 16): on 1M MiniLM-like vectors (IVF4096,SQ8,
-        benchmarks/scale.py) recall@10 against exact search is 0.992; 1/16 gave 0.995 at twice
+        benchmarks/scale/scale.py) recall@10 against exact search is 0.992; 1/16 gave 0.995 at twice
         the latency, 1/64 0.983."""
         params = {}
         if (ivf := self._ivf()) is not None:

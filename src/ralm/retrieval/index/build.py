@@ -18,13 +18,8 @@ from ralm.defaults import EMBED_BATCH
 from ralm.distributed import DistEnv, dist_env
 from ralm.errors import RalmError
 from ralm.retrieval.backends.faiss_index import AUTO
-from ralm.retrieval.index.kinds import (
-    DEFAULT_KIND,
-    BuildContext,
-    kind_of,
-    side_class,
-    sides_of,
-)
+from ralm.retrieval.index import kinds
+from ralm.retrieval.index.kinds import BuildContext, kind_of, side_class, sides_of
 from ralm.retrieval.index.live_updates import check_rebuild
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.search.update_log import UpdateLog
@@ -50,7 +45,7 @@ def version_manifest(key: str, blocks: BlockStore, sides: tuple[str, ...], secti
             "sections": dict(sections or {})}
 
 
-def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None,
+def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str | None = None, model: str | None = None,
                 dim: int | None = None, faiss_spec: str | None = AUTO, batch_size: int = EMBED_BATCH,
                 runtime: Runtime | None = None, block_cfg: BlockConfig = BlockConfig(), files: FileFilter = EVERY_FILE,
                 show_progress: bool = True, piece_rows: int = 1 << 20,
@@ -60,8 +55,8 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     `corpus`: a corpus file or folder (of a folder: the files `files` picks), or the documents
     themselves (Documents, {"id", "title", "text"} dicts or strings), which are saved in the
     index directory. `kind` names the sides
-    each version holds (retrieval/index/kinds.py): by default hybrid, a dense and a BM25 side
-    over one block store, published together as one version.
+    each version holds (retrieval/index/kinds.py), published together over one block store as
+    one version; None: the default kind's (kinds.DEFAULT_KIND: hybrid, a dense and a BM25 side).
     `runtime`: where blocks are encoded and the encoding's compute dtype (None: the CPU, auto
     dtype; the older `device`/`dtype` still work, see `Runtime.of`); embeddings are stored as float32.
     `embeddings`: a .npy of precomputed block embeddings [N, D] (one row per block, in the block
@@ -77,6 +72,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str = DEFAULT_K
     Under torchrun every rank prepares its share (dense: embeds its blocks, see
     backends/sharded.py). One function on purpose: rank 0 creates, every rank prepares, rank 0
     publishes, and the barriers between those steps read in order only when they sit side by side."""
+    kind = kind or kinds.DEFAULT_KIND
     sides = sides_of(kind)
     if batch_size <= 0:
         raise RalmError(f"batch size must be positive, got {batch_size}")
@@ -153,7 +149,7 @@ def _start_log_anew(index: IndexDir) -> None:
         log.rewrite([])
 
 
-def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: str | None = None, batch_size: int = EMBED_BATCH,
+def upgrade_index(path: str | os.PathLike, *, kind: str | None = None, model: str | None = None, batch_size: int = EMBED_BATCH,
                   runtime: Runtime | None = None, show_progress: bool = True,
                   device: torch.device | None = None, dtype: str | torch.dtype | None = None) -> tuple[IndexDir, str]:
     """Publish a version of the index at `path` holding `kind`'s sides: those its latest version
@@ -164,6 +160,7 @@ def upgrade_index(path: str | os.PathLike, *, kind: str = DEFAULT_KIND, model: s
     index = IndexDir(path)
     latest = index.latest()
     manifest = index.version(latest)
+    kind = kind or kinds.DEFAULT_KIND
     have, want = manifest.sides, sides_of(kind)
     if not set(have) <= set(want):
         raise RalmError(f"{path} holds {', '.join(have)}; a {kind} index would drop a side (build a new index instead)")

@@ -7,6 +7,10 @@ inner product (exact torch search, sharded under torchrun, or a faiss index).
 
 Its manifest section (`DenseSection`, "sections": {"dense": {...}}) records the dimension, that
 retriever and its fingerprint, the compute dtype it embedded in, and the faiss index, if any.
+
+Code outside this module never names the side (STYLE 15): the trainers, the refresher and the
+REALM evaluations reach it through `dense_of(version)` (a loaded version's embeddings, search
+index and query tower), `section_of(manifest)`, `dense_sections`, `dense_index` and DENSE_KIND.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ralm.errors import RalmError
 from ralm.retrieval.backends.exact import ExactIndex
 from ralm.retrieval.backends.faiss_index import AUTO, FaissIndex, auto_spec
 from ralm.retrieval.backends.sharded import ShardedExactIndex, assemble_pieces, encode_pieces
-from ralm.retrieval.index.kinds import BuildContext, Section
+from ralm.retrieval.index.kinds import BuildContext, Section, kind_of, sides_of
 from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import encode_rows
@@ -57,9 +61,9 @@ class DenseSection(Section):
         return {"dim": self.dim, "faiss": self.faiss, "dtype": self.dtype}
 
 
-def section_of(manifest: VersionManifest) -> DenseSection:
-    """The dense side's section of a version manifest."""
-    return manifest.sections[DenseSide.name]
+def section_of(manifest: VersionManifest) -> DenseSection | None:
+    """The dense side's section of a version manifest (None: the version holds no dense side)."""
+    return manifest.sections.get(DenseSide.name)
 
 
 def embeddings_file(version_dir: Path) -> Path:
@@ -326,3 +330,32 @@ class _DenseOverlay:
 
     def score_rows(self, encoded: torch.Tensor, i: int, rows: np.ndarray) -> np.ndarray:
         return self.embeddings[rows] @ encoded[i].float().numpy()
+
+
+DENSE_KIND = kind_of((DenseSide.name,))  # an index of the dense side alone: the trainers' and REALM evaluations'
+
+
+def dense_of(version, *, optional: bool = False) -> DenseSide | None:
+    """The dense side of a loaded version (a searcher's `current`, `load_version`'s, a live
+    snapshot): its embeddings [N, D] (`.embeddings`), search index (`.index`) and query tower
+    (`.retriever`). A version without one raises, naming the index, or with `optional` gives None."""
+    side = version.sides.get(DenseSide.name)
+    if side is None and not optional:
+        raise RalmError(f"index {version.path.parent.parent} ({version.name}) holds {', '.join(version.sides)} and no dense "
+                        "side, whose document-tower embeddings this needs; `ralm index upgrade` adds it")
+    return side
+
+
+def dense_sections(section: dict) -> dict:
+    """The "sections" of a version manifest holding the dense side alone, with its `section`."""
+    return {DenseSide.name: section}
+
+
+def dense_index(root: str | os.PathLike) -> IndexDir:
+    """The index directory at `root` (new, or one of the dense side alone), for a trainer's versions."""
+    return IndexDir.create(root, DENSE_KIND)
+
+
+def holds_dense(kind: str) -> bool:
+    """Whether an index kind's versions hold the dense side (what --embeddings are imported into)."""
+    return DenseSide.name in sides_of(kind)

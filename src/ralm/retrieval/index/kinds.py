@@ -7,6 +7,15 @@ log serve both and no crash can leave them apart. A new retrieval method (say, l
 interaction) is a module with a class that keeps the `Side` contract below and an entry in
 SIDES; searching, fusion, live updates and serving then use it with no other change.
 
+What an index holds is its version manifest's "sides", always: it opens by them, whatever the
+registry says today. A kind name is only a name for a side set: a registered alias (KINDS:
+hybrid = dense + BM25), else the sides joined by "+" in alphabetical order ("bm25+dense+title");
+`kind_of` names a set, `sides_of` reads either form back. Indexes on disk and readers'
+confidence maps (models/confidence.py, keyed by kind name, "*" the fallback) carry these names,
+so an alias never changes its set. A side joins the default build by naming the default kind
+after a set that holds it (DEFAULT_KIND, from defaults.INDEX_KIND, e.g. "bm25+dense+title", or
+a new alias): hybrid indexes already built keep their name, their map and their results.
+
 A side owns its part of a version's manifest: a `Section` dataclass of its module, kept under
 "sections" in versions/vN/manifest.json (store.py `VersionManifest`), read, validated and
 written by itself, e.g. {"dense": {"dim", "retriever", "doc_fingerprint", "dtype", "faiss",
@@ -36,23 +45,34 @@ if TYPE_CHECKING:  # store.py imports this registry
 
 # side name -> "module:Class"; imported on first use, so naming a kind loads nothing heavy
 SIDES = {"dense": "ralm.retrieval.index.dense_side:DenseSide", "bm25": "ralm.retrieval.index.bm25_side:BM25Side"}
+# kind name -> its side set, in search and fusion order; an alias never changes its set (see above)
 KINDS = {"hybrid": ("dense", "bm25"), "dense": ("dense",), "bm25": ("bm25",)}
-DEFAULT_KIND = INDEX_KIND
+DEFAULT_KIND = INDEX_KIND  # what a build holds unless told otherwise
 
 
 def sides_of(kind: str) -> tuple[str, ...]:
-    """The sides an index kind holds."""
-    if kind not in KINDS:
-        raise RalmError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
-    return KINDS[kind]
+    """The sides an index kind holds: a registered alias's, or those a joined name lists
+    ("bm25+dense+title"), in the order of SIDES."""
+    if kind in KINDS:
+        return KINDS[kind]
+    named = kind.split("+") if isinstance(kind, str) else []
+    if not named or len(set(named)) < len(named) or not set(named) <= set(SIDES):
+        raise RalmError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}, or sides joined by '+' "
+                        f"(of {', '.join(SIDES)})")
+    return tuple(s for s in SIDES if s in named)
 
 
 def kind_of(sides: Sequence[str]) -> str:
-    """The kind whose versions hold exactly `sides`."""
+    """The name of the kind whose versions hold exactly `sides`: the alias registered for that
+    set, else the sides joined by "+" in alphabetical order."""
     for kind, held in KINDS.items():
         if set(held) == set(sides):
             return kind
-    raise RalmError(f"no index kind holds the sides {sorted(sides)}")
+    unknown = sorted(set(sides) - set(SIDES))
+    if unknown or not sides:
+        raise RalmError(f"no index kind holds the sides {sorted(sides)} (unknown: {', '.join(unknown) or 'none given'}; "
+                        f"this ralm's sides: {', '.join(SIDES)})")
+    return "+".join(sorted(set(sides)))
 
 
 def side_class(name: str) -> type["Side"]:

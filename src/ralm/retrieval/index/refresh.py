@@ -32,7 +32,7 @@ from ralm.configs import DTYPES
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
 from ralm.retrieval.index.build import version_manifest
-from ralm.retrieval.index.dense_side import DenseSide, dense_manifest, embed_blocks, embeddings_file, section_of
+from ralm.retrieval.index.dense_side import dense_manifest, dense_sections, embed_blocks, embeddings_file, section_of
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir
 from ralm.runtime import compute_dtype
@@ -53,8 +53,8 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str
 
     def write(tmp: Path) -> dict:
         embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
-        section = dense_manifest(index, rpath, retriever.dim, compute_dtype(dtype, device))
-        return {**version_manifest(blocks_key, blocks, (DenseSide.name,), {DenseSide.name: section}), "step": step,
+        sections = dense_sections(dense_manifest(index, rpath, retriever.dim, compute_dtype(dtype, device)))
+        return {**version_manifest(blocks_key, blocks, tuple(sections), sections), "step": step,
                 "seconds": round(time.perf_counter() - start, 3)}
 
     try:
@@ -73,8 +73,9 @@ def _prune_retrievers(index: IndexDir) -> None:
             manifest = index.version(name)
         except (OSError, RalmError):
             continue  # pruned by a concurrent publisher meanwhile
-        if DenseSide.name in manifest.sides:
-            used.add(Path(section_of(manifest).retriever).name)
+        dense = section_of(manifest)
+        if dense is not None:
+            used.add(Path(dense.retriever).name)
     root = index.root / "retriever"
     for path in root.iterdir() if root.is_dir() else []:
         if path.is_dir() and not path.name.startswith(".") and path.name not in used:

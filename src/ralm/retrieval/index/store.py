@@ -1,9 +1,10 @@
 """Index directories: versioned, published by atomic rename, safe to read while a new
 version is being written (by `ralm index build` or the pre-training refresher).
 
-  DIR/manifest.json         {"format", "kind": "hybrid" | "dense" | "bm25"}: the kind it was
+  DIR/manifest.json         {"format", "kind": "hybrid" | "dense" | "bm25" | ...}: the kind it was
                             created as (also written as "retriever", which older ralm reads and
-                            older indexes hold alone); what it holds now is its latest version's "sides"
+                            older indexes hold alone); what it holds now is its latest version's
+                            "sides", and its kind is their name (retrieval/index/kinds.py)
   DIR/blocks/<key>/         block stores, keyed by corpus + tokenizer + block config
   DIR/sentences/<key>/      spaCy sentence passes over them (pre-training)
   DIR/retriever/<fp>/       the retriever checkpoint a dense version was built with
@@ -39,7 +40,7 @@ from typing import Callable, ClassVar
 from ralm.atomic import file_lock, fsync_tree, manifest_file, read_json, remove_stale_temps, temp_dir, write_json, write_text
 from ralm.data.blocks import BlockStore
 from ralm.errors import RalmError
-from ralm.retrieval.index.kinds import KINDS, kind_of, side_class, sides_of
+from ralm.retrieval.index.kinds import kind_of, side_class, sides_of
 from ralm.retrieval.index.manifest import FORMAT, VERSION_NAME, check_fields, read_index_manifest
 from ralm.retrieval.index.verify import CHECKSUM, FILES, inventory, manifest_checksum, used_folders
 
@@ -130,22 +131,23 @@ class IndexDir:
         self.root = Path(root)
         self.manifest = read_index_manifest(self.root)
         self.created_as = self.manifest.get("kind", self.manifest.get("retriever"))  # "retriever": written before "kind"
-        if self.created_as not in KINDS:
-            raise RalmError(f"{manifest_file(self.root)}: no valid \"kind\" (the index kind: {', '.join(KINDS)}); "
-                            "the index is damaged: rebuild it")
+        try:
+            sides_of(self.created_as)
+        except RalmError as e:
+            raise RalmError(f"{manifest_file(self.root)}: no valid \"kind\" ({e}); the index is damaged: rebuild it") from None
         if self.manifest.get("retriever", self.created_as) != self.created_as:  # written as a copy of "kind": a changed one is damage
             raise RalmError(f"{manifest_file(self.root)}: \"retriever\" ({self.manifest['retriever']!r}) differs from \"kind\" "
                             f"({self.created_as!r}), which it copies; the index is damaged: rebuild it")
 
     @classmethod
     def create(cls, root: str | os.PathLike, kind: str) -> "IndexDir":
-        sides_of(kind)
+        kind = kind_of(sides_of(kind))  # its name as the index records it
         root = Path(root)
         if root.exists() and not root.is_dir():
             raise RalmError(f"{root} is a file; an index is a directory (new, empty, or an index of the same kind)")
         if manifest_file(root).is_file():
             index = cls(root)
-            if index.kind != kind:
+            if set(index.sides) != set(sides_of(kind)):
                 hint = (f"; `ralm index upgrade {root}` adds the sides it lacks" if set(index.sides) < set(sides_of(kind))
                         else " (choose another directory)")
                 raise RalmError(f"{root} holds a {index.kind} index; cannot add a {kind} version{hint}")
@@ -158,17 +160,19 @@ class IndexDir:
 
     @property
     def kind(self) -> str:
-        """hybrid, dense or bm25: what its latest version holds (retrieval/index/kinds.py), so
-        that a crash after publishing a version of another kind (an upgrade) leaves nothing to
-        disagree; the kind it was created as until a version is published."""
-        try:
-            return self.version(self.latest()).kind
-        except RalmError:  # no version yet, or LATEST damaged (a build into the directory repairs it)
-            return self.created_as
+        """The name of what its latest version holds (hybrid, dense, bm25, or sides joined:
+        retrieval/index/kinds.py `kind_of`)."""
+        return kind_of(self.sides)
 
     @property
     def sides(self) -> tuple[str, ...]:
-        return sides_of(self.kind)
+        """What its latest version's manifest holds, so that a crash after publishing a version
+        of other sides (an upgrade) leaves nothing to disagree; the sides of the kind it was
+        created as until a version is published."""
+        try:
+            return self.version(self.latest()).sides
+        except RalmError:  # no version yet, or LATEST damaged (a build into the directory repairs it)
+            return sides_of(self.created_as)
 
     def lock(self, *, shared: bool = False, blocking: bool = True):
         """The writer lock (see the module's docstring): exclusive to publish or append to the

@@ -36,6 +36,7 @@ from ralm.data.resumable import PartialBuild, build_hint
 from ralm.defaults import CHUNK_LEN, EMBED_BATCH
 from ralm.errors import RalmError
 from ralm.progress import progress_bar
+from ralm.runtime import Runtime
 from ralm.retrieval.towers.encoders import Retriever, Tower
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.backends.exact import ExactIndex
@@ -52,12 +53,13 @@ def load_chunk_encoder(model: str | None) -> tuple[Tower, object, str]:
 
 
 def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int, end: int, cls_id: int, sep_id: int,
-                 device: torch.device, batch_size: int = 64, dtype: torch.dtype | None = None) -> np.ndarray:
+                 runtime: Runtime, batch_size: int = 64) -> np.ndarray:
     """Keys of chunks start..end-1 of `tokens` -> [end - start, H] float32."""
     rows = [np.concatenate([[cls_id], tokens[c * chunk_len : (c + 1) * chunk_len], [sep_id]]) for c in range(start, end)]
     out = np.empty((end - start, tower.bert.config.hidden_size), dtype=np.float32)
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    keys = encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=device, show_progress=False, dtype=dtype)
+    keys = encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=runtime.device, show_progress=False,
+                       dtype=runtime.dtype)
     # Unit keys: inner product ranks as L2 distance does (the paper's search). Raw inner products
     # of an encoder without a Normalize module let a chunk of large norm outrank the chunk itself.
     keys /= np.maximum(np.linalg.norm(keys, axis=1, keepdims=True), 1e-12)
@@ -65,16 +67,18 @@ def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int
 
 
 def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: str | None = None, chunk_len: int = CHUNK_LEN,
-                   faiss_spec: str | None = None, batch_size: int = EMBED_BATCH, device: torch.device | None = None,
+                   faiss_spec: str | None = None, batch_size: int = EMBED_BATCH, runtime: Runtime | None = None,
                    limit_tokens: int | None = None, block_rows: int = 4096, show_progress: bool = True,
-                   dtype: torch.dtype | None = None) -> Path:
+                   device: torch.device | str | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """Tokenize, chunk and embed `corpus` into the chunk DB `out`. Resumable: a rerun after a
-    crash keeps the finished blocks of `block_rows` keys; the DB appears at `out` only when complete."""
+    crash keeps the finished blocks of `block_rows` keys; the DB appears at `out` only when complete.
+    `runtime`: where the chunks are embedded and the encoding's compute dtype (None: the CPU,
+    auto dtype; the older `device`/`dtype` still work, see `Runtime.of`); keys are stored as float32."""
     if chunk_len <= 1:
         raise ConfigError("chunk_len", f"must be at least 2, got {chunk_len}")
-    device = device or torch.device("cpu")
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     tower, tokenizer, fingerprint = load_chunk_encoder(model)
-    tower.to(device)
+    tower.to(rt.device)
     signature = {"format": FORMAT, "corpus": corpus_fingerprint(corpus), "encoder": fingerprint,
                  "chunk_len": chunk_len, "limit_tokens": limit_tokens, "faiss": faiss_spec, "keys": "unit"}
     build = PartialBuild(out, signature)
@@ -85,8 +89,8 @@ def build_chunk_db(corpus: str | os.PathLike, out: str | os.PathLike, *, model: 
     build.stage("chunk_docs.npy", lambda tmp: np.save(tmp, stream.chunk_docs(chunk_len)))
     emb = build.fill("embeddings.npy", (n, tower.bert.config.hidden_size), np.float32,
                      lambda s, e: embed_chunks(tower, stream.tokens, chunk_len=chunk_len, start=s, end=e,
-                                               cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id, device=device,
-                                               batch_size=batch_size, dtype=dtype),
+                                               cls_id=tokenizer.cls_token_id, sep_id=tokenizer.sep_token_id, runtime=rt,
+                                               batch_size=batch_size),
                      block=block_rows, show_progress=show_progress, description="embedding chunks")
     if faiss_spec:
         build.stage("faiss.index", lambda tmp: FaissIndex.build(emb, faiss_spec).save(tmp))
@@ -106,8 +110,12 @@ def chunk_db_summary(path: str | os.PathLike) -> dict:
 
 
 class ChunkDB:
-    def __init__(self, path: str | os.PathLike, device: torch.device | None = None, nprobe: int | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, path: str | os.PathLike, device: torch.device | str | None = None, nprobe: int | None = None,
+                 dtype: str | torch.dtype | None = None, *, runtime: Runtime | None = None):
+        """`runtime`: where chunks are embedded (`embed`) and exactly searched, and the compute
+        dtype of both (None: the CPU, auto dtype; the older `device`/`dtype` still work, see
+        `Runtime.of`)."""
+        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
         self.path = Path(path)
         self.manifest = read_chunk_db_manifest(self.path)
         self.chunk_len = int(self.manifest["chunk_len"])
@@ -121,9 +129,7 @@ class ChunkDB:
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)
         else:
-            self.index = ExactIndex(self.embeddings, device=device, dtype=dtype)
-        self.device = device or torch.device("cpu")
-        self.dtype = dtype
+            self.index = ExactIndex(self.embeddings, device=self.runtime.device, dtype=self.runtime.dtype)
         self._encoder = None
 
     def __len__(self) -> int:
@@ -135,14 +141,14 @@ class ChunkDB:
             tower, tokenizer, fp = load_chunk_encoder(self.manifest["encoder_model"])
             if fp != self.manifest["encoder"]:
                 raise RalmError(f"{self.path}: encoder {self.manifest['encoder_model']} changed since the DB was built")
-            self._encoder = (tower.to(self.device), tokenizer)
+            self._encoder = (tower.to(self.runtime.device), tokenizer)
         return self._encoder
 
     def embed(self, tokens: np.ndarray, count: int, batch_size: int = 64) -> np.ndarray:
         """Keys of the first `count` chunks of a token stream [count, H]."""
         tower, tokenizer = self.encoder()
         return embed_chunks(tower, tokens, chunk_len=self.chunk_len, start=0, end=count, cls_id=tokenizer.cls_token_id,
-                            sep_id=tokenizer.sep_token_id, device=self.device, batch_size=batch_size, dtype=self.dtype)
+                            sep_id=tokenizer.sep_token_id, runtime=self.runtime, batch_size=batch_size)
 
     def search(self, queries: np.ndarray, k: int, query_docs: np.ndarray | None = None) -> np.ndarray:
         """queries [Q, H] -> chunk ids [Q, k] best first (-1: none). With `query_docs` [Q, 2],

@@ -29,7 +29,8 @@ import logging
 import threading
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Container, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Callable, Container, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -130,6 +131,10 @@ class Snapshot:
     @property
     def sides(self) -> dict:
         return self.version.sides
+
+    @property
+    def path(self) -> Path:
+        return self.version.path
 
 
 class LiveSearcher(Searcher):
@@ -294,20 +299,23 @@ class LiveSearcher(Searcher):
                 out[i] = d
         return out
 
-    def _split(self, docs: Sequence[Document], version: LoadedVersion) -> list[LiveDoc]:
+    def _split(self, docs: Sequence[Document], version: LoadedVersion, given: Mapping | None = None) -> list[LiveDoc]:
         tokenizer = next(iter(version.sides.values())).block_tokenizer()  # every side's blocks: the same wordpieces
-        return split_docs(docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides)
+        return split_docs(docs, tokenizer=tokenizer, block_cfg=version.blocks.config, sides=version.sides, given=given)
 
     def _entries(self, docs: Sequence[LiveDoc], version: LoadedVersion) -> list[Entry]:
         return [Entry({"op": "add", "id": d.doc.id, "title": d.doc.title, "text": d.doc.text, "blocks": [list(s) for s in d.spans]},
                       {name: side.encode_state(d.states[name]) for name, side in version.sides.items()}) for d in docs]
 
     # -- updates --------------------------------------------------------------------------
-    def add(self, docs: Sequence[Document]) -> list[str]:
+    def add(self, docs: Sequence[Document], *, states: Mapping[str, Callable[[Sequence[dict]], list]] | None = None) -> list[str]:
         """Add or replace documents; durable (logged + fsync'd) before they are searchable.
         An id given twice keeps its last version, as a replay of the log would. The blocks are
-        embedded before the writer lock is taken."""
-        latest, live, version = self._prepared(docs)
+        embedded before the writer lock is taken. `states`: side -> a function of the new
+        blocks' records ({"id", "doc_id", "title", "text"}, in order) returning what that side
+        keeps of each, as its own `live_state` would (the dense side: an embedding [D]), for
+        states computed elsewhere, e.g. imported vectors; the other sides compute their own."""
+        latest, live, version = self._prepared(docs, states)
         self._write(self._entries(live, version), adds=live, version=version)
         return [d.id for d in latest]
 
@@ -321,7 +329,7 @@ class LiveSearcher(Searcher):
         gone = self._write(self._entries(live, version), adds=live, files=list(dict.fromkeys(names)), version=version)
         return [d.id for d in latest], gone
 
-    def _prepared(self, docs: Sequence[Document]) -> tuple[list[Document], list[LiveDoc], LoadedVersion]:
+    def _prepared(self, docs: Sequence[Document], given: Mapping | None = None) -> tuple[list[Document], list[LiveDoc], LoadedVersion]:
         """(the last version of each id, their blocks and states, the version they were split
         for): the work of an add done before the writer lock is taken."""
         for d in docs:
@@ -329,7 +337,7 @@ class LiveSearcher(Searcher):
                 raise RalmError("a document needs a non-empty 'id' and 'text'")
         latest = list({d.id: d for d in docs}.values())
         version = self._snap.version
-        live = self._split(latest, version)
+        live = self._split(latest, version, given)
         self._rows_by_doc(version)  # outside the lock
         return latest, live, version
 

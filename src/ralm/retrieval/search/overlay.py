@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ralm.data.blocks import BlockConfig, BlockStore, iter_blocks
 from ralm.data.corpus import Document, file_of
+from ralm.errors import RalmError
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,24 @@ class LiveDoc:
         return tuple({"id": f"{d.id}:{j}", "doc_id": d.id, "title": d.title, "text": d.text[a:b]} for j, (a, b) in enumerate(self.spans))
 
 
-def split_docs(docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict) -> list[LiveDoc]:
+def split_docs(docs: Sequence[Document], *, tokenizer, block_cfg: BlockConfig, sides: dict,
+               given: Mapping[str, Callable[[Sequence[dict]], list]] | None = None) -> list[LiveDoc]:
     """`docs` split into blocks as the index's are, each side's state computed for all their
-    blocks at once (the dense side embeds them in batches)."""
+    blocks at once (the dense side embeds them in batches). `given`: side -> a function of the
+    blocks' records ({"id", "doc_id", "title", "text"}, in order) returning their states, used
+    for that side in place of its own `live_state` (states computed elsewhere)."""
+    given = given or {}
+    unknown = sorted(set(given) - set(sides))
+    if unknown:
+        raise RalmError(f"states given for {', '.join(unknown)}, which the index does not hold (its sides: {', '.join(sides)})")
     split = list(iter_blocks(docs, tokenizer, block_cfg))
     tokens = [np.asarray(b.token_ids) for _, blocks in split for b in blocks]
     spans = [tuple(b.char_span for b in blocks) for _, blocks in split]
     records = [r for d, s in zip(docs, spans) for r in LiveDoc(d, s, {}).records]
-    states = {name: side.live_state(tokens, records) for name, side in sides.items()}
+    states = {name: list(given[name](records)) if name in given else side.live_state(tokens, records) for name, side in sides.items()}
+    wrong = [name for name, st in states.items() if len(st) != len(records)]
+    if wrong:
+        raise RalmError(f"the states given for {wrong[0]} are {len(states[wrong[0]])}, for {len(records)} blocks")
     out, at = [], 0
     for (doc, _), s in zip(split, spans):
         out.append(LiveDoc(doc, s, {name: st[at:at + len(s)] for name, st in states.items()}))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -51,20 +52,13 @@ class Hit:
 
 @dataclass(frozen=True)
 class LoadedVersion:
+    """One version with every side it holds (a side's own parts: its module's accessor, e.g.
+    dense_side.py `dense_of`)."""
     name: str
     manifest: VersionManifest
     blocks: BlockStore
     sides: dict[str, Side]
-
-    @property
-    def embeddings(self) -> np.ndarray | None:
-        """The dense side's float32 embeddings [N, D] (memory-mapped), for the trainers."""
-        return self.sides["dense"].embeddings if "dense" in self.sides else None
-
-    @property
-    def index(self):
-        """The dense side's search index (exact, sharded or faiss), for the trainers."""
-        return self.sides["dense"].index
+    path: Path  # its folder, DIR/versions/<name>
 
 
 def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = None, device: torch.device | None = None,
@@ -82,7 +76,7 @@ def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = 
     sides = {s: side_class(s).load(index, name, manifest, model=models.get(s), device=device, dtype=dtype,
                                    check_model=check_model and models.get(s) is not None)
              for s in manifest.sides}
-    return LoadedVersion(name, manifest, blocks, sides)
+    return LoadedVersion(name, manifest, blocks, sides, path)
 
 
 class Searcher:
@@ -124,11 +118,6 @@ class Searcher:
     @fusion.setter
     def fusion(self, fusion: Fusion) -> None:  # the older spelling: `searcher.fusion = Fusion("rrf")`
         self.query = replace(self.query, fusion=fusion)
-
-    @property
-    def retriever(self):
-        """The dense side's query model (None for an index without a dense side)."""
-        return self.models.get("dense")
 
     @property
     def sides(self) -> tuple[str, ...]:

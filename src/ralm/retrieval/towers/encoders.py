@@ -154,15 +154,19 @@ class Retriever(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    # "[SEP]" or "[CLS]" typed in a query or a document is text, as in an index's blocks
+    # (data/blocks.py wordpiece_tokenizer): never a second separator the towers would read
     def tokenize_queries(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.cfg.query_max_len, return_tensors="pt")
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.cfg.query_max_len, return_tensors="pt",
+                              split_special_tokens=True)
 
     def tokenize_documents(self, docs: Sequence[Document | str]) -> dict[str, torch.Tensor]:
         """`[CLS] title [SEP] text [SEP]` as in an index block (a string is a text without a
         title), cut to `block_max_len` wordpieces."""
         titles = ["" if isinstance(d, str) else d.title for d in docs]
         texts = [d if isinstance(d, str) else d.text for d in docs]
-        return self.tokenizer(titles, texts, padding=True, truncation=True, max_length=self.cfg.block_max_len, return_tensors="pt")
+        return self.tokenizer(titles, texts, padding=True, truncation=True, max_length=self.cfg.block_max_len, return_tensors="pt",
+                              split_special_tokens=True)
 
     def encode_queries(self, texts: Sequence[str], batch_size: int = 128, dtype: str | torch.dtype | None = None
                        ) -> torch.Tensor:
