@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ralm.errors import RalmError
-from ralm.eval.calibration import fit_isotonic, reliability
+from ralm.eval.calibration import fit_isotonic, reliability, threshold_at_coverage
 from ralm.models.confidence import Calibration
 
 
@@ -202,3 +202,13 @@ def test_a_readers_maps_are_chosen_by_the_retriever_kind_and_round_trip():
         == maps.by_kind.keys()  # readers of ralm 0.4 wrote by_retriever
     fallback = maps.with_kind("*", hybrid)
     assert fallback.for_kind("a-new-kind") is hybrid  # any kind gets a map, so it withholds answers too
+
+
+def test_the_threshold_at_a_coverage_is_the_highest_that_answers_that_share_of_the_answerable():
+    confidence = [0.9, 0.8, 0.55, 0.3, 0.95, 0.2]
+    unanswerable = [False, False, False, False, True, True]
+    assert threshold_at_coverage(confidence, unanswerable, 0.5) == 0.8  # 2 of the 4 answerable; the unanswerable 0.95 aside
+    assert threshold_at_coverage(confidence, unanswerable, 0.75) == 0.55
+    assert threshold_at_coverage(confidence, unanswerable, 1.0) == 0.3
+    assert threshold_at_coverage([0.0, 0.001], [False, False], 1.0) == 0.0
+    assert threshold_at_coverage(confidence[4:], unanswerable[4:], 0.5) is None  # nothing answerable to choose it on

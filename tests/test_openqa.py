@@ -9,6 +9,7 @@ from pathlib import Path
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -416,6 +417,15 @@ def test_calibration_pools_sets_over_their_own_indexes_and_chooses_the_threshold
     assert cal.fitted_with["k"] == 6 and cal.fitted_with["questions"] == 80 and cal.fitted_with["threshold"] == result["threshold"]
     assert fit["maps"]["dense"]["by_set"]["generated"]["unanswerable_answered"] <= 0.1
     assert qa.threshold == result["threshold"]  # served as fitted
+    # judged at equal coverage instead: the highest threshold answering at least that share of
+    # the questions' answerable ones, on the same cross-fitted confidences
+    at = evaluate_qa(OpenQA(oracle_reader, searcher, k=6), main + other, ks=(1,), show_progress=False, calibrate=True,
+                     coverage=0.75, predictions=tmp_path / "cov.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "cov.jsonl").read_text().splitlines()]
+    answerable = np.array([r["confidence"] for r, q in zip(rows, main + other) if not q.extra.get("unanswerable")])
+    t = at["threshold"]
+    assert (answerable >= t).mean() >= 0.75 and (t == 0.99 or (answerable >= round(t + 0.01, 2)).mean() < 0.75)
+    assert "at least 75.00% of the questions' answerable ones" in at["calibration_fit"]["rule"]
     with pytest.raises(RalmError, match="exactly as served"):
         evaluate_qa(qa, main, ks=(1,), show_progress=False, calibrate=True,
                     also=[CalibrationSet("other k", OpenQA(oracle_reader, searcher, k=3), other)])

@@ -16,10 +16,11 @@ examples, never a check's documents), each indexed by `ralm index build` / `ralm
 so that a threshold holds on a user's small corpus as on Wikipedia. For each kind, `ralm eval qa
 --calibrate --also ...` fits the map and its threshold on them all (cross-fitted leaving whole
 articles and generated corpora out; the threshold: at most --max-unanswerable of each set's
-unanswerable questions answered), each kind's map added to the reader of the one before, then
+unanswerable questions answered, or with --coverage the share of the calibration half's answerable
+questions answered), each kind's map added to the reader of the one before, then
 `ralm eval qa` reports on the held-back half with the calibrated reader.
 
-    python benchmarks/qa/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25]
+    python benchmarks/qa/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25] [--coverage 0.62]
 
 Writes WORK/reader (the calibrated reader) and WORK/report.json. Resumes: finished steps are kept.
 """
@@ -112,6 +113,9 @@ def main() -> None:
     ap.add_argument("--reader", default=None, help="reader checkpoint or run (default: the package's)")
     ap.add_argument("--kinds", default="hybrid,dense,bm25")
     ap.add_argument("--max-unanswerable", type=float, default=None, help="the threshold rule's share (default: ralm's)")
+    ap.add_argument("--coverage", type=float, default=None, help="instead: the threshold answering this share of the calibration "
+                    "half's answerable questions (`ralm eval qa --calibrate --coverage`: a reader judged at the coverage of the "
+                    "one it replaces)")
     ap.add_argument("--no-heldout", action="store_true", help="calibrate only")
     args = ap.parse_args()
     work = args.work
@@ -120,7 +124,8 @@ def main() -> None:
     squad_index, halves, removed = squad_sets(args.index, work)
     generated = generated_sets(squad_index, work)
     also = [f"--also={index}={questions}" for index, questions in generated.values()]
-    rule = [] if args.max_unanswerable is None else ["--max-unanswerable", str(args.max_unanswerable)]
+    rule = ([] if args.max_unanswerable is None else ["--max-unanswerable", str(args.max_unanswerable)]) + (
+        [] if args.coverage is None else ["--coverage", str(args.coverage)])
     report = {"removed_articles": sorted(removed), "sets": {s: str(q) for s, (_, q) in generated.items()}, "kinds": {}}
     reader = args.reader
     for kind in args.kinds.split(","):

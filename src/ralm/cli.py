@@ -76,6 +76,9 @@ class EvalQaConfig(AskConfig):
     batch_size: int = option(QA_BATCH, "questions per reader batch")
     max_unanswerable: float = option(MAX_UNANSWERABLE, "with --calibrate: the threshold is the lowest confidence at which at "
                                                        "most this share of each set's unanswerable questions are answered")
+    coverage: float | None = option(None, "with --calibrate, instead: the threshold is the highest at which at least this share "
+                                          "of the questions' answerable ones are answered (a reader judged at the coverage of "
+                                          "the one it replaces)", shown="none")
 
 
 
@@ -185,6 +188,9 @@ def eval_qa(
             check_output(flag, output, inputs)
     if not 0 <= cfg.max_unanswerable <= 1:
         raise RalmError(f"--max-unanswerable must be in [0, 1], got {cfg.max_unanswerable}")
+    if cfg.coverage is not None and not (calibrate and 0 < cfg.coverage <= 1):
+        raise RalmError(f"--coverage must be in (0, 1], got {cfg.coverage}" if calibrate else "--coverage chooses the threshold "
+                        "of --calibrate: add --calibrate or drop --coverage")
     extra_sets = []
     for spec in also:
         where, sep, qfile = spec.partition("=")
@@ -214,7 +220,8 @@ def eval_qa(
                                               runtime=qa.runtime), set_qs)
             for where, set_qs in extra_sets]
     result = evaluate_qa(qa, qs, ks=(1, 5, 20), batch_size=batch_size, predictions=predictions,
-                         calibrate=calibrate, also=sets, max_unanswerable=cfg.max_unanswerable)
+                         calibrate=calibrate, also=sets, max_unanswerable=cfg.max_unanswerable,
+                         coverage=cfg.coverage)
     result = {**result, "index": str(index_dir), "predictions": str(predictions)}
     if calibrate:
         save_calibrated(resolve_reader(model), calibrated_out, qa.calibrations.to_json())

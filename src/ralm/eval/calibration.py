@@ -188,6 +188,19 @@ def choose_threshold(confidence: Sequence[float], unanswerable: Sequence[bool], 
     return 0.99
 
 
+def threshold_at_coverage(confidence: Sequence[float], unanswerable: Sequence[bool], coverage: float) -> float | None:
+    """The highest threshold (on a 0.01 grid: the fewest answers) at which at least `coverage` of
+    the answerable questions would be answered: a new reader (a new null, a new map) judged at the
+    coverage of the one it replaces. None without answerable questions."""
+    c, un = np.asarray(confidence, dtype=np.float64), np.asarray(unanswerable, dtype=bool)
+    if un.all():
+        return None
+    for t in np.round(np.arange(0.99, 0.0, -0.01), 2):
+        if (c[~un] >= t).mean() >= coverage:
+            return float(t)
+    return 0.0
+
+
 def selective_at(confidence: Sequence[float], correct: Sequence[float], unanswerable: Sequence[bool], t: float) -> dict:
     """At threshold t: the shares of answerable and of unanswerable questions answered, and the
     accuracy of the answers given."""

@@ -23,7 +23,7 @@ from ralm.data.qa import Question, has_answer
 from ralm.defaults import MAX_UNANSWERABLE, QA_BATCH
 from ralm.errors import RalmError, RalmWarning
 from ralm.eval.calibration import (auroc, check_fittable, check_question_count, choose_threshold, cross_fitted, fit_two_stage,
-                                   reliability, risk_coverage, selective_at, side_features)
+                                   reliability, risk_coverage, selective_at, side_features, threshold_at_coverage)
 from ralm.eval.metrics import exact_match, f1, recall_at_k
 from ralm.eval.retrieval import warn_if_no_answer_retrieved
 from ralm.models.confidence import ANY_KIND, FOUND, map_threshold
@@ -97,14 +97,16 @@ def unanswerable_of(q: Question) -> bool:
 
 def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] = (1, 5, 20), batch_size: int = QA_BATCH,
                 predictions: Path | None = None, show_progress: bool = True, calibrate: bool = False,
-                also: Sequence[CalibrationSet] = (), max_unanswerable: float = MAX_UNANSWERABLE) -> dict:
+                also: Sequence[CalibrationSet] = (), max_unanswerable: float = MAX_UNANSWERABLE,
+                coverage: float | None = None) -> dict:
     """EM / F1 (percentages, max over gold answers) of the best answer (also when the threshold
     withholds it), `answered` (% of questions answered at `qa.threshold`) and
     `answered_em` (EM over those), and recall@k; per-question JSONL to `predictions`.
     `calibrate` fits the confidence map of `qa`'s kind (and, for the default kind, the fallback
     map of any other) on these questions and those of `also`, pooled, and its threshold
     (`choose_threshold`: at most `max_unanswerable` of each set's unanswerable questions
-    answered, on confidences cross-fitted leaving whole articles or generated corpora out);
+    answered, on confidences cross-fitted leaving whole articles or generated corpora out; with
+    `coverage`, `threshold_at_coverage` of these questions instead);
     with a calibration the result holds reliability bins and each prediction its confidence."""
     if calibrate:
         check_question_count(len(questions) + sum(len(s.questions) for s in also))
@@ -126,7 +128,7 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
               "questions": len(questions), "k": qa.k, "seconds": round(time.perf_counter() - start, 2)}
     confidence = None
     if calibrate:
-        confidence, result["calibration_fit"] = _calibrate(qa, questions, main, also, extra, max_unanswerable)
+        confidence, result["calibration_fit"] = _calibrate(qa, questions, main, also, extra, max_unanswerable, coverage)
         result["reliability"] = {**reliability(confidence, ems), "cross_fitted": result["calibration_fit"]["cross_fitted"]}
         result["seconds"] = round(time.perf_counter() - start, 2)
     elif qa.calibration is not None:
@@ -157,7 +159,7 @@ def evaluate_qa(qa: OpenQA, questions: Sequence[Question], *, ks: Sequence[int] 
 
 
 def _calibrate(qa: OpenQA, questions: Sequence[Question], main: _Answered, also: Sequence[CalibrationSet],
-               extra: Sequence[_Answered], max_unanswerable: float) -> tuple[np.ndarray, dict]:
+               extra: Sequence[_Answered], max_unanswerable: float, coverage: float | None = None) -> tuple[np.ndarray, dict]:
     """Fit `qa`'s kind's map (and for the default kind the fallback "*") on every set's questions
     pooled, choose its threshold, and install it in `qa`. Returns (the questions' cross-fitted
     confidences, a report of the fit)."""
@@ -173,7 +175,9 @@ def _calibrate(qa: OpenQA, questions: Sequence[Question], main: _Answered, also:
     # leave whole articles (or generated corpora) of one set out of each fit; else alternate halves
     groups = [f"{name}/{t}" if by_title else f"{name}/{i % 2}" for i, (name, t) in enumerate(zip(names, titles))]
     rule = (f"the lowest threshold at which at most {max_unanswerable:.0%} of each calibration set's unanswerable questions "
-            "get an answer, on confidences cross-fitted leaving whole articles / generated corpora out")
+            "get an answer" if coverage is None else
+            f"the highest threshold at which at least {coverage:.2%} of the questions' answerable ones get an answer"
+            ) + ", on confidences cross-fitted leaving whole articles / generated corpora out"
     maps = {qa.kind: found_features(qa, signals)}
     if qa.kind == kinds.DEFAULT_KIND:
         maps["*"] = ANY_KIND  # the fallback for any other kind: the reader's own signals only
@@ -188,11 +192,13 @@ def _calibrate(qa: OpenQA, questions: Sequence[Question], main: _Answered, also:
                                  found_features=features, fitted_with=fitted_with)
 
         crossed = cross_fitted(signals, fit, groups=groups)  # measured on questions (articles) the map did not see
-        threshold = choose_threshold(crossed, unanswerable, names, max_unanswerable=max_unanswerable)
+        threshold = (choose_threshold(crossed, unanswerable, names, max_unanswerable=max_unanswerable) if coverage is None
+                     else threshold_at_coverage(crossed[: len(questions)], unanswerable[: len(questions)], coverage))
         if threshold is None:
             threshold = map_threshold(qa.calibrations.for_kind(key))
             note = (f"no calibration question is marked unanswerable (\"unanswerable\": true): the {key} threshold stays "
-                    f"{threshold}; add questions the corpus cannot answer to choose it")
+                    f"{threshold}; add questions the corpus cannot answer to choose it" if coverage is None else
+                    f"no question is answerable: the {key} threshold stays {threshold}; --coverage is a share of answerable ones")
             report.setdefault("notes", []).append(note)
             warnings.warn(RalmWarning(note))
         qa.calibrations = qa.calibrations.with_kind(key, fit(np.arange(len(ems)), threshold))
