@@ -48,6 +48,7 @@ LIBRARY = {
     (EvalQaConfig, "k"): ("ralm.defaults:READ_K", None, None),
     (EvalQaConfig, "batch_size"): ("ralm.eval.openqa:evaluate_qa", "batch_size", None),
     (EvalQaConfig, "max_unanswerable"): ("ralm.eval.openqa:evaluate_qa", "max_unanswerable", None),
+    (EvalQaConfig, "coverage"): ("ralm.eval.openqa:evaluate_qa", "coverage", None),
     (LmBatchConfig, "batch_size"): ("ralm.eval.perplexity:lm_perplexity", "batch_size", None),
     (KnnlmEvalConfig, "batch_size"): ("ralm.eval.perplexity:knnlm_eval", "batch_size", None),
     (KnnlmEvalConfig, "k"): ("ralm.eval.perplexity:knnlm_eval", "k", None),
