@@ -42,7 +42,6 @@ from ralm.retrieval.index.dense_side import dense_index, dense_of, dense_section
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model, is_model_dir
-from ralm.runtime import dtype_name
 from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries
@@ -196,16 +195,15 @@ class IndexInUse:
             if cfg.index:
                 _import_version(cfg.index, index, key, cfg.block_len)
             else:
-                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
-                                   show_progress=ctx.show_progress, dtype=ctx.dtype)
+                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, runtime=ctx.runtime,
+                                   show_progress=ctx.show_progress)
         ctx.env.barrier()
-        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
+        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), runtime=ctx.runtime)
         self.snapshots = Snapshots(ctx.path / "refresh")
         self.builder = None
         if cfg.refresh == "async" and ctx.env.is_main:
             log = ctx.path / "refresh.log"
-            self.builder = start_refresher(index.root, self.snapshots.root, log, dtype=dtype_name(ctx.dtype),
-                                           device="cpu" if ctx.device.type == "cpu" else str(ctx.device))
+            self.builder = start_refresher(index.root, self.snapshots.root, log, runtime=ctx.runtime)
             ctx.notify(f"index builder started (pid {self.builder.pid}, log {log})")
 
     @property
@@ -222,14 +220,14 @@ class IndexInUse:
         if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
             if env.is_main:
                 publish_embeddings(self.index, self.retriever, blocks_key=self.key, blocks=self.blocks, step=step,
-                                   device=self.ctx.device, dtype=self.ctx.dtype)
+                                   runtime=self.ctx.runtime)
             env.barrier()
         if cfg.refresh == "none":
             return
         # rank 0 reads LATEST for every rank: a sharded index must not mix the shards of two versions
         name = env.broadcast_object(self.index.latest())
         if name != self.version.name:
-            self.version = load_version(self.index, name, device=self.ctx.device, dtype=self.ctx.dtype)
+            self.version = load_version(self.index, name, runtime=self.ctx.runtime)
             m = self.version.manifest
             self.ctx.notify(f"step {step}: index {name} (built at step {m.step}, {m.seconds} s)")
 
