@@ -42,6 +42,7 @@ from ralm.retrieval.index.dense_side import dense_index, dense_of, dense_section
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model, is_model_dir
+from ralm.runtime import Runtime
 from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries
@@ -156,11 +157,12 @@ def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) ->
     return index.publish(write)
 
 
-def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_progress: bool,
-                  notify: Callable[[str], None], blocks: BlockStore, table: SentenceTable) -> KnowledgeAugmentedEncoder:
+def _warm_encoder(cfg: PretrainConfig, run: Path, runtime: Runtime, notify: Callable[[str], None], blocks: BlockStore,
+                  table: SentenceTable) -> KnowledgeAugmentedEncoder:
     """The knowledge-augmented encoder to start from: `encoder` (a warm-up run or a masked LM)
     or `model`; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
-    (resumed like the rest of the run), or REALM would start with an encoder that cannot read."""
+    (resumed like the rest of the run, under the pre-training's `runtime`), or REALM would start
+    with an encoder that cannot read."""
     source = cfg.encoder or cfg.model
     if cfg.encoder and (found := find_model(cfg.encoder, "encoder", is_model_dir)):
         source = str(found)
@@ -178,7 +180,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
                      batch_size=2 * cfg.batch_size, masking=cfg.masking, distractor=cfg.mlm_distractor,
                      random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
-    summary = warm_up_encoder(warm, run / "mlm", device, show_progress=show_progress, notify=notify, corpus=(blocks, table))
+    summary = warm_up_encoder(warm, run / "mlm", runtime=runtime, notify=notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
 
 
@@ -274,7 +276,7 @@ class PretrainTrainer(Trainer):
         self.examples = self.table.with_spans(self.masking.max_len) if cfg.masking == "salient" else np.arange(len(self.table))
         if len(self.examples) == 0:
             raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try random masking")
-        encoder = _warm_encoder(cfg, ctx.path, ctx.device, ctx.show_progress, ctx.notify, self.blocks, self.table)
+        encoder = _warm_encoder(cfg, ctx.path, ctx.runtime, ctx.notify, self.blocks, self.table)
         self.model = Realm(self.retriever, encoder, cfg.realm_config()).to(ctx.device)
         start_projection(ctx, self.retriever, self.blocks, sample=1024)
         return self.model
