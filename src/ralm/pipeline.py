@@ -117,19 +117,10 @@ class OpenQA:
         self.query = (query or searcher.query).given(k=k, side=side, min_confidence=min_confidence)
         if runtime is None and device is None and dtype is None:
             runtime = searcher.runtime
-        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
+        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)  # what it reads with (`read_blocks`)
+        self.device, self.dtype = self.runtime.device, self.runtime.dtype  # the runtime's, for those who read them
         self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
         self._reading(self.query, searcher.sides, check=True)  # checks `side` now, and the map against the reader and k
-
-    @property
-    def device(self) -> torch.device:
-        """Where the reader reads: the runtime's."""
-        return self.runtime.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The reader's compute dtype: the runtime's."""
-        return self.runtime.dtype
 
     @property
     def k(self) -> int:
