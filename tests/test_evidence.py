@@ -93,7 +93,7 @@ def _brute_force(model, version, examples, doc_ids, k: int, exclude: bool) -> tu
 
 def _score(run, index, corpus, k: int, limit: int | None = None):
     cfg = _config(run, index, corpus, k=k, limit=limit)
-    model = load_realm(cfg, FP32.device)
+    model = load_realm(cfg, FP32)
     version = open_index(cfg, model.retriever, FP32)
     held_out = heldout_examples(cfg, model.retriever.tokenizer, run / f"cache-{corpus.stem}", show_progress=False)
     return model, version, held_out.examples, held_out.doc_ids, score_evidence(model, version, held_out, rt=FP32, batch_size=2)

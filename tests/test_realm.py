@@ -26,6 +26,7 @@ from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.search.searcher import load_version
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.index.dense_side import dense_of
+from ralm.runtime import Runtime
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def realm(tiny_bert, tiny_dense_index):
     index = IndexDir(tiny_dense_index)
     retriever = Retriever.from_pretrained(tiny_dense_index / index.version_manifest(index.latest())["sections"]["dense"]["retriever"])
     model = Realm(retriever, KnowledgeAugmentedEncoder.from_pretrained(str(tiny_bert)), RealmConfig(k=3, max_len=96))
-    return model.eval(), load_version(index, index.latest())
+    return model.eval(), load_version(index, index.latest(), runtime=Runtime.resolve("cpu"))
 
 
 def _examples(model, version) -> list[MaskedSentence]:

@@ -21,6 +21,9 @@ from ralm.retrieval.index.refresh import Snapshots, publish_embeddings
 from ralm.retrieval.search.searcher import Searcher
 from ralm.retrieval.index.store import IndexDir
 from ralm.retrieval.index.dense_side import dense_of
+from ralm.runtime import Runtime
+
+CPU = Runtime.resolve("cpu")  # the automatic dtype, as the trainer's refresh computes on a CPU
 
 
 @pytest.fixture
@@ -35,7 +38,7 @@ def _retriever(index: IndexDir) -> Retriever:
 
 def _expected(retriever: Retriever, index: IndexDir, tmp_path) -> np.ndarray:
     key = index.version_manifest(index.latest())["blocks"]
-    return np.array(embed_blocks(retriever, index.blocks(key), tmp_path / "expected.npy", torch.device("cpu"), show_progress=False))
+    return np.array(embed_blocks(retriever, index.blocks(key), tmp_path / "expected.npy", CPU, show_progress=False))
 
 
 QUERIES = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
@@ -73,8 +76,9 @@ def test_builder_process_publishes_the_newest_snapshot(index, tmp_path):
 
 
 WRITER = textwrap.dedent("""
-    import sys, time, torch
+    import sys, time
     import ralm.retrieval.index.dense_side as build
+    from ralm.runtime import Runtime
     from ralm.retrieval.towers.encoders import Retriever
     from ralm.retrieval.index.refresh import publish_embeddings
     from ralm.retrieval.index.store import IndexDir
@@ -92,7 +96,7 @@ WRITER = textwrap.dedent("""
     print("ready", flush=True)
     for step in range(1, int(sys.argv[2]) + 1):
         publish_embeddings(index, retriever, blocks_key=manifest["blocks"], blocks=index.blocks(manifest["blocks"]), step=step,
-                           device=torch.device("cpu"), keep=100)
+                           runtime=Runtime.resolve("cpu"), keep=100)
 """)
 
 
@@ -143,7 +147,7 @@ def test_sync_publish_records_step_and_prunes_old_retrievers(index, tmp_path):
     for step in (1, 2, 3, 4):
         with torch.no_grad():
             retriever.doc.proj.bias.add_(0.01)  # a new document tower each time
-        publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, device=torch.device("cpu"),
+        publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, runtime=CPU,
                            keep=2)
     assert [index.version_manifest(v)["step"] for v in index.versions()] == [3, 4]
     saved = {p.name for p in (index.root / "retriever").iterdir()}

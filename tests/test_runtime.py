@@ -205,3 +205,129 @@ def test_lm_logits_stay_fp32_inside_autocast():
             logits = lm.head(hidden)
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, exact)
+
+
+# -- the seam: one Runtime from the public entries down -------------------------------------
+
+# What a user calls (benchmarks/ too) takes `runtime=`, and the older `device=`/`dtype=` through
+# `Runtime.of`, resolved there once; below these, a function takes the runtime.
+PUBLIC_ENTRIES = {
+    "ralm.retrieval.index.build:build_index", "ralm.retrieval.index.build:upgrade_index",
+    "ralm.retrieval.search.searcher:Searcher.__init__", "ralm.retrieval.search.searcher:Searcher.open",
+    "ralm.retrieval.search.live:LiveSearcher.open",
+    "ralm.pipeline:OpenQA.__init__", "ralm.pipeline:OpenQA.open", "ralm.pipeline:open_searcher",
+    "ralm.pipeline:read_blocks", "ralm.pipeline:read_batch",  # the reading studies call them (benchmarks/qa, reader)
+    "ralm.retrieval.backends.exact:ExactIndex.__init__", "ralm.retrieval.backends.sharded:ShardedExactIndex.__init__",
+    "ralm.retrieval.towers.encoding:encode_rows",  # the encoding benchmarks call it
+    "ralm.eval.knowledge:score_checkpoint",  # benchmarks/realm
+    "ralm.train.trainer:Trainer.fit", "ralm.train.parallel:start_run",
+    # the LM stack (tests/test_lm.py checks it further)
+    "ralm.eval.perplexity:lm_perplexity", "ralm.eval.perplexity:knnlm_eval", "ralm.eval.perplexity:retro_perplexity",
+    "ralm.models.knnlm:build_datastore", "ralm.models.retro:neighbour_batch", "ralm.models.retro:generate",
+    "ralm.retrieval.lm.chunkdb:build_chunk_db", "ralm.retrieval.lm.chunkdb:ChunkDB.__init__",
+}
+# device or dtype in another sense than a job's Runtime, each with its reason
+OTHER_MEANINGS = {
+    # a public method used on its own, taking the user's dtype spelling (and its shared body)
+    "ralm.retrieval.towers.encoders:Retriever.encode_queries", "ralm.retrieval.towers.encoders:Retriever.encode_documents",
+    "ralm.retrieval.towers.encoders:Retriever._encode",
+    # torch's nn.Module convention: device="meta" builds a model without memory for its weights
+    *(f"ralm.encoders.bert:{c}.__init__" for c in ("Embeddings", "SelfAttention", "DenseNorm", "BertAttention",
+                                                   "Intermediate", "Layer", "Encoder", "Pooler", "Bert")),
+    "ralm.encoders.bert:bert_from_config", "ralm.encoders.loading:bert_from_config",
+    # numpy element types of arrays written to disk
+    "ralm.data.ragged:RaggedWriter.__init__", "ralm.data.resumable:PartialBuild.fill",
+    # tensor placement where the model already is (a batch's .to, DDP's device_ids, a step's
+    # inputs next to its model's weights), and a group size read off a device's type
+    "ralm.data.reader_features:ReaderBatch.to", "ralm.train.parallel:wrap_ddp", "ralm.train.dpr:_block_inputs",
+    "ralm.train.finetune:retrieval_logits", "ralm.train.finetune:read_candidates", "ralm.encoders.length_groups:length_group",
+}
+# the Runtime's own module, and the command layer, whose options are spelled --device/--dtype
+# and become one Runtime there (commands/shared.py `runtime`)
+OWN_SPELLING = ("ralm.runtime", "ralm.cli", "ralm.commands.")
+
+
+def device_or_dtype_functions() -> dict[str, set[str]]:
+    """{"module:Qualified.name": its parameter names} of every function and method under
+    src/ralm with a parameter named device or dtype, nested ones included, found by parsing."""
+    import ast
+    from pathlib import Path
+
+    import ralm
+
+    root = Path(ralm.__file__).parent
+    found: dict[str, set[str]] = {}
+
+    def visit(node, module: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, module, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+                if names & {"device", "dtype"}:
+                    found[f"{module}:{prefix}{child.name}"] = names
+                visit(child, module, f"{prefix}{child.name}.<locals>.")
+
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        visit(ast.parse(path.read_text()), module, "")
+    return found
+
+
+def test_below_its_public_entries_the_library_takes_a_runtime_never_device_or_dtype():
+    """A function of the library taking `device` or `dtype` is a public entry (which also takes
+    `runtime=`), the command layer or the Runtime's own module, or one of the few where the word
+    means something else; anything else threads by hand what the runtime carries."""
+    found = device_or_dtype_functions()
+    assert PUBLIC_ENTRIES | OTHER_MEANINGS <= set(found), sorted((PUBLIC_ENTRIES | OTHER_MEANINGS) - set(found))
+    assert sorted(q for q in PUBLIC_ENTRIES if "runtime" not in found[q]) == []
+    threaded = sorted(q for q in found if q not in PUBLIC_ENTRIES | OTHER_MEANINGS and not q.startswith(OWN_SPELLING))
+    assert threaded == []
+    from dataclasses import fields
+
+    from ralm.retrieval.index.kinds import BuildContext
+
+    held = {f.name for f in fields(BuildContext)}  # what every side's builder reads: the runtime, not its parts
+    assert "runtime" in held and not held & {"device", "dtype"}
+
+
+def test_exact_search_encoding_and_reading_give_the_same_numbers_under_a_runtime_and_the_older_keywords(resolutions,
+                                                                                                          tiny_bert, tiny_dense_index):
+    """`runtime=Runtime(cpu, fp32)` and `device="cpu", dtype="fp32"` are one computation at the
+    public entries below the searcher (exact search, encoding, reading); both at once is refused;
+    a Runtime given is never resolved again, down to the sides an index loads."""
+    from ralm.models.reader import Reader
+    from ralm.pipeline import read_blocks
+    from ralm.retrieval.search.searcher import Searcher
+
+    rng = np.random.default_rng(0)
+    emb, q = rng.standard_normal((300, 16)).astype(np.float32), rng.standard_normal((4, 16)).astype(np.float32)
+    r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
+    rows = [np.arange(2 + i % 5) + 100 for i in range(6)]
+    lengths = np.array([len(x) for x in rows])
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).eval()
+    pairs = (["What is the capital of France?"] * 2, ["Paris is the capital of France.", "The Nile flows north."])
+
+    def encoded(**rt) -> np.ndarray:
+        return encode_rows(r.doc, rows, lengths, out=np.zeros((6, r.dim), np.float32), show_progress=False, **rt)
+
+    with torch.inference_mode():
+        old = (ExactIndex(emb, device="cpu", dtype="fp32").search(q, 5), encoded(device="cpu", dtype="fp32"),
+               read_blocks(reader, *pairs, device="cpu", dtype="fp32"))
+        with pytest.raises(RalmError, match="give runtime= or device=/dtype=, not both"):
+            ExactIndex(emb, runtime=FP32, dtype="fp32")
+        resolutions.update(device=0, dtype=0)
+        new = (ExactIndex(emb, runtime=FP32).search(q, 5), encoded(runtime=FP32), read_blocks(reader, *pairs, runtime=FP32))
+        searcher = Searcher.open(tiny_dense_index, runtime=FP32)
+        searcher.search(["capital of France"], k=2)
+    assert resolutions == {"device": 0, "dtype": 0}
+    for a, b in zip(old[0], new[0]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(old[1], new[1])
+    assert old[2] == new[2]
+    from ralm.retrieval.index.dense_side import dense_of
+
+    dense = dense_of(searcher.current)
+    assert dense.runtime is FP32 and dense.index.runtime == FP32  # the searcher's runtime, down to the exact index

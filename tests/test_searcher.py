@@ -110,20 +110,20 @@ def test_empty_query_is_rejected(tiny_dense_index):
 
 def test_projecting_pooled_vectors_equals_encoding_again(tiny_bert, tmp_path):
     """The small-corpus shortcut (PCA sample = whole corpus) gives the same embeddings."""
-    import torch
-
     from ralm.data.blocks import BlockConfig, ensure_block_store
     from ralm.retrieval.index.dense_side import embed_blocks
     from ralm.retrieval.towers.projection import init_projection
+    from ralm.runtime import Runtime
 
     r = Retriever.from_pretrained(tiny_bert, dim=16).eval()
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     _, blocks = ensure_block_store(tmp_path / "blocks", corpus, r.tokenizer, cfg=BlockConfig(), show_progress=False)
-    pooled = init_projection(r, blocks, device=torch.device("cpu"), show_progress=False)
+    cpu = Runtime.resolve("cpu")
+    pooled = init_projection(r, blocks, runtime=cpu, show_progress=False)
     assert pooled is not None
-    a = embed_blocks(r, blocks, tmp_path / "a.npy", torch.device("cpu"), show_progress=False, pooled=pooled)
-    b = embed_blocks(r, blocks, tmp_path / "b.npy", torch.device("cpu"), show_progress=False)
+    a = embed_blocks(r, blocks, tmp_path / "a.npy", cpu, show_progress=False, pooled=pooled)
+    b = embed_blocks(r, blocks, tmp_path / "b.npy", cpu, show_progress=False)
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 

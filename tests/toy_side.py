@@ -55,11 +55,11 @@ class TitleSide:
         return [version_dir / TitleSection().file]
 
     @classmethod
-    def query_model(cls, index, manifest, model, device, *, own_if_other=False):
+    def query_model(cls, index, manifest, model, runtime, *, own_if_other=False):
         return None
 
     @classmethod
-    def load(cls, index, name, manifest, *, model, device, dtype, check_model):
+    def load(cls, index, name, manifest, *, model, runtime, check_model):
         section = manifest.sections[cls.name]
         return cls(json.loads((index.version_path(name) / section.file).read_text()))
 

@@ -49,7 +49,7 @@ def dump(qa, questions, show_progress: bool = True) -> list[dict]:
             read |= set(rows[np.argsort(-fuse_weighted({"dense": dense, "bm25": bm25}, {}, weights), kind="stable")[: max(KS)]].tolist())
         read = sorted(read)
         blocks = read_blocks(qa.reader, [q.question] * len(read), [snap.blocks.record(r)["text"] for r in read],
-                             device=qa.device, dtype=qa.dtype)
+                             runtime=qa.runtime)
         out.append({"answers": list(q.answers), "rows": rows.tolist(), "dense": dense.tolist(), "bm25": bm25.tolist(),
                     "bm25_rows": b_rows[0].tolist(), "bm25_scores": b_scores[0].tolist(),
                     "read": {str(r): {"log_norm": b.log_norm, "spans": [[s.score, s.text] for s in b.spans]}

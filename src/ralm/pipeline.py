@@ -117,8 +117,8 @@ class OpenQA:
         self.query = (query or searcher.query).given(k=k, side=side, min_confidence=min_confidence)
         if runtime is None and device is None and dtype is None:
             runtime = searcher.runtime
-        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)
-        self.device, self.dtype = self.runtime.device, self.runtime.dtype
+        self.runtime = Runtime.of(runtime, device=device, dtype=dtype)  # what it reads with (`read_blocks`)
+        self.device, self.dtype = self.runtime.device, self.runtime.dtype  # the runtime's, for those who read them
         self.calibrations = Calibrations.from_json(reader.cfg.calibration, "reader config.json")
         self._reading(self.query, searcher.sides, check=True)  # checks `side` now, and the map against the reader and k
 
@@ -208,11 +208,10 @@ class OpenQA:
         records = [[blocks.record(int(r)) for r in qrows] for qrows in rows]
         read = read_blocks(self.reader, [q for q in questions for _ in range(k)],
                            [rec["text"] for qrec in records for rec in qrec[:k]],
-                           titles=[rec["title"] for qrec in records for rec in qrec[:k]], device=self.device, dtype=self.dtype)
+                           titles=[rec["title"] for qrec in records for rec in qrec[:k]], runtime=self.runtime)
         log_pz = torch.log_softmax(torch.from_numpy(np.asarray(scores[:, :k], dtype=np.float32)), -1)  # [Q, k]
         readings = [pick_answer(log_pz[qi], read[qi * k : qi * k + k]) for qi in range(len(questions))]
-        checks = check_answers(self.reader, questions, readings, [qrec[:k] for qrec in records], device=self.device,
-                               dtype=self.dtype)
+        checks = check_answers(self.reader, questions, readings, [qrec[:k] for qrec in records], runtime=self.runtime)
         out = []
         for qi, question in enumerate(questions):
             mine, reading = read[qi * k : qi * k + k], readings[qi]  # this question's blocks, in retrieval order
@@ -262,16 +261,19 @@ class Reading:
 
 
 def read_blocks(reader: Reader, questions: Sequence[str], texts: Sequence[str], *, titles: Sequence[str] | None = None,
-                device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
+                runtime: Runtime | None = None, device: torch.device | str | None = None,
+                dtype: str | torch.dtype | None = None) -> list[ReadBlock]:
     """Read block texts[n] (titled titles[n]) for questions[n] (N pairs), each block whole (up
     to the encoder's positions), not the training window, which would hide the tail of every
-    long block."""
+    long block. `runtime`: where the reader (already there) reads and its compute dtype (None:
+    the CPU, auto dtype; the older `device`/`dtype` still work, see `Runtime.of`)."""
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
     batch = reader.featurizer.featurize(questions, texts, max_len=reader.featurizer.max_read_len, titles=titles)
-    return read_batch(reader, batch, device=device, dtype=dtype)
+    return read_batch(reader, batch, runtime=rt)
 
 
 def check_answers(reader: Reader, questions: Sequence[str], readings: Sequence["Reading"], records: Sequence[Sequence[dict]],
-                  *, device: torch.device, dtype: torch.dtype) -> list[dict]:
+                  *, runtime: Runtime) -> list[dict]:
     """What each question's answer is checked by, on the answer's context (its sentence, the one
     before it and its block's title): `coverage`, the share of the question's content words found
     there, and `p_verify`, the reader's verifier's P(the context states the answer for the thing
@@ -286,18 +288,20 @@ def check_answers(reader: Reader, questions: Sequence[str], readings: Sequence["
         return out
     batch = reader.featurizer.featurize_verify([questions[q] for q, _, _ in todo], [readings[q].answer for q, _, _ in todo],
                                                [context for _, _, context in todo], titles=[rec["title"] for _, rec, _ in todo])
-    with autocast(device, dtype):
-        logits = reader.verify(batch.to(device))  # [T]
+    with autocast(runtime.device, runtime.dtype):
+        logits = reader.verify(batch.to(runtime.device))  # [T]
     for (q, _, _), p in zip(todo, torch.sigmoid(logits.float()).cpu().tolist()):
         out[q]["p_verify"] = p
     return out
 
 
-def read_batch(reader: Reader, batch: ReaderBatch, *, device: torch.device, dtype: torch.dtype) -> list[ReadBlock]:
+def read_batch(reader: Reader, batch: ReaderBatch, *, runtime: Runtime | None = None, device: torch.device | str | None = None,
+               dtype: str | torch.dtype | None = None) -> list[ReadBlock]:
     """What the reader finds in each input of a featurised batch (`read_blocks`' second half, for
-    reading one batch with several readers of the same wordpieces)."""
-    dev_batch = batch.to(device)
-    with autocast(device, dtype):
+    reading one batch with several readers of the same wordpieces). `runtime`: as `read_blocks`'."""
+    rt = Runtime.of(runtime, device=device, dtype=dtype)
+    dev_batch = batch.to(rt.device)
+    with autocast(rt.device, rt.dtype):
         span_scores = reader(dev_batch)  # [N, L, W]
     valid = valid_spans(dev_batch, reader.cfg.max_span_width)
     f, start, width, log_norm = (t.cpu() for t in top_spans(span_scores, valid, N_BEST))  # [N, n] x3, [N]

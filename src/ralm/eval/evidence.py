@@ -191,8 +191,8 @@ def score_evidence(model: Realm, version: LoadedVersion, held_out: HeldOutSenten
                           sum(e.doc >= 0 for e in examples))
 
 
-def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
-    """The exported towers and encoder of `cfg` as one REALM model."""
+def load_realm(cfg: EvidenceConfig, runtime: Runtime) -> Realm:
+    """The exported towers and encoder of `cfg` as one REALM model, on the runtime's device."""
     retriever = find_model(cfg.retriever, "retriever", is_retriever_dir)
     if retriever is None:
         raise RalmError(f"retriever {cfg.retriever}: neither a REALM run (no final/retriever) nor a retriever directory")
@@ -203,7 +203,7 @@ def load_realm(cfg: EvidenceConfig, device: torch.device) -> Realm:
                   cfg.realm_config())
     if model.encoder.fresh_head:
         raise RalmError(f"encoder {encoder} has no MLM head: pass a REALM run or a masked LM, not a bare BERT")
-    return model.to(device)
+    return model.to(runtime.device)
 
 
 def open_index(cfg: EvidenceConfig, retriever: Retriever, rt: Runtime) -> LoadedVersion:
@@ -221,7 +221,7 @@ def evidence_gain(cfg: EvidenceConfig, rt: Runtime | None = None) -> EvidenceSco
     rt = Runtime.of(rt)
     if not Path(cfg.corpus).exists():
         raise RalmError(f"corpus {cfg.corpus}: no such file or folder")
-    model = load_realm(cfg, rt.device)
+    model = load_realm(cfg, rt)
     version = open_index(cfg, model.retriever, rt)
     with tempfile.TemporaryDirectory(prefix="ralm-evidence-") as tmp:
         folder = Path(cfg.cache) if cfg.cache else Path(tmp)

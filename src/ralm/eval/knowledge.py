@@ -34,6 +34,7 @@ from ralm.retrieval.index.build import build_index
 from ralm.retrieval.index.dense_side import DENSE_KIND, dense_of
 from ralm.retrieval.search.searcher import LoadedVersion, Searcher, load_version
 from ralm.retrieval.towers.encoders import Retriever
+from ralm.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,14 @@ def fact_examples(sentences: Sequence[FactSentence], hf_tokenizer, max_len: int 
     return out
 
 
-def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: str | os.PathLike, *,
-                        block_len: int = GEOMETRY.block_len, device: torch.device | None = None) -> LoadedVersion:
+def index_with_held_out(task: KnowledgeTask, retriever: str | os.PathLike, out: str | os.PathLike, *, runtime: Runtime,
+                        block_len: int = GEOMETRY.block_len) -> LoadedVersion:
     """The training corpus plus the held-out fact documents, indexed by `retriever`'s document tower."""
     out = Path(out)
     corpus = task.write_corpus(out / "corpus.jsonl", with_eval=True)
-    index, name = build_index(corpus, out / "index", kind=DENSE_KIND, model=str(retriever), device=device,
+    index, name = build_index(corpus, out / "index", kind=DENSE_KIND, model=str(retriever), runtime=runtime,
                               block_cfg=BlockConfig(max_len=block_len), show_progress=False)
-    return load_version(index, name, device=device)
+    return load_version(index, name, runtime=runtime)
 
 
 def search_recall(index: str | os.PathLike, queries: Sequence[str], sources: Sequence[str], k: int = 1) -> float:
@@ -109,11 +110,14 @@ def score_realm(model: Realm, version: LoadedVersion, sentences: Sequence[FactSe
 
 def score_checkpoint(task: KnowledgeTask, retriever: str | os.PathLike, encoder: str | os.PathLike,
                      out: str | os.PathLike, *, k: int = 8, block_len: int = GEOMETRY.block_len, max_len: int = GEOMETRY.joined_len,
-                     max_query_len: int = GEOMETRY.query_len, null_doc: bool = True, device: torch.device | None = None) -> KnowledgeScores:
+                     max_query_len: int = GEOMETRY.query_len, null_doc: bool = True, runtime: Runtime | None = None,
+                     device: torch.device | str | None = None) -> KnowledgeScores:
     """Index the held-out fact documents with `retriever` (in `out`) and score the held-out
-    sentences with it and `encoder` (exported REALM towers and encoder)."""
-    device = device or torch.device("cpu")
-    version = index_with_held_out(task, retriever, out, block_len=block_len, device=device)
+    sentences with it and `encoder` (exported REALM towers and encoder). `runtime`: where (None:
+    the CPU, auto dtype; the older `device` still works, see `Runtime.of`)."""
+    rt = Runtime.of(runtime, device=device)
+    device = rt.device
+    version = index_with_held_out(task, retriever, out, runtime=rt, block_len=block_len)
     model = Realm(Retriever.from_pretrained(retriever), KnowledgeAugmentedEncoder.from_pretrained(str(encoder)),
                   RealmConfig(k, max_len, max_query_len, null_doc, exclude_trivial=False)).to(device)
     return score_realm(model, version, task.eval_sentences)

@@ -42,7 +42,7 @@ from ralm.retrieval.index.dense_side import dense_index, dense_of, dense_section
 from ralm.retrieval.index.kinds import kind_of
 from ralm.retrieval.index.store import IndexDir
 from ralm.rundir import final_dir, find_model, is_model_dir
-from ralm.runtime import dtype_name
+from ralm.runtime import Runtime
 from ralm.train.loop import LoopConfig, Schedule, TrainResult, delayed, warmup_constant
 from ralm.train.mlm import MlmConfig, warm_up_encoder
 from ralm.train.parallel import RunContext, global_mean, main_first, rank_batch, search_rank_queries
@@ -157,11 +157,12 @@ def _import_version(src_path: str, index: IndexDir, key: str, block_len: int) ->
     return index.publish(write)
 
 
-def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_progress: bool,
-                  notify: Callable[[str], None], blocks: BlockStore, table: SentenceTable) -> KnowledgeAugmentedEncoder:
+def _warm_encoder(cfg: PretrainConfig, run: Path, runtime: Runtime, notify: Callable[[str], None], blocks: BlockStore,
+                  table: SentenceTable) -> KnowledgeAugmentedEncoder:
     """The knowledge-augmented encoder to start from: `encoder` (a warm-up run or a masked LM)
     or `model`; one whose MLM head is fresh first gets `mlm_warmup` steps of train.mlm in RUN/mlm
-    (resumed like the rest of the run), or REALM would start with an encoder that cannot read."""
+    (resumed like the rest of the run, under the pre-training's `runtime`), or REALM would start
+    with an encoder that cannot read."""
     source = cfg.encoder or cfg.model
     if cfg.encoder and (found := find_model(cfg.encoder, "encoder", is_model_dir)):
         source = str(found)
@@ -179,7 +180,7 @@ def _warm_encoder(cfg: PretrainConfig, run: Path, device: torch.device, show_pro
                      batch_size=2 * cfg.batch_size, masking=cfg.masking, distractor=cfg.mlm_distractor,
                      random_prob=cfg.random_prob, spacy_model=cfg.spacy_model, max_len=cfg.max_len, max_query_len=cfg.max_query_len,
                      block_len=cfg.block_len, save_every=cfg.mlm_warmup, log_every=cfg.log_every, seed=cfg.seed, dtype=cfg.dtype)
-    summary = warm_up_encoder(warm, run / "mlm", device, show_progress=show_progress, notify=notify, corpus=(blocks, table))
+    summary = warm_up_encoder(warm, run / "mlm", runtime=runtime, notify=notify, corpus=(blocks, table))
     return KnowledgeAugmentedEncoder.from_pretrained(summary.encoder)
 
 
@@ -196,16 +197,15 @@ class IndexInUse:
             if cfg.index:
                 _import_version(cfg.index, index, key, cfg.block_len)
             else:
-                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, device=ctx.device,
-                                   show_progress=ctx.show_progress, dtype=ctx.dtype)
+                publish_embeddings(index, retriever, blocks_key=key, blocks=blocks, step=0, runtime=ctx.runtime,
+                                   show_progress=ctx.show_progress)
         ctx.env.barrier()
-        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), device=ctx.device, dtype=ctx.dtype)
+        self.version = load_version(index, ctx.env.broadcast_object(index.latest()), runtime=ctx.runtime)
         self.snapshots = Snapshots(ctx.path / "refresh")
         self.builder = None
         if cfg.refresh == "async" and ctx.env.is_main:
             log = ctx.path / "refresh.log"
-            self.builder = start_refresher(index.root, self.snapshots.root, log, dtype=dtype_name(ctx.dtype),
-                                           device="cpu" if ctx.device.type == "cpu" else str(ctx.device))
+            self.builder = start_refresher(index.root, self.snapshots.root, log, runtime=ctx.runtime)
             ctx.notify(f"index builder started (pid {self.builder.pid}, log {log})")
 
     @property
@@ -222,14 +222,14 @@ class IndexInUse:
         if cfg.refresh == "sync" and step - self.built_at >= cfg.refresh_every:
             if env.is_main:
                 publish_embeddings(self.index, self.retriever, blocks_key=self.key, blocks=self.blocks, step=step,
-                                   device=self.ctx.device, dtype=self.ctx.dtype)
+                                   runtime=self.ctx.runtime)
             env.barrier()
         if cfg.refresh == "none":
             return
         # rank 0 reads LATEST for every rank: a sharded index must not mix the shards of two versions
         name = env.broadcast_object(self.index.latest())
         if name != self.version.name:
-            self.version = load_version(self.index, name, device=self.ctx.device, dtype=self.ctx.dtype)
+            self.version = load_version(self.index, name, runtime=self.ctx.runtime)
             m = self.version.manifest
             self.ctx.notify(f"step {step}: index {name} (built at step {m.step}, {m.seconds} s)")
 
@@ -276,7 +276,7 @@ class PretrainTrainer(Trainer):
         self.examples = self.table.with_spans(self.masking.max_len) if cfg.masking == "salient" else np.arange(len(self.table))
         if len(self.examples) == 0:
             raise RalmError(f"{cfg.corpus}: no sentence with a salient span (entity or date) to mask; try random masking")
-        encoder = _warm_encoder(cfg, ctx.path, ctx.device, ctx.show_progress, ctx.notify, self.blocks, self.table)
+        encoder = _warm_encoder(cfg, ctx.path, ctx.runtime, ctx.notify, self.blocks, self.table)
         self.model = Realm(self.retriever, encoder, cfg.realm_config()).to(ctx.device)
         start_projection(ctx, self.retriever, self.blocks, sample=1024)
         return self.model

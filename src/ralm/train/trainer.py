@@ -141,7 +141,7 @@ def start_projection(ctx: RunContext, retriever, blocks: BlockStore, sample: int
     """PCA-initialise a fresh retrieval projection from `sample` blocks (rank 0, not on resume:
     the checkpoint holds the trained one; DDP then broadcasts rank 0's weights)."""
     if ctx.env.is_main and not retriever.cfg.projection_ready and ctx.resume is None:
-        init_projection(retriever, blocks, device=ctx.device, sample=sample, show_progress=ctx.show_progress, dtype=ctx.dtype)
+        init_projection(retriever, blocks, runtime=ctx.runtime, sample=sample, show_progress=ctx.show_progress)
     retriever.cfg.projection_ready = True
 
 

@@ -16,11 +16,13 @@ larger elements, so at most k-1 groups have a larger maximum than its own group.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from ralm.errors import RalmError
-from ralm.runtime import compute_dtype, full_precision
+from ralm.runtime import Runtime, full_precision
 
 RESCORE = 16  # extra bf16 candidates rescored in fp32 on CPU
 # Below this many rows a CPU search is a few ms in fp32 and the bf16 copy and rescoring do not pay.
@@ -83,10 +85,10 @@ def rescore(source: np.ndarray, queries: torch.Tensor, cand: torch.Tensor, k: in
     return merge_topk(scores, cand, k)
 
 
-def _to_tensor(embeddings: np.ndarray, device: torch.device, dtype: torch.dtype, rows: int = 1 << 20) -> torch.Tensor:
-    """The matrix as one `dtype` tensor on `device`, converted in slices so a memory-mapped
-    float32 file never has to fit in RAM at full precision."""
-    out = torch.empty(embeddings.shape, dtype=dtype, device=device)
+def _to_tensor(embeddings: np.ndarray, runtime: Runtime, rows: int = 1 << 20) -> torch.Tensor:
+    """The matrix as one tensor of the runtime's dtype on its device, converted in slices so a
+    memory-mapped float32 file never has to fit in RAM at full precision."""
+    out = torch.empty(embeddings.shape, dtype=runtime.dtype, device=runtime.device)
     for start in range(0, len(embeddings), rows):
         out[start : start + rows] = torch.from_numpy(np.array(embeddings[start : start + rows], dtype=np.float32))
     return out
@@ -101,22 +103,27 @@ def _scores(q: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
 
 
 class ExactIndex:
-    def __init__(self, embeddings: np.ndarray, *, device: torch.device | None = None, chunk_size: int | None = None,
-                 score_budget: int = 1 << 28, dtype: str | torch.dtype | None = None):
+    def __init__(self, embeddings: np.ndarray, *, runtime: Runtime | None = None, chunk_size: int | None = None,
+                 score_budget: int = 1 << 28, device: torch.device | str | None = None, dtype: str | torch.dtype | None = None):
+        """Exact search over `embeddings` [N, D] (float32, possibly memory-mapped). `runtime`: where
+        the matrix is held and searched and in which dtype (None: the CPU, auto dtype; the older
+        `device`/`dtype` still work, see `Runtime.of`); a CPU index under CPU_BF16_MIN_ROWS rows
+        searches in fp32 whatever the runtime's dtype."""
         if embeddings.ndim != 2:
             raise RalmError(f"embeddings must be a [N, D] matrix, got shape {embeddings.shape}")
-        self.device = device or torch.device("cpu")
+        runtime = Runtime.of(runtime, device=device, dtype=dtype)
         # Rows per chunk: fixed, or as many as keep a [Q, chunk] score matrix within
         # `score_budget` elements (one pass over the matrix for a single query).
         self.chunk_size = chunk_size
         self.score_budget = score_budget
         self.count, self.dim = embeddings.shape
-        self.dtype = compute_dtype(dtype, self.device)
-        if self.device.type == "cpu" and self.count < CPU_BF16_MIN_ROWS:
-            self.dtype = torch.float32
+        if runtime.device.type == "cpu" and self.count < CPU_BF16_MIN_ROWS:
+            runtime = replace(runtime, dtype=torch.float32)
+        self.runtime = runtime  # what it searches with
+        self.device, self.dtype = runtime.device, runtime.dtype
         self._source = embeddings  # float32, possibly memory-mapped: the CPU rescoring reads it
         if self.device.type == "cuda" or self.dtype == torch.bfloat16:
-            self._matrix = _to_tensor(embeddings, self.device, self.dtype)
+            self._matrix = _to_tensor(embeddings, runtime)
         else:
             self._matrix = embeddings  # stays on disk / in numpy; chunks are viewed on demand
 

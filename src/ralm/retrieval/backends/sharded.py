@@ -23,6 +23,7 @@ from ralm.distributed import DistEnv, shard_range
 from ralm.errors import RalmError
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.backends.exact import ExactIndex, check_k, merge_topk
+from ralm.runtime import Runtime
 
 
 class RowView:
@@ -44,10 +45,10 @@ def piece_path(staging: Path, a: int, b: int) -> Path:
     return staging / f"rows-{a:012d}-{b:012d}.npy"
 
 
-def encode_pieces(encode, tokens, lengths: np.ndarray, *, dim: int, staging: Path, env: DistEnv, device: torch.device,
-                  batch_size: int = 64, pad_id: int = 0, piece_rows: int = 1 << 20, show_progress: bool = True,
-                  dtype: torch.dtype | None = None) -> int:
-    """Embed this rank's missing pieces into `staging`; returns how many pieces it encoded."""
+def encode_pieces(encode, tokens, lengths: np.ndarray, *, dim: int, staging: Path, env: DistEnv, runtime: Runtime,
+                  batch_size: int = 64, pad_id: int = 0, piece_rows: int = 1 << 20, show_progress: bool = True) -> int:
+    """Embed this rank's missing pieces into `staging` under `runtime` (this rank's device);
+    returns how many pieces it encoded."""
     staging.mkdir(parents=True, exist_ok=True)
     done = 0
     for a, b in piece_ranges(len(lengths), env, piece_rows):
@@ -56,8 +57,8 @@ def encode_pieces(encode, tokens, lengths: np.ndarray, *, dim: int, staging: Pat
             continue  # finished before a restart
         with atomic_path(target) as tmp:
             out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(b - a, dim))
-            encode_rows(encode, RowView(tokens, a), lengths[a:b], out=out, batch_size=batch_size, device=device, pad_id=pad_id,
-                        show_progress=show_progress and env.is_main, description=f"embedding rows {a}-{b}", dtype=dtype)
+            encode_rows(encode, RowView(tokens, a), lengths[a:b], out=out, batch_size=batch_size, runtime=runtime, pad_id=pad_id,
+                        show_progress=show_progress and env.is_main, description=f"embedding rows {a}-{b}")
             out.flush()
             del out
         done += 1
@@ -79,13 +80,16 @@ def assemble_pieces(staging: Path, n: int, dim: int, *, out: Path, world: int, p
 class ShardedExactIndex:
     """Exact MIPS where rank r holds rows shard_range(N, r, world); same results on every rank."""
 
-    def __init__(self, embeddings: np.ndarray, env: DistEnv, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, embeddings: np.ndarray, env: DistEnv, device: torch.device | str | None = None,
+                 dtype: str | torch.dtype | None = None, *, runtime: Runtime | None = None):
+        """`runtime`: this rank's (its device holds its shard; None: the CPU, auto dtype; the older
+        `device`/`dtype` still work, see `Runtime.of`)."""
+        runtime = Runtime.of(runtime, device=device, dtype=dtype)
         self.env = env
         self.count, self.dim = embeddings.shape
         self.lo, self.hi = shard_range(self.count, env.rank, env.world)
-        self.local = ExactIndex(embeddings[self.lo : self.hi], device=device, dtype=dtype) if self.hi > self.lo else None
-        self.device = device or torch.device("cpu")
+        self.local = ExactIndex(embeddings[self.lo : self.hi], runtime=runtime) if self.hi > self.lo else None
+        self.device = runtime.device
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         check_k(k)

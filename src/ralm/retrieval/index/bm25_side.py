@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ralm.data.blocks import BlockStore
 from ralm.progress import track
 from ralm.retrieval.backends.bm25 import BM25Index, LiveBM25, term_hashes, tokens_of
 from ralm.retrieval.index.kinds import BuildContext, Section
 from ralm.retrieval.index.store import IndexDir, VersionManifest
+from ralm.runtime import Runtime
 
 FOLDER = "bm25"
 HASHED = b"\0terms:blake2b-64\n"  # opens a live document's state in the update log (ralm <= 0.4 wrote text)
@@ -84,12 +84,12 @@ class BM25Side:
         return sorted(p for p in (version_dir / FOLDER).rglob("*") if p.is_file())
 
     @classmethod
-    def query_model(cls, index: IndexDir, manifest: VersionManifest, model, device: torch.device, *,
+    def query_model(cls, index: IndexDir, manifest: VersionManifest, model, runtime: Runtime, *,
                     own_if_other: bool = False) -> None:
         return None  # queries are split into terms by the index
 
     @classmethod
-    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: None, device: torch.device, dtype: torch.dtype,
+    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: None, runtime: Runtime,
              check_model: bool) -> "BM25Side":
         return cls(BM25Index.load(index.version_path(name) / FOLDER, manifest.count), index.blocks(manifest.blocks))
 

@@ -3,6 +3,7 @@ BM25) -> one version, published atomically; and upgrade an index to more sides."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -79,7 +80,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str | None = No
     replaces = check_rebuild(out, replace=replace)  # on every rank, before any work: the files agree
     env = dist_env()
     rt = Runtime.of(runtime, device=device, dtype=dtype)
-    device, dtype = env.device(rt.device), rt.dtype
+    rt = dataclasses.replace(rt, device=env.device(rt.device))  # this rank's device under torchrun
     corpus = _corpus_file(corpus, out, kind, env)
     tokenizer = side_class(sides[0]).tokenizer(model)  # every side's blocks: the same wordpieces
     if env.is_main:
@@ -92,7 +93,7 @@ def build_index(corpus: Corpus, out: str | os.PathLike, *, kind: str | None = No
         index = IndexDir(out)
         key, blocks = ensure_block_store(index.blocks_dir, corpus, tokenizer, cfg=block_cfg, files=files, show_progress=False)
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=model, dim=dim, faiss_spec=faiss_spec, batch_size=batch_size,
-                       device=device, dtype=dtype, env=env, show_progress=show_progress, piece_rows=piece_rows,
+                       runtime=rt, env=env, show_progress=show_progress, piece_rows=piece_rows,
                        embeddings=Path(embeddings) if embeddings is not None else None)
     # replace: the log starts anew with the version; else no version may come between (a compaction folding the log)
     name = _publish(ctx, sides, {}, seconds, expect=None if replace else replaces,
@@ -168,7 +169,7 @@ def upgrade_index(path: str | os.PathLike, *, kind: str | None = None, model: st
         return index, latest
     rt = Runtime.of(runtime, device=device, dtype=dtype)
     ctx = BuildContext(index=index, key=manifest.blocks, blocks=index.blocks(manifest.blocks), model=model, dim=None,
-                       faiss_spec=AUTO, batch_size=batch_size, device=rt.device, dtype=rt.dtype, env=dist_env(),
+                       faiss_spec=AUTO, batch_size=batch_size, runtime=rt, env=dist_env(),
                        show_progress=show_progress, piece_rows=1 << 20)
     carried = {k: v for k, v in manifest.to_json().items()
                if k not in ("version", "created", "kind", "sides", "count", "blocks", "corpus", "sections")}

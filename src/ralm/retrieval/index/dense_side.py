@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Sequence
 
@@ -35,7 +35,7 @@ from ralm.retrieval.index.store import IndexDir, VersionManifest
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.towers.encoding import encode_rows
 from ralm.retrieval.towers.projection import init_projection
-from ralm.runtime import dtype_name
+from ralm.runtime import Runtime, dtype_name
 
 
 @dataclass(frozen=True)
@@ -80,28 +80,29 @@ def read_embeddings(index: IndexDir, name: str, manifest: VersionManifest, mmap_
     return emb
 
 
-def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, device: torch.device, *,
-                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None,
-                 dtype: torch.dtype | None = None) -> np.ndarray:
-    """Document-tower embeddings of every block, streamed into `out` (a .npy memmap) [N, D].
-    `pooled` [N, H], when given, holds every block's pooled vector: only the projection runs."""
+def embed_blocks(retriever: Retriever, blocks: BlockStore, out: Path, runtime: Runtime, *,
+                 batch_size: int = 64, show_progress: bool = True, pooled: torch.Tensor | None = None) -> np.ndarray:
+    """Document-tower embeddings of every block, encoded under `runtime` (the retriever on its
+    device), streamed into `out` (a .npy memmap) [N, D]. `pooled` [N, H], when given, holds
+    every block's pooled vector: only the projection runs (on the CPU, in fp32)."""
     emb = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(len(blocks), retriever.dim))
     if pooled is not None:
         with torch.inference_mode():
             doc = retriever.doc.cpu()
             emb[:] = doc.norm(doc.proj(pooled)).numpy()
-            retriever.doc.to(device)
+            retriever.doc.to(runtime.device)
     else:
-        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), out=emb, batch_size=batch_size, device=device,
-                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks", dtype=dtype)
+        encode_rows(retriever.doc, blocks.tokens, blocks.tokens.lengths(), out=emb, batch_size=batch_size, runtime=runtime,
+                    pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress, description="embedding blocks")
     emb.flush()
     return emb
 
 
-def dense_manifest(index: IndexDir, retriever_path: Path, dim: int, dtype: torch.dtype) -> dict:
-    """The dense section of a version embedded with the retriever saved at `retriever_path`."""
+def dense_manifest(index: IndexDir, retriever_path: Path, dim: int, runtime: Runtime) -> dict:
+    """The dense section of a version embedded under `runtime` (its compute dtype recorded) with
+    the retriever saved at `retriever_path`."""
     return {"dim": dim, "doc_fingerprint": retriever_path.name, "retriever": str(retriever_path.relative_to(index.root)),
-            "dtype": dtype_name(dtype)}
+            "dtype": dtype_name(runtime.dtype)}
 
 
 def check_retriever(retriever: Retriever, section: DenseSection, where: str) -> None:
@@ -156,12 +157,12 @@ class _DenseBuilder:
         if c.embeddings is not None:
             import_embeddings(c.embeddings, out, count=len(c.blocks), dim=self.retriever.dim)
         elif self.staging is None:
-            embed_blocks(self.retriever, c.blocks, out, c.device, batch_size=c.batch_size, show_progress=c.show_progress,
-                         pooled=self.pooled, dtype=c.dtype)
+            embed_blocks(self.retriever, c.blocks, out, c.runtime, batch_size=c.batch_size, show_progress=c.show_progress,
+                         pooled=self.pooled)
         else:
             assemble_pieces(self.staging, len(c.blocks), self.retriever.dim, out=out, world=c.env.world, piece_rows=c.piece_rows)
             shutil.rmtree(self.staging, ignore_errors=True)  # the version holds them now (a failed publish re-encodes)
-        manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.dtype), "faiss": None}
+        manifest = {**dense_manifest(c.index, self.rpath, self.retriever.dim, c.runtime), "faiss": None}
         spec = auto_spec(len(c.blocks)) if c.faiss_spec == AUTO else c.faiss_spec
         if not spec:
             return manifest
@@ -175,11 +176,12 @@ class DenseSide:
     Section = DenseSection
     calibrated_scores = True  # inner products of unit or trained vectors: one scale on any corpus
 
-    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, dtype: torch.dtype, section: DenseSection):
+    def __init__(self, retriever: Retriever, index, embeddings: np.ndarray, *, runtime: Runtime, section: DenseSection):
         self.retriever = retriever
         self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
-        self.dtype = dtype
+        self.runtime = runtime  # the searcher's: queries and live blocks are encoded in its dtype
+        self.dtype = runtime.dtype
         self.section = section
         self._state_head = section.doc_fingerprint.encode() + b"\0"  # opens each logged state: made once, not per document
 
@@ -194,28 +196,28 @@ class DenseSide:
         the blocks' embeddings in pieces written atomically per rank, so a killed build
         resumes. A small single-process build projects the PCA sample's pooled vectors instead."""
         env = ctx.env
-        retriever = (ctx.retriever or Retriever.from_pretrained(ctx.model, dim=ctx.dim)).to(ctx.device).eval()
+        retriever = (ctx.retriever or Retriever.from_pretrained(ctx.model, dim=ctx.dim)).to(ctx.runtime.device).eval()
         if ctx.embeddings is not None and not retriever.cfg.projection_ready:
             raise RalmError(f"--embeddings {ctx.embeddings}: the retriever has a fresh, untrained projection (--dim); give "
                             "the retriever whose document tower made the vectors (its query tower encodes the queries)")
         pooled = None
         if env.is_main:
             if not retriever.cfg.projection_ready:
-                pooled = init_projection(retriever, ctx.blocks, device=ctx.device, batch_size=ctx.batch_size,
-                                         show_progress=ctx.show_progress, dtype=ctx.dtype)
+                pooled = init_projection(retriever, ctx.blocks, runtime=ctx.runtime, batch_size=ctx.batch_size,
+                                         show_progress=ctx.show_progress)
             rpath = ctx.index.retriever_path(retriever.doc_fingerprint())
             if not (rpath / "config.json").is_file():
                 retriever.save_pretrained(rpath)
         env.barrier()
         rpath = Path(env.broadcast_object(str(ctx.index.retriever_path(retriever.doc_fingerprint())) if env.is_main else None))
         if not env.is_main and not retriever.cfg.projection_ready:
-            retriever = Retriever.from_pretrained(rpath).to(ctx.device).eval()
+            retriever = Retriever.from_pretrained(rpath).to(ctx.runtime.device).eval()
         if ctx.embeddings is not None or (pooled is not None and not env.active):
             return _DenseBuilder(ctx, retriever, rpath, pooled=pooled)  # rank 0 writes it
         staging = ctx.index.root / "versions" / f".pieces-{rpath.name}-{ctx.key}-w{env.world}"
         encode_pieces(retriever.doc, ctx.blocks.tokens, ctx.blocks.tokens.lengths(), dim=retriever.dim, staging=staging,
-                      env=env, device=ctx.device, batch_size=ctx.batch_size, pad_id=retriever.tokenizer.pad_token_id or 0,
-                      piece_rows=ctx.piece_rows, show_progress=ctx.show_progress, dtype=ctx.dtype)
+                      env=env, runtime=ctx.runtime, batch_size=ctx.batch_size, pad_id=retriever.tokenizer.pad_token_id or 0,
+                      piece_rows=ctx.piece_rows, show_progress=ctx.show_progress)
         env.barrier()
         return _DenseBuilder(ctx, retriever, rpath, staging=staging)
 
@@ -227,7 +229,7 @@ class DenseSide:
     # -- loading -------------------------------------------------------------------------
     @classmethod
     def query_model(cls, index: IndexDir, manifest: VersionManifest, model: Retriever | str | os.PathLike | None,
-                    device: torch.device, *, own_if_other: bool = False) -> Retriever:
+                    runtime: Runtime, *, own_if_other: bool = False) -> Retriever:
         """The query tower: `model` (a loaded Retriever, used as it is, or a checkpoint; it must
         share the version's document tower), else the retriever the version was built with.
         `own_if_other`: a checkpoint of another document tower gives way to the version's own."""
@@ -237,11 +239,11 @@ class DenseSide:
         given = Retriever.from_pretrained(model) if model is not None else None
         if given is None or (own_if_other and given.doc_fingerprint() != section.doc_fingerprint):
             given = Retriever.from_pretrained(str(index.root / section.retriever))
-        return given.to(device).eval()
+        return given.to(runtime.device).eval()
 
     @classmethod
-    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: Retriever, device: torch.device,
-             dtype: torch.dtype, check_model: bool) -> "DenseSide":
+    def load(cls, index: IndexDir, name: str, manifest: VersionManifest, *, model: Retriever, runtime: Runtime,
+             check_model: bool) -> "DenseSide":
         from ralm.distributed import dist_env
 
         section = section_of(manifest)
@@ -253,11 +255,12 @@ class DenseSide:
         if section.faiss:
             ann = FaissIndex.load(path / "faiss.index", section.faiss, source=emb)
             ann.set_search_params(**section.faiss_params)
-            return cls(model, ann, emb, dtype=dtype, section=section)
+            return cls(model, ann, emb, runtime=runtime, section=section)
         env = dist_env()
         if env.active:  # under torchrun each rank holds and searches its shard of the rows
-            return cls(model, ShardedExactIndex(emb, env, env.device(device), dtype), emb, dtype=dtype, section=section)
-        return cls(model, ExactIndex(emb, device=device, dtype=dtype), emb, dtype=dtype, section=section)
+            shard = ShardedExactIndex(emb, env, runtime=replace(runtime, device=env.device(runtime.device)))
+            return cls(model, shard, emb, runtime=runtime, section=section)
+        return cls(model, ExactIndex(emb, runtime=runtime), emb, runtime=runtime, section=section)
 
     def block_tokenizer(self):
         """The wordpieces its blocks were split into (live documents are split the same way)."""
@@ -284,8 +287,9 @@ class DenseSide:
         r = self.retriever
         fresh = np.zeros((len(tokens), r.dim), np.float32)  # [M_new, D]
         if len(tokens):
-            encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), out=fresh, device=r.device,
-                        pad_id=r.tokenizer.pad_token_id or 0, show_progress=False, dtype=self.dtype)
+            encode_rows(r.doc, list(tokens), np.array([len(t) for t in tokens]), out=fresh,
+                        runtime=replace(self.runtime, device=r.device),  # where the query model is (a loaded one: as given)
+                        pad_id=r.tokenizer.pad_token_id or 0, show_progress=False)
         return list(fresh)
 
     def encode_state(self, states: Sequence[np.ndarray]) -> bytes:

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from ralm.defaults import INDEX_KIND
 from ralm.errors import RalmError
 from ralm.retrieval.index.manifest import check_fields
+from ralm.runtime import Runtime
 
 if TYPE_CHECKING:  # store.py imports this registry
     from ralm.retrieval.index.store import VersionManifest
@@ -132,8 +132,7 @@ class BuildContext:
     dim: int | None
     faiss_spec: str | None
     batch_size: int
-    device: torch.device
-    dtype: torch.dtype
+    runtime: Runtime  # where and in which dtype blocks are encoded (this rank's device under torchrun)
     env: Any  # DistEnv
     show_progress: bool
     piece_rows: int
@@ -169,17 +168,17 @@ class Side(Protocol):
         """This side's files in a version folder (an upgrade links them into the next one)."""
 
     @classmethod
-    def query_model(cls, index, manifest: "VersionManifest", model: Any, device: torch.device, *, own_if_other: bool):
-        """What encodes queries for this side, loaded once per searcher, from `model` (a
+    def query_model(cls, index, manifest: "VersionManifest", model: Any, runtime: Runtime, *, own_if_other: bool):
+        """What encodes queries for this side (on the runtime's device), loaded once per searcher, from `model` (a
         checkpoint path or a loaded model the caller offers every side; a side with no use for
         it ignores it) or else the version's own (the dense side: the query tower it was built
         with); None for a side that needs none. A `model` that does not fit the version raises
         when it is loaded (`check_model`), or, with `own_if_other`, gives way to the version's own."""
 
     @classmethod
-    def load(cls, index, name: str, manifest: "VersionManifest", *, model, device: torch.device, dtype: torch.dtype,
-             check_model: bool) -> "Side":
-        """Version `name` of this side, memory-mapped and checked against its manifest."""
+    def load(cls, index, name: str, manifest: "VersionManifest", *, model, runtime: Runtime, check_model: bool) -> "Side":
+        """Version `name` of this side, memory-mapped and checked against its manifest, searched
+        under `runtime` (the searcher's: its device and compute dtype)."""
 
     def block_tokenizer(self):
         """The wordpiece tokenizer its blocks were split with (live documents are split alike)."""

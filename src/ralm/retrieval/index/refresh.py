@@ -35,14 +35,13 @@ from ralm.retrieval.index.build import version_manifest
 from ralm.retrieval.index.dense_side import dense_manifest, dense_sections, embed_blocks, embeddings_file, section_of
 from ralm.retrieval.towers.encoders import Retriever
 from ralm.retrieval.index.store import KEEP_VERSIONS, IndexDir
-from ralm.runtime import compute_dtype
+from ralm.runtime import Runtime, dtype_name, resolve_dtype
 
 
 def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str, blocks: BlockStore, step: int,
-                       device: torch.device, batch_size: int = 64, keep: int = KEEP_VERSIONS, show_progress: bool = False,
-                       dtype: torch.dtype | None = None) -> str:
-    """Embed every block with `retriever`'s document tower and publish a new version built at
-    training step `step`; returns its name. The retriever is saved with the index so that the
+                       runtime: Runtime, batch_size: int = 64, keep: int = KEEP_VERSIONS, show_progress: bool = False) -> str:
+    """Embed every block with `retriever`'s document tower (on the runtime's device, in its
+    dtype) and publish a new version built at training step `step`; returns its name. The retriever is saved with the index so that the
     version is searchable on its own (`ralm search`)."""
     start = time.perf_counter()
     was_training = retriever.training
@@ -52,8 +51,8 @@ def publish_embeddings(index: IndexDir, retriever: Retriever, *, blocks_key: str
         retriever.save_pretrained(rpath)
 
     def write(tmp: Path) -> dict:
-        embed_blocks(retriever, blocks, embeddings_file(tmp), device, batch_size=batch_size, show_progress=show_progress, dtype=dtype)
-        sections = dense_sections(dense_manifest(index, rpath, retriever.dim, compute_dtype(dtype, device)))
+        embed_blocks(retriever, blocks, embeddings_file(tmp), runtime, batch_size=batch_size, show_progress=show_progress)
+        sections = dense_sections(dense_manifest(index, rpath, retriever.dim, runtime))
         return {**version_manifest(blocks_key, blocks, tuple(sections), sections), "step": step,
                 "seconds": round(time.perf_counter() - start, 3)}
 
@@ -119,13 +118,12 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
-def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *, device: torch.device,
+def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *, runtime: Runtime,
                   batch_size: int = 64, poll_s: float = 1.0, parent_pid: int | None = None,
-                  max_versions: int | None = None, log=None, dtype: str | torch.dtype | None = None) -> int:
-    """Publish a version for every new snapshot until the parent process is gone (or
-    `max_versions` were published); returns the number published. `log(dict)` gets one
-    record per version."""
-    dtype = compute_dtype(dtype, device)  # this process's entry point: resolved once, not per version
+                  max_versions: int | None = None, log=None) -> int:
+    """Publish a version for every new snapshot, embedded under `runtime` (resolved once, by
+    `main`, not per version), until the parent process is gone (or `max_versions` were
+    published); returns the number published. `log(dict)` gets one record per version."""
     index = IndexDir(index_path)
     snaps = Snapshots(snapshots)
     built_at = index.version(index.latest()).step if (index.root / "LATEST").is_file() else None
@@ -138,7 +136,7 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
             continue
         step, path = latest
         try:
-            retriever = Retriever.from_pretrained(path).to(device)
+            retriever = Retriever.from_pretrained(path).to(runtime.device)
         except (OSError, RalmError, ValueError) as e:  # pruned or replaced while loading: take the next one
             if log:
                 log({"event": "skipped", "snapshot": str(path), "error": str(e)})
@@ -146,8 +144,8 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
             continue
         key = index.version(index.latest()).blocks
         start = time.perf_counter()
-        name = publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, device=device,
-                                  batch_size=batch_size, dtype=dtype)
+        name = publish_embeddings(index, retriever, blocks_key=key, blocks=index.blocks(key), step=step, runtime=runtime,
+                                  batch_size=batch_size)
         done_step = step
         published += 1
         if log:
@@ -156,10 +154,12 @@ def run_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, *
 
 
 def start_refresher(index_path: str | os.PathLike, snapshots: str | os.PathLike, log_file: str | os.PathLike,
-                    *, device: str = "cpu", batch_size: int = 64, threads: int = 1, dtype: str = "auto") -> subprocess.Popen:
-    """Start the builder as a separate OS process that exits when this one does."""
+                    *, runtime: Runtime, batch_size: int = 64, threads: int = 1) -> subprocess.Popen:
+    """Start the builder as a separate OS process that exits when this one does, embedding
+    under `runtime` (passed on as its --device and --dtype)."""
     cmd = [sys.executable, "-m", "ralm.retrieval.index.refresh", "--index", str(index_path), "--snapshots", str(snapshots),
-           "--device", device, "--batch-size", str(batch_size), "--threads", str(threads), "--dtype", dtype, "--parent-pid", str(os.getpid())]
+           "--device", str(runtime.device), "--batch-size", str(batch_size), "--threads", str(threads),
+           "--dtype", dtype_name(runtime.dtype), "--parent-pid", str(os.getpid())]
     with open(log_file, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "RALM_NO_PROGRESS": "1"})
 
@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"time": round(time.time(), 3), **record}), flush=True)
 
     try:
-        run_refresher(args.index, args.snapshots, device=torch.device(args.device), batch_size=args.batch_size, poll_s=args.poll,
-                      parent_pid=args.parent_pid, max_versions=args.max_versions, log=log, dtype=args.dtype)
+        runtime = Runtime(torch.device(args.device), resolve_dtype(args.dtype, torch.device(args.device)))  # this process's entry
+        run_refresher(args.index, args.snapshots, runtime=runtime, batch_size=args.batch_size, poll_s=args.poll,
+                      parent_pid=args.parent_pid, max_versions=args.max_versions, log=log)
     except RalmError as e:
         log({"event": "error", "error": str(e)})
         return 2

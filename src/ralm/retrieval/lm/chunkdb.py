@@ -58,8 +58,7 @@ def embed_chunks(tower: Tower, tokens: np.ndarray, *, chunk_len: int, start: int
     rows = [np.concatenate([[cls_id], tokens[c * chunk_len : (c + 1) * chunk_len], [sep_id]]) for c in range(start, end)]
     out = np.empty((end - start, tower.bert.config.hidden_size), dtype=np.float32)
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
-    keys = encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, device=runtime.device, show_progress=False,
-                       dtype=runtime.dtype)
+    keys = encode_rows(tower, rows, lengths, out=out, batch_size=batch_size, runtime=runtime, show_progress=False)
     # Unit keys: inner product ranks as L2 distance does (the paper's search). Raw inner products
     # of an encoder without a Normalize module let a chunk of large norm outrank the chunk itself.
     keys /= np.maximum(np.linalg.norm(keys, axis=1, keepdims=True), 1e-12)
@@ -129,7 +128,7 @@ class ChunkDB:
             self.index = FaissIndex.load(self.path / "faiss.index", self.manifest["faiss"])
             self.index.set_search_params(nprobe=nprobe)
         else:
-            self.index = ExactIndex(self.embeddings, device=self.runtime.device, dtype=self.runtime.dtype)
+            self.index = ExactIndex(self.embeddings, runtime=self.runtime)
         self._encoder = None
 
     def __len__(self) -> int:

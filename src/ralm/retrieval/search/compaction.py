@@ -97,7 +97,7 @@ def _publish(live: LiveSearcher, snap: Snapshot, *, show_progress: bool) -> str 
                                  origin={"blocks": version.manifest.blocks, "log": held})
     # each side compacts from its own loaded version and section: the context holds nothing side-specific
     ctx = BuildContext(index=index, key=key, blocks=blocks, model=None, dim=None, faiss_spec=None, batch_size=64,
-                       device=live.device, dtype=live.dtype, env=dist_env(), show_progress=show_progress, piece_rows=1 << 20)
+                       runtime=live.runtime, env=dist_env(), show_progress=show_progress, piece_rows=1 << 20)
     carried = {k: v for k, v in version.manifest.to_json().items() if k not in _COMMON}
 
     def write(tmp) -> dict:

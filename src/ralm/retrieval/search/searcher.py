@@ -61,19 +61,19 @@ class LoadedVersion:
     path: Path  # its folder, DIR/versions/<name>
 
 
-def load_version(index: IndexDir, name: str, *, models: dict[str, Any] | None = None, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None, check_model: bool = True) -> LoadedVersion:
-    """Version `name` with every side it holds, memory-mapped. `models`: each side's query
-    model (dense: the retriever), checked against the version unless `check_model` is off."""
+def load_version(index: IndexDir, name: str, *, runtime: Runtime, models: dict[str, Any] | None = None,
+                 check_model: bool = True) -> LoadedVersion:
+    """Version `name` with every side it holds, memory-mapped, searched under `runtime`.
+    `models`: each side's query model (dense: the retriever), checked against the version unless
+    `check_model` is off."""
     manifest = index.version(name)
     path = index.version_path(name)
     check_open(path, manifest.files)  # sizes, shapes, dtypes of every file it uses (verify.py)
     blocks = index.blocks(manifest.blocks)
     if len(blocks) != manifest.count:
         raise RalmError(f"{index.version_path(name)}: index has {manifest.count} entries but its corpus has {len(blocks)} blocks")
-    device = device or torch.device("cpu")
     models = models or {}
-    sides = {s: side_class(s).load(index, name, manifest, model=models.get(s), device=device, dtype=dtype,
+    sides = {s: side_class(s).load(index, name, manifest, model=models.get(s), runtime=runtime,
                                    check_model=check_model and models.get(s) is not None)
              for s in manifest.sides}
     return LoadedVersion(name, manifest, blocks, sides, path)
@@ -97,7 +97,7 @@ class Searcher:
         self.query = query or QueryConfig()
         latest = index.latest()
         manifest = index.version(latest)
-        self.models = {s: side_class(s).query_model(index, manifest, model, self.device, own_if_other=own_if_other)
+        self.models = {s: side_class(s).query_model(index, manifest, model, self.runtime, own_if_other=own_if_other)
                        for s in manifest.sides}
         self.current = self._load(latest)
 
@@ -124,8 +124,7 @@ class Searcher:
         return tuple(self.current.sides)
 
     def _load(self, name: str) -> LoadedVersion:
-        version = load_version(self.index, name, models=self.models, device=self.device, dtype=self.dtype,
-                               check_model=self.check_model)
+        version = load_version(self.index, name, runtime=self.runtime, models=self.models, check_model=self.check_model)
         missing = [s for s in version.sides if s not in self.models]
         if missing:  # a version of more sides than the one opened (an upgrade while serving)
             raise RalmError(f"{self.index.root} ({name}) holds {', '.join(missing)}, which this searcher was not opened "

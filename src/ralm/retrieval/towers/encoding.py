@@ -15,7 +15,7 @@ import torch
 
 from ralm.data.padding import pad_rows
 from ralm.progress import progress_bar
-from ralm.runtime import autocast, compute_dtype
+from ralm.runtime import Runtime, autocast
 
 
 def length_sorted_batches(lengths: np.ndarray, batch_size: int, window: int = 64) -> list[np.ndarray]:
@@ -53,19 +53,21 @@ def _prefetch(items, depth: int):
 
 @torch.inference_mode()
 def encode_rows(encode, rows, lengths: np.ndarray, *, out: np.ndarray, batch_size: int = 64,
-                device: torch.device | None = None, pad_id: int = 0, show_progress: bool = True,
-                description: str = "encoding", dtype: str | torch.dtype | None = None) -> np.ndarray:
+                runtime: Runtime | None = None, pad_id: int = 0, show_progress: bool = True,
+                description: str = "encoding", device: torch.device | str | None = None,
+                dtype: str | torch.dtype | None = None) -> np.ndarray:
     """Run `encode(input_ids, attention_mask) -> [B, D]` over every row of `rows` (indexable
     int arrays, e.g. a memory-mapped token store) into `out` [N, D] (may be a memmap).
 
-    Rows are length-bucketed and padded on a prefetch thread. They run under autocast in
-    `dtype` (None: auto, i.e. bf16 on CUDA and on CPUs with native bf16); one autocast region
-    spans all batches so each weight is cast to bf16 once, not once per batch. On CUDA inputs
-    come from pinned memory and results go back through pinned buffers without stalling.
+    Rows are length-bucketed and padded on a prefetch thread. They run on the runtime's device
+    under autocast in its dtype (None: the CPU, auto dtype, i.e. bf16 on CPUs with native bf16;
+    the older `device`/`dtype` still work, see `Runtime.of`); one autocast region spans all
+    batches so each weight is cast to bf16 once, not once per batch. On CUDA inputs come from
+    pinned memory and results go back through pinned buffers without stalling.
     """
-    device = device or torch.device("cpu")
+    runtime = Runtime.of(runtime, device=device, dtype=dtype)
+    device, dtype = runtime.device, runtime.dtype
     cuda = device.type == "cuda"
-    dtype = compute_dtype(dtype, device)
 
     def batches():
         for batch in length_sorted_batches(lengths, batch_size):

@@ -12,6 +12,7 @@ import torch
 from ralm.data.blocks import BlockStore
 from ralm.retrieval.towers.encoders import Retriever, SCORE_SCALE
 from ralm.retrieval.towers.encoding import encode_rows
+from ralm.runtime import Runtime
 
 
 def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None:
@@ -34,10 +35,10 @@ def init_projection_pca(retriever: Retriever, pooled_docs: torch.Tensor) -> None
     cfg.projection_ready = True
 
 
-def init_projection(retriever: Retriever, blocks: BlockStore, *, device: torch.device, sample: int = 4096,
-                    batch_size: int = 64, seed: int = 0, show_progress: bool = True,
-                    dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks.
+def init_projection(retriever: Retriever, blocks: BlockStore, *, runtime: Runtime, sample: int = 4096,
+                    batch_size: int = 64, seed: int = 0, show_progress: bool = True) -> torch.Tensor | None:
+    """PCA-initialise a fresh projection from the pooled vectors of a sample of blocks, encoded
+    under `runtime` (the retriever already on its device).
 
     Returns the pooled vectors [N, H] when the sample was the whole corpus, so the caller can
     project them instead of encoding every block a second time."""
@@ -46,7 +47,7 @@ def init_projection(retriever: Retriever, blocks: BlockStore, *, device: torch.d
     hidden = retriever.doc.bert.config.hidden_size
     pooled = np.zeros((len(rows), hidden), dtype=np.float32)
     encode_rows(retriever.doc.pooled, [blocks.tokens[int(i)] for i in rows], blocks.tokens.lengths()[rows], out=pooled,
-                batch_size=batch_size, device=device, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
-                description="projection (PCA)", dtype=dtype)
+                batch_size=batch_size, runtime=runtime, pad_id=retriever.tokenizer.pad_token_id or 0, show_progress=show_progress,
+                description="projection (PCA)")
     init_projection_pca(retriever, torch.from_numpy(pooled))
     return torch.from_numpy(pooled) if len(rows) == len(blocks) else None
