@@ -89,6 +89,19 @@ def test_faiss_ivf_and_hnsw_find_most_exact_neighbours(data):
         assert overlap >= 0.9, spec
 
 
+def test_search_params_read_back_as_set_and_only_an_ivf_index_has_lists(data):
+    """The public seam a benchmark sweeps nprobe through (benchmarks/scale/scale.py), never faiss's
+    objects inside the index."""
+    emb, q = data
+    ivf, hnsw = FaissIndex.build(emb, "IVF16,Flat"), FaissIndex.build(emb, "HNSW16")
+    assert ivf.lists == 16 and hnsw.lists is None
+    ivf.set_search_params(nprobe=3)
+    hnsw.set_search_params(ef_search=40)
+    assert ivf.search_params() == {"nprobe": 3} and hnsw.search_params() == {"ef_search": 40}
+    ivf.set_search_params(**ivf.default_search_params())
+    assert ivf.search_params() == ivf.default_search_params() == {"nprobe": 16}
+
+
 def test_bad_faiss_spec_is_a_clear_error(data):
     with pytest.raises(RalmError, match="bad faiss spec"):
         FaissIndex.build(data[0], "NoSuchIndex42")

@@ -606,16 +606,16 @@ def child_search(args) -> dict:
     approximate, dense.index = dense.index, exact
     out["hybrid_recall@10"] = overlap(approx_rows, s.search_rows(qs, 10)[1])  # against hybrid over exact dense search
     dense.index = approximate
-    ivf = getattr(approximate, "_ivf", lambda: None)()
-    if ivf is not None:  # recall and latency against the number of lists probed
-        default, sweep = ivf.nprobe, {}
+    lists = getattr(approximate, "lists", None)  # a faiss IVF index; exact search has none
+    if lists is not None:  # recall and latency against the number of lists probed
+        default, sweep = approximate.search_params()["nprobe"], {}
         for nprobe in (8, 16, 32, 64, 128, 256):
-            if nprobe <= ivf.nlist:
-                ivf.nprobe = nprobe
+            if nprobe <= lists:
+                approximate.set_search_params(nprobe=nprobe)
                 lat = timed(lambda i: approximate.search(enc[i : i + 1], 10), range(len(qs)))
                 sweep[nprobe] = {"recall@10": overlap(approximate.search(enc, 10)[1], truth), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
-        ivf.nprobe = default
-        out["nprobe"] = {"default": default, "lists": ivf.nlist, "sweep": sweep}
+        approximate.set_search_params(nprobe=default)
+        out["nprobe"] = {"default": default, "lists": lists, "sweep": sweep}
     out["rss_mb"] = rss_mb()
     return out
 

@@ -201,6 +201,21 @@ class FaissIndex:
             params["ef_search"] = 128
         return params
 
+    @property
+    def lists(self) -> int | None:
+        """An IVF index's number of inverted lists (the most `nprobe` can probe); None for others."""
+        ivf = self._ivf()
+        return None if ivf is None else int(ivf.nlist)
+
+    def search_params(self) -> dict:
+        """The search parameters in use, as `set_search_params` takes them."""
+        params = {}
+        if (ivf := self._ivf()) is not None:
+            params["nprobe"] = int(ivf.nprobe)
+        if hasattr(self.index, "hnsw"):
+            params["ef_search"] = int(self.index.hnsw.efSearch)
+        return params
+
     def set_search_params(self, nprobe: int | None = None, ef_search: int | None = None) -> None:
         if nprobe is not None and (ivf := self._ivf()) is not None:
             ivf.nprobe = nprobe
