@@ -60,6 +60,7 @@ def check(port: int, index: Path, acked: dict) -> list[str]:
     import numpy as np
 
     from ralm.data.corpus import Document
+    from ralm.retrieval.index.dense_side import dense_of
     from ralm.retrieval.search.live import LiveSearcher
 
     bad = []
@@ -71,7 +72,7 @@ def check(port: int, index: Path, acked: dict) -> list[str]:
             if live != (bool(top) and top[0]["id"] == f"{doc_id}:0"):
                 bad.append(f"{doc_id}: acknowledged {'add' if live else 'delete'} wrong on the bm25 side")
     snap = LiveSearcher.open(index).current
-    retriever = snap.sides["dense"].retriever
+    retriever = dense_of(snap).retriever
     for doc_id, live in acked.items():
         if live is None:
             continue

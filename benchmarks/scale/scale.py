@@ -582,6 +582,7 @@ def timed(fn, items, cpu: list | None = None) -> list[float]:
 
 def child_search(args) -> dict:
     from ralm.retrieval.backends.exact import ExactIndex
+    from ralm.retrieval.index.dense_side import dense_of
     from ralm.retrieval.search.live import LiveSearcher
 
     s = LiveSearcher.open(args.index)
@@ -593,7 +594,7 @@ def child_search(args) -> dict:
         lat = timed(lambda q, side=side: s.search([q], 10, None if side == "hybrid" else side), qs, cpu)
         out[side] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "cpu_p50_ms": pct(cpu, 50)}
     out["load_average"] = os.getloadavg()[0]
-    dense = s.current.sides["dense"]
+    dense = dense_of(s.current)
     enc = dense.encode(qs)  # [Q, D]
     lat = timed(lambda i: dense.search(enc[i : i + 1], 10), range(len(qs)))
     out["dense_search"] = {"index": repr(dense.index), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
