@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
 from ralm.data.qa import has_answer, normalize_answer, read_questions
+from ralm.defaults import MAX_QUESTION_CHARS
 from ralm.errors import RalmError
 from ralm.eval.metrics import recall_at_k
 
@@ -36,3 +39,15 @@ def test_question_file_errors_name_the_line(tmp_path):
         read_questions(path)
     with pytest.raises(RalmError, match="question file not found"):
         read_questions(tmp_path / "none.jsonl")
+
+
+def test_a_question_is_measured_as_it_is_read_without_the_whitespace_around_it(tmp_path):
+    """SQuAD v1.1's train file holds a question padded with 25,592 spaces: it is read, stripped;
+    a question that is long once stripped is still refused, naming its line."""
+    path = tmp_path / "q.jsonl"
+    padded = " " * (MAX_QUESTION_CHARS + 1) + "What radiates two lobes?" + "\n" * 10
+    path.write_text(json.dumps({"question": padded, "answers": ["x"]}) + "\n")
+    assert read_questions(path)[0].question == "What radiates two lobes?"
+    path.write_text(json.dumps({"question": " " + "y" * (MAX_QUESTION_CHARS + 1) + " ", "answers": ["x"]}) + "\n")
+    with pytest.raises(RalmError, match=f"q.jsonl:1: field 'question' holds {MAX_QUESTION_CHARS + 1:,} characters"):
+        read_questions(path)

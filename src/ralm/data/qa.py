@@ -89,7 +89,8 @@ def iter_questions(path: str | os.PathLike) -> Iterator[Question]:
             raise RalmError(f"{path}:{lineno}: field 'question' must be a non-empty string")
         if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
             raise RalmError(f"{path}:{lineno}: field 'answers' must be a list of strings")
-        check_length(obj["question"], f"{path}:{lineno}: field 'question'")
+        # the question as it is read: SQuAD v1.1's train file pads one with 25,592 spaces
+        check_length(obj["question"].strip(), f"{path}:{lineno}: field 'question'")
         for key, value in (("question", obj["question"]), *(("answers", a) for a in answers)):
             check_unicode(value, f"{path}:{lineno}", key)
         extra = {k: v for k, v in obj.items() if k not in ("id", "question", "answers")}
