@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass, fields
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -40,8 +40,6 @@ from ralm.errors import RalmError
 from ralm.retrieval.index.manifest import check_fields
 from ralm.runtime import Runtime
 
-if TYPE_CHECKING:  # store.py imports this registry
-    from ralm.retrieval.index.store import VersionManifest
 
 # side name -> "module:Class"; imported on first use, so naming a kind loads nothing heavy
 SIDES = {"dense": "ralm.retrieval.index.dense_side:DenseSide", "bm25": "ralm.retrieval.index.bm25_side:BM25Side"}
@@ -168,7 +166,7 @@ class Side(Protocol):
         """This side's files in a version folder (an upgrade links them into the next one)."""
 
     @classmethod
-    def query_model(cls, index, manifest: "VersionManifest", model: Any, runtime: Runtime, *, own_if_other: bool):
+    def query_model(cls, index, manifest: Any, model: Any, runtime: Runtime, *, own_if_other: bool):  # store.VersionManifest
         """What encodes queries for this side (on the runtime's device), loaded once per searcher, from `model` (a
         checkpoint path or a loaded model the caller offers every side; a side with no use for
         it ignores it) or else the version's own (the dense side: the query tower it was built
@@ -176,7 +174,7 @@ class Side(Protocol):
         when it is loaded (`check_model`), or, with `own_if_other`, gives way to the version's own."""
 
     @classmethod
-    def load(cls, index, name: str, manifest: "VersionManifest", *, model, runtime: Runtime, check_model: bool) -> "Side":
+    def load(cls, index, name: str, manifest: Any, *, model, runtime: Runtime, check_model: bool) -> "Side":
         """Version `name` of this side, memory-mapped and checked against its manifest, searched
         under `runtime` (the searcher's: its device and compute dtype)."""
 
