@@ -264,29 +264,36 @@ def finite_floats(command):
     """Every float option of a typer command (as `typer.main.get_command` makes it) and of its
     subcommands refuses NaN and inf before the command runs: `--lr inf` would train and export
     NaN weights, and NaN passes every range check (`min=`, `max=`)."""
-    for sub in getattr(command, "commands", {}).values():
-        finite_floats(sub)
-    for param in command.params:
-        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-        if annotation is float or float in get_args(annotation):
-            param.callback = _finite(param.callback)
+    for each in _command_tree(command):
+        for param in each.params:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if annotation is float or float in get_args(annotation):
+                param.callback = _finite(param.callback)
     return command
+
+
+def _command_tree(command) -> Iterator:
+    """A click command and every command below it (a group's subcommands, theirs, ...)."""
+    yield command
+    for sub in getattr(command, "commands", {}).values():
+        yield from _command_tree(sub)
 
 
 def untyped_help_flag(command):
     """`--help` in the help of a typer command and of its subcommands without `<bool>` beside it,
     as every other flag (`flag_option`): typer makes the help option itself, when help is shown."""
-    for sub in getattr(command, "commands", {}).values():
-        untyped_help_flag(sub)
-    make = command.get_help_option
+    for each in _command_tree(command):
+        each.get_help_option = _untyped(each.get_help_option)
+    return command
 
+
+def _untyped(make):
     def get_help_option(ctx):
         option = make(ctx)
         if option is not None:
             option.metavar = ""
         return option
-    command.get_help_option = get_help_option
-    return command
+    return get_help_option
 
 
 def _finite(callback):
