@@ -290,11 +290,16 @@ async function askDelete() {
     $("doc-status").textContent = `Not deleted: ${e.message}`;
     return;
   }
-  const file = docs.length > 1 || docs[0] !== id ? `, every section of the file (${docs.length} documents),` : "";
-  $("delete-question").textContent = `Delete “${id}”${file} for good?`;
+  $("delete-question").textContent = deleteQuestion(id, docs.length, docs.length > 1 || docs[0] !== id);
   $("delete-confirm").dataset.id = id;
   $("delete-confirm").hidden = false;
   $("delete-yes").focus();
+}
+
+// What both deletes ask first, by id and from the file list: a name that is a file of several
+// documents (sections, pages) says that every one of them goes.
+function deleteQuestion(name, documents, wholeFile = documents > 1) {
+  return `Delete “${name}”${wholeFile ? `, every section of the file (${documents} documents),` : ""} for good?`;
 }
 
 function closeDelete() {
@@ -364,8 +369,7 @@ async function loadFiles(background = false) {
     const ask = li.querySelector(".delete-file");
     const close = () => { confirm.hidden = true; ask.focus(); };
     ask.addEventListener("click", () => {
-      const file = f.documents > 1 ? `, every section of the file (${f.documents} documents),` : "";
-      confirm.querySelector("p").textContent = `Delete “${f.name}”${file} for good?`;
+      confirm.querySelector("p").textContent = deleteQuestion(f.name, f.documents);
       confirm.hidden = false;
       confirm.querySelector(".file-yes").focus();
     });
