@@ -181,7 +181,6 @@ class DenseSide:
         self.index = index  # ExactIndex | ShardedExactIndex | FaissIndex
         self.embeddings = embeddings  # [N, D] float32, memory-mapped
         self.runtime = runtime  # the searcher's: queries and live blocks are encoded in its dtype
-        self.dtype = runtime.dtype
         self.section = section
         self._state_head = section.doc_fingerprint.encode() + b"\0"  # opens each logged state: made once, not per document
 
@@ -268,7 +267,7 @@ class DenseSide:
 
     # -- searching -----------------------------------------------------------------------
     def encode(self, queries: list[str]) -> torch.Tensor:
-        return self.retriever.encode_queries(queries, dtype=self.dtype)  # [Q, D]
+        return self.retriever.encode_queries(queries, dtype=self.runtime.dtype)  # [Q, D]
 
     def search(self, encoded: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search(encoded, k)
