@@ -154,6 +154,11 @@ def flag_of(options: list[ConfigOption], field: str) -> str:
     return next((o.flag for o in options if o.name == field), "--" + field.replace("_", "-"))
 
 
+def flagged(options: list[ConfigOption], e: ConfigError) -> RalmError:
+    """A config field's error as the command line says it: under the field's flag."""
+    return RalmError(f"{flag_of(options, e.field)} {e.problem}")
+
+
 def _typer_option(o: ConfigOption, *, recipe: bool = False):
     """The typer option of a config field; with `recipe`, a required one may come from the recipe
     file instead, so the command checks it (`_check_required`), not click."""
@@ -201,7 +206,7 @@ def config_command(fn: Callable) -> Callable:
         try:
             cfg = build_config(config_cls, fields, set())
         except ConfigError as e:
-            raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
+            raise flagged(options, e) from None
         return fn(*args, cfg=cfg, **values)
 
     command.__signature__ = inspect.Signature(params)
@@ -299,7 +304,7 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
             result = train(cfg, run, runtime=rt, notify=notify, on_metrics=print_train_metrics, made_by=made_by,
                            on_estimate=_estimate_teller(cfg, cpu_cfg, shown=not as_json and progress_enabled()))
         except ConfigError as e:
-            raise RalmError(f"{flag_of(options, e.field)} {e.problem}") from None
+            raise flagged(options, e) from None
         except TrainingInterrupted as e:
             err.print(_resume_line(e), highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
