@@ -289,3 +289,24 @@ def test_hybrid_indexes_of_ralm_04_open_unchanged_when_a_third_side_joins_the_de
     assert map_read(tmp_path / "new", {**maps, "bm25+dense+title": joined_map}) == ("bm25+dense+title", joined_map)
     assert map_read(tmp_path / "new", maps, side="hybrid") == ("hybrid", hybrid_map)
     assert Service(ServeConfig(index=str(tmp_path / "new"))).kinds() == ["bm25+dense+title", "hybrid", "dense", "bm25", "title"]
+
+
+def test_a_version_with_its_dense_side_searched_exactly_ranks_as_an_exact_index(tmp_path, tiny_bert):
+    """`DenseSide.exactly()` in place of a faiss-searched side (what a benchmark measures an
+    approximate index's recall against) ranks fused and dense-only as the same index built for
+    exact search, and leaves the searcher's own side as it was."""
+    from dataclasses import replace
+
+    from ralm.retrieval.backends.exact import ExactIndex
+    from ralm.retrieval.backends.faiss_index import FaissIndex
+
+    build_index(DOCS, tmp_path / "approx", model=str(tiny_bert), dim=16, faiss_spec="HNSW8", show_progress=False)
+    build_index(DOCS, tmp_path / "exact", model=str(tiny_bert), dim=16, faiss_spec=None, show_progress=False)
+    approx, exact = Searcher.open(tmp_path / "approx"), Searcher.open(tmp_path / "exact")
+    dense = dense_of(approx.current)
+    snap = replace(approx.current, sides={**approx.current.sides, dense.name: dense.exactly()})
+    assert isinstance(dense.index, FaissIndex) and isinstance(dense_of(snap).index, ExactIndex)
+    for side in (None, dense.name):
+        want = exact.rank(QUERIES, 5, side=side)
+        got = approx.rank(QUERIES, 5, snap, side=side)
+        assert (got.rows == want.rows).all() and np.allclose(got.scores, want.scores, atol=1e-5)

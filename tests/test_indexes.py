@@ -64,7 +64,7 @@ def test_faiss_flat_equals_exact_and_round_trips(tmp_path, data):
 
 @pytest.mark.skipif(os.name != "posix", reason="lists are read whole where a mapped file cannot be deleted")
 def test_a_loaded_ivf_maps_its_lists_and_searches_as_built_after_its_file_is_deleted(tmp_path, data):
-    from ralm.retrieval.backends.faiss_index import _faiss
+    from ralm.retrieval.backends.faiss_index import faiss_module
 
     emb, q = data
     built = FaissIndex.build(emb, "IVF16,SQ8")
@@ -72,7 +72,7 @@ def test_a_loaded_ivf_maps_its_lists_and_searches_as_built_after_its_file_is_del
     built.save(tmp_path / "ivf.faiss")
     loaded = FaissIndex.load(tmp_path / "ivf.faiss", "IVF16,SQ8")
     loaded.set_search_params(nprobe=4)
-    assert type(_faiss().downcast_InvertedLists(loaded._ivf().invlists)).__name__ == "OnDiskInvertedLists"
+    assert type(faiss_module().downcast_InvertedLists(loaded._ivf().invlists)).__name__ == "OnDiskInvertedLists"
     (tmp_path / "ivf.faiss").unlink()  # a version pruned while a server still searches it
     for got, want in zip(loaded.search(q, 10), built.search(q, 10)):
         np.testing.assert_array_equal(got, want)
@@ -282,9 +282,9 @@ def test_auto_spec_keeps_small_indexes_exact_and_sizes_ivf_lists_from_n():
 
 
 def test_an_ivf_of_many_lists_trains_on_enough_vectors_for_each_list():
-    from ralm.retrieval.backends.faiss_index import POINTS_PER_CLUSTER, TRAIN_VECTORS, _faiss, training_count
+    from ralm.retrieval.backends.faiss_index import POINTS_PER_CLUSTER, TRAIN_VECTORS, faiss_module, training_count
 
-    faiss = _faiss()
+    faiss = faiss_module()
     # 16,384 lists (what --faiss auto builds at 10M blocks) on the default sample would be 16 points a list
     assert training_count(faiss.index_factory(8, "IVF16384_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)) == POINTS_PER_CLUSTER * 16_384
     assert training_count(faiss.index_factory(8, "IVF4096,SQ8", faiss.METRIC_INNER_PRODUCT)) == TRAIN_VECTORS
@@ -320,7 +320,7 @@ def test_many_lists_train_by_two_level_kmeans_and_find_the_exact_neighbours(monk
 def test_an_hnsw_graph_of_the_lists_places_vectors_with_a_wide_search_and_saves_it(tmp_path):
     from ralm.retrieval.backends import faiss_index as fi
 
-    faiss = fi._faiss()
+    faiss = fi.faiss_module()
     emb = np.random.default_rng(0).standard_normal((3000, 16), dtype=np.float32)
     index = fi.FaissIndex.build(emb, "IVF32_HNSW32,SQ8")
     index.save(tmp_path / "ivf.faiss")

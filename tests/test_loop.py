@@ -269,6 +269,46 @@ def test_a_new_trainer_is_one_class_and_the_loop_gives_it_checkpoints_resume_and
         LinearTrainer.fit(dataclasses.replace(cfg, width=4), tmp_path / "b", show_progress=False)
 
 
+def test_a_time_limit_stops_a_leg_with_a_checkpoint_and_the_legs_make_the_uninterrupted_run(tmp_path, monkeypatch):
+    """Each leg trains until its time limit (measured in this process), saves and stops as Ctrl-C
+    does; the legs resumed one after another give the uninterrupted run's losses and weights."""
+    from ralm.train import loop
+
+    cfg = LinearConfig(lr=0.1, warmup=1, save_every=10, log_every=1, dtype="fp32")
+    straight = LinearTrainer.fit(cfg, tmp_path / "a", show_progress=False)
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(ticks)))  # each reading: one second later
+    legs = []
+    while True:
+        try:
+            LinearTrainer.fit(dataclasses.replace(cfg, time_limit=20.0), tmp_path / "b", show_progress=False)
+            break
+        except TrainingInterrupted as stopped:
+            assert stopped.time_limit == 20.0 and "stopped at the time limit (20 s)" in str(stopped)
+            assert RunExport.read(tmp_path / "b").step == stopped.step  # the exports are of the stopping step
+            legs.append(stopped.step)
+    assert len(legs) >= 2 and legs == sorted(set(legs)) and legs[-1] < straight.steps  # several legs, each went on
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [json.loads(line)["loss"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()] == losses
+    for name, value in _weights(tmp_path / "a").items():
+        torch.testing.assert_close(_weights(tmp_path / "b")[name], value, rtol=0, atol=0)
+    with pytest.raises(RalmError, match="time_limit must be positive"):
+        LinearConfig(time_limit=0.0)
+
+
+def test_a_trainer_command_stopped_by_its_time_limit_exits_75_with_the_command_that_resumes(tmp_path, tiny_bert, corpus_file,
+                                                                                           ralm):
+    run = tmp_path / "run"
+    args = _lm_args(corpus_file, run, 100_000, tiny_bert)
+    code, _, err = ralm(*args, "--time-limit", "0.001")
+    assert code == 75 and "Traceback" not in err, err
+    step = int(re.search(r"stopped at the time limit \(0.001 s\) at step (\d+)", err).group(1))
+    assert (run / "checkpoints" / f"step-{step:06d}" / "model.safetensors").is_file()
+    assert shlex.split(re.search(r"resume with: (.*)", err).group(1))[1:] == [*args, "--time-limit", "0.001"]
+    code, out, err = ralm(*[a if a != "100000" else str(step + 1) for a in args], "--json")  # no limit: it finishes
+    assert code == 0 and f"resuming from step {step}" in err and json.loads(out)["steps"] == step + 1, err
+
+
 def test_a_run_manifest_from_before_parts_were_recorded_loads_and_a_bad_one_is_named(tmp_path):
     (tmp_path / "final" / "reader").mkdir(parents=True)
     RunExport.file(tmp_path).write_text(json.dumps({"step": 5, "kind": "finetune"}))

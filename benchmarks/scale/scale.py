@@ -50,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -581,7 +582,6 @@ def timed(fn, items, cpu: list | None = None) -> list[float]:
 
 
 def child_search(args) -> dict:
-    from ralm.retrieval.backends.exact import ExactIndex
     from ralm.retrieval.index.dense_side import dense_of
     from ralm.retrieval.search.live import LiveSearcher
 
@@ -598,15 +598,15 @@ def child_search(args) -> dict:
     enc = dense.encode(qs)  # [Q, D]
     lat = timed(lambda i: dense.search(enc[i : i + 1], 10), range(len(qs)))
     out["dense_search"] = {"index": repr(dense.index), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
-    exact = ExactIndex(dense.embeddings, dtype="fp32")
+    exact = dense.exactly()
     lat = timed(lambda i: exact.search(enc[i : i + 1], 10), range(min(len(qs), 30)))
     out["exact_search"] = {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
     truth = exact.search(enc, 10)[1]
     out["dense_recall@10"] = overlap(dense.search(enc, 10)[1], truth)
-    approx_rows = s.search_rows(qs, 10)[1]
-    approximate, dense.index = dense.index, exact
-    out["hybrid_recall@10"] = overlap(approx_rows, s.search_rows(qs, 10)[1])  # against hybrid over exact dense search
-    dense.index = approximate
+    snap = s.current  # the version (and its overlay) with its dense side searched exactly
+    exactly = replace(snap, version=replace(snap.version, sides={**snap.sides, dense.name: exact}), scorers={})
+    out["hybrid_recall@10"] = overlap(s.rank(qs, 10).rows, s.rank(qs, 10, exactly).rows)
+    approximate = dense.index
     lists = getattr(approximate, "lists", None)  # a faiss IVF index; exact search has none
     if lists is not None:  # recall and latency against the number of lists probed
         default, sweep = approximate.search_params()["nprobe"], {}
@@ -644,7 +644,7 @@ def child_dense(args) -> dict:
         return draw_chunk(s, c, seed=args.seed, dim_only=True)[1][: min(CHUNK, n - c * CHUNK)]
 
     spec = fi.auto_spec(n) or f"IVF{fi.ivf_lists(n)},SQ8"
-    faiss = fi._faiss()
+    faiss = fi.faiss_module()
     dim = s["emb"].shape[1]
     enc = Retriever.from_pretrained(args.model or None).eval().encode_queries(questions(args.queries, args.seed + 1)).numpy()
     np.save(files["queries.npy"], enc)  # [Q, D]
@@ -692,7 +692,7 @@ def child_densesearch(args) -> dict:
 
     files = dense_files(Path(args.work), args.n)
     before = rss_mb()
-    index = fi._faiss().read_index(str(files["faiss"]))
+    index = fi.faiss_module().read_index(str(files["faiss"]))
     ann = fi.FaissIndex(index, "", source=np.load(files["f16.npy"], mmap_mode="r"))
     ann.set_search_params(**ann.default_search_params())
     enc = np.load(files["queries.npy"])
@@ -707,10 +707,9 @@ def child_densesearch(args) -> dict:
         _, cand = index.search(enc, m)
         return rescore(ann.source, torch.from_numpy(enc), torch.from_numpy(cand.astype(np.int64)), 10)[1].numpy()
 
-    ivf, sweep = ann._ivf(), {}
-    default = ivf.nprobe
+    sweep, default = {}, ann.search_params()["nprobe"]
     for nprobe in sorted({8, 16, 32, 64, 128, 256, default}):
-        ivf.nprobe = nprobe
+        ann.set_search_params(nprobe=nprobe)
         sweep_cpu: list[float] = []
         sweep_lat = timed(lambda i: ann.search(enc[i : i + 1], 10), range(min(len(enc), 100)), sweep_cpu)
         sweep[nprobe] = {"recall@10": overlap(ann.search(enc, 10)[1], truth), "recall@10_shortlist_100": overlap(shortlisted(100), truth),

@@ -27,6 +27,8 @@ QUESTIONS_HELP = "training questions, JSONL {id, question, answers}"
 TEXT_HELP = "a corpus (.jsonl/.tsv/folder; same-title records form one article) or a raw .txt/.raw file (WikiText)"
 LOG_EVERY_HELP = "steps per logged line of metrics (means over those steps)"
 SAVE_EVERY_HELP = "checkpoint (and export) interval in steps"
+TIME_LIMIT_HELP = ("seconds this leg may train: then a checkpoint is saved and the run stops as after Ctrl-C, to be "
+                   "resumed by the same command (a scheduler's or a lease's wall time)")
 SEED_HELP = "seed of the data order, fresh weights and masking"
 LIMIT_HELP = "first N training questions only"
 LIMIT_TOKENS_HELP = "use only this many leading wordpieces of the text"

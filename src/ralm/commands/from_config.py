@@ -36,6 +36,7 @@ from ralm.console import err, notify, print_train_metrics, print_train_summary
 from ralm.errors import RalmError
 from ralm.progress import progress_enabled
 
+TIME_LIMIT_EXIT = 75  # EX_TEMPFAIL: not done, and the same command continues it (130 is Ctrl-C's)
 RECIPE_HELP = ("a recipe file (JSON: the config's fields, e.g. recipes/reader.json): the run it describes; options given "
                "here override it")
 
@@ -257,7 +258,7 @@ def _estimate_teller(cfg, cpu_cfg, shown: bool) -> Callable[[Any], None]:
 
 
 def _resume_line(e) -> str:
-    return (f"interrupted at step {e.step}; checkpoint {e.checkpoint}\nresume with: "
+    return (f"{e.reason} at step {e.step}; checkpoint {e.checkpoint}\nresume with: "
             + shlex.join(["ralm", *sys.argv[1:]]))
 
 
@@ -307,7 +308,7 @@ def trainer_command(name: str, trainer: TrainerCommand) -> TyperCommand:
             raise flagged(options, e) from None
         except TrainingInterrupted as e:
             err.print(_resume_line(e), highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(130 if e.time_limit is None else TIME_LIMIT_EXIT) from None
         print_train_summary(result, as_json, trainer.done(result, cfg))
 
     command.__signature__ = inspect.Signature(params)

@@ -14,6 +14,8 @@
   Ctrl-C        (SIGINT or SIGTERM) the step in progress finishes, a checkpoint is saved and
                 `TrainingInterrupted` says where; the same call (or command) resumes from it.
                 A second Ctrl-C stops at once
+  time_limit    the same stop once this process has trained that many seconds (a leg of a
+                scheduler's or a lease's wall time); its `reason` says which stopped it
   at the end    a curve per plotted metric, and a TrainResult
 
 `warmup` counts steps in every trainer: the schedules below ramp the learning rate up linearly
@@ -37,7 +39,8 @@ import torch
 from torch import nn
 
 from ralm.atomic import atomic_path
-from ralm.configs import DTYPE_HELP, DTYPES, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, WARMUP_HELP, ConfigError, option
+from ralm.configs import (DTYPE_HELP, DTYPES, LOG_EVERY_HELP, SAVE_EVERY_HELP, SEED_HELP, TIME_LIMIT_HELP, WARMUP_HELP,
+                          ConfigError, option)
 from ralm.progress import progress_bar, progress_enabled
 from ralm.rundir import export_final, metrics_file
 from ralm.runtime import SEEDS, autocast, check_finite
@@ -66,6 +69,7 @@ class LoopConfig:
     log_every: int = option(10, LOG_EVERY_HELP)
     seed: int = option(0, SEED_HELP)
     dtype: str = option("auto", DTYPE_HELP)  # compute dtype (runtime.resolve_dtype); weights stay fp32
+    time_limit: float | None = option(None, TIME_LIMIT_HELP, shown="none")
 
     positive_fields: ClassVar[tuple[str, ...]] = ()
     non_negative_fields: ClassVar[tuple[str, ...]] = ()
@@ -94,7 +98,7 @@ class LoopConfig:
         for name in ("block_len", "max_len", "max_query_len"):
             if isinstance(getattr(self, name, None), int) and getattr(self, name) > MAX_POSITIONS:
                 fail(name, f"at most {MAX_POSITIONS} wordpieces (the encoder's positions)")
-        for name in ("steps", "batch_size", "lr", "save_every", "log_every", *self.positive_fields):
+        for name in ("steps", "batch_size", "lr", "save_every", "log_every", "time_limit", *self.positive_fields):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 fail(name, "positive")
         for name in ("warmup", *self.non_negative_fields):
@@ -212,13 +216,17 @@ def _window_mean(values: list[float]) -> float:
 # -- interruption and time estimate --------------------------------------------------------
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """A run stopped by Ctrl-C (SIGINT) or SIGTERM after saving `checkpoint` at `step` (None on
-    ranks other than 0); calling the trainer again with the same config and run directory
-    resumes from it."""
+    """A run stopped by Ctrl-C (SIGINT) or SIGTERM, or at its `time_limit` (seconds; None: by a
+    signal), after saving `checkpoint` at `step` (None on ranks other than 0); calling the
+    trainer again with the same config and run directory resumes from it."""
 
-    def __init__(self, step: int, checkpoint: Path | None):
-        super().__init__(f"interrupted at step {step}; checkpoint {checkpoint}")
-        self.step, self.checkpoint = step, checkpoint
+    def __init__(self, step: int, checkpoint: Path | None, time_limit: float | None = None):
+        self.step, self.checkpoint, self.time_limit = step, checkpoint, time_limit
+        super().__init__(f"{self.reason} at step {step}; checkpoint {checkpoint}")
+
+    @property
+    def reason(self) -> str:
+        return "interrupted" if self.time_limit is None else f"stopped at the time limit ({self.time_limit:g} s)"
 
 
 class StopRequest:
@@ -366,11 +374,13 @@ class TrainLoop:
                             if on_metrics:
                                 on_metrics(self.last)
                         window, window_start = [], time.perf_counter()
-                    stopping = self.step < cfg.steps and any_rank(stop.requested, ctx.env)
+                    timed_out = (self.step < cfg.steps and cfg.time_limit is not None
+                                 and any_rank(time.perf_counter() - start >= cfg.time_limit, ctx.env))
+                    stopping = timed_out or (self.step < cfg.steps and any_rank(stop.requested, ctx.env))
                     if self.step % cfg.save_every == 0 or self.step == cfg.steps or stopping:
                         saved = self._save(kind, exports or {}, checkpoint_extra)
                     if stopping:
-                        raise TrainingInterrupted(self.step, saved)
+                        raise TrainingInterrupted(self.step, saved, cfg.time_limit if timed_out else None)
         finally:
             if log is not None:
                 log.close()

@@ -25,7 +25,8 @@ from ralm.errors import RalmError, RalmWarning
 from ralm.retrieval.backends.exact import RESCORE, check_k, rescore
 
 
-def _faiss():
+def faiss_module():
+    """The faiss module, imported when first needed (exact search never loads it)."""
     import faiss
 
     return faiss
@@ -71,7 +72,7 @@ def training_count(index) -> int:
 def _ivf_of(index):
     """The IVF inside a faiss index (behind a pre-transform or refinement), or None."""
     try:
-        return _faiss().extract_index_ivf(index)
+        return faiss_module().extract_index_ivf(index)
     except RuntimeError:  # not an IVF index
         return None
 
@@ -81,7 +82,7 @@ def train(index, sample: np.ndarray, *, seed: int = 0) -> None:
     gets its coarse centroids from faiss's two-level k-means (sqrt(lists) clusters, each split in
     proportion to its points: about 2 sqrt(lists) inner products a point and iteration instead of
     `lists`); faiss then trains the rest (the SQ8 ranges) with those centroids in place."""
-    faiss, ivf = _faiss(), _ivf_of(index)
+    faiss, ivf = faiss_module(), _ivf_of(index)
     if ivf is not None and ivf.nlist >= TWO_LEVEL_LISTS and ivf.quantizer.ntotal == 0:
         from faiss.contrib.clustering import two_level_clustering
 
@@ -112,7 +113,7 @@ def auto_spec(n: int) -> str | None:
 def check_spec(spec: str, dims: tuple[int, ...] = FACTORY_DIMS) -> None:
     """Refuse a factory string faiss cannot parse, before any encoding: it must build for at
     least one of `dims` (the embedding dimension is only known once the model loads)."""
-    faiss, last = _faiss(), ""
+    faiss, last = faiss_module(), ""
     for d in dims:
         try:
             faiss.index_factory(d, spec, faiss.METRIC_INNER_PRODUCT)
@@ -163,7 +164,7 @@ class FaissIndex:
               train_size: int | None = None, seed: int = 0, add_chunk: int = 262_144) -> "FaissIndex":
         """`spec` is a faiss index_factory string: "Flat", "IVF1024,Flat", "HNSW32", "IVF4096,PQ32"...
         `train_size`: vectors sampled to train it (None: `training_count`)."""
-        faiss = _faiss()
+        faiss = faiss_module()
         metric_id = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2}.get(metric)
         if metric_id is None:
             raise RalmError(f"metric must be 'ip' or 'l2', got {metric!r}")
@@ -237,14 +238,14 @@ class FaissIndex:
 
     def save(self, path: str | os.PathLike) -> None:
         with atomic_path(path) as tmp:
-            _faiss().write_index(self.index, str(tmp))
+            faiss_module().write_index(self.index, str(tmp))
 
     @classmethod
     def load(cls, path: str | os.PathLike, spec: str, source: np.ndarray | None = None) -> "FaissIndex":
         """`source`: the float32 vectors it was built from, to rescore with."""
         if not Path(path).is_file():
             raise RalmError(f"faiss index not found: {path}")
-        faiss = _faiss()
+        faiss = faiss_module()
         index = faiss.read_index(str(path), (faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if MAP_LISTS else 0)
         if source is not None and source.shape != (index.ntotal, index.d):
             raise RalmError(f"{path}: faiss index of {index.ntotal} x {index.d}, its vectors are {source.shape}; rebuild the index")

@@ -184,6 +184,13 @@ class DenseSide:
         self.section = section
         self._state_head = section.doc_fingerprint.encode() + b"\0"  # opens each logged state: made once, not per document
 
+    def exactly(self) -> "DenseSide":
+        """This side searched by exact fp32 inner products over its own vectors: what an
+        approximate (faiss) index's recall is measured against (a version holding it in place
+        of this side searches the same blocks exactly)."""
+        return DenseSide(self.retriever, ExactIndex(self.embeddings, dtype="fp32"), self.embeddings, runtime=self.runtime,
+                         section=self.section)
+
     # -- building ------------------------------------------------------------------------
     @classmethod
     def tokenizer(cls, model: str | None):
