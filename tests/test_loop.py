@@ -442,3 +442,21 @@ def test_an_input_named_before_it_was_made_does_not_block_the_run(tmp_path, monk
     (tmp_path / "other").mkdir()
     with pytest.raises(RalmError, match="different config"):
         loop.prepare_run(tmp_path / "run", Cfg(str(tmp_path / "other")))
+
+
+def _made(i: int) -> tuple[int, int]:
+    return os.getpid(), i * i
+
+
+def test_inputs_are_made_ahead_by_worker_processes_in_step_order():
+    from ralm.train.prefetch import Prefetcher
+
+    ahead = Prefetcher(_made, start=3, stop=9, workers=2)
+    got = [ahead.get(i) for i in range(3, 9)]
+    ahead.close()
+    assert [v for _, v in got] == [i * i for i in range(3, 9)]
+    assert all(pid != os.getpid() for pid, _ in got)  # made by the workers
+    here = Prefetcher(_made, start=0, stop=2)
+    assert here.get(0) == (os.getpid(), 0)
+    with pytest.raises(RalmError, match="step 5 asked for, but the inputs made ahead are for step 1"):
+        here.get(5)

@@ -5,6 +5,7 @@ open-domain fine-tuning that continues from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -281,6 +282,28 @@ def test_a_recipe_reproduces_a_tiny_reader_bit_for_bit(questions_file, corpus_fi
     # an option given on the command line wins over the recipe
     code, out, err = ralm("train-reader", "--recipe", recipe, "--out", tmp_path / "c", "--steps", 1, "--json")
     assert code == 0 and json.loads(out)["steps"] == 1, err
+
+
+def test_inputs_made_ahead_by_worker_processes_train_the_same_weights(questions_file, corpus_file, tiny_bert, tiny_dense_index,
+                                                                    tmp_path):
+    """`workers` only moves where a step's inputs are made: with 2 worker processes (distractors,
+    swaps, generated records, windows) the run trains the weights of the one without, and a run
+    resumed with another number of workers goes on as the uninterrupted one."""
+    cfg = _cfg(questions_file, corpus_file, tiny_bert, index=str(tiny_dense_index), distractors=1, no_answer_share=0.25,
+               relation_swap_share=0.25, sibling_share=0.25, verify=True, dtype="fp32")
+    train_reader(cfg, tmp_path / "here", show_progress=False)
+    train_reader(dataclasses.replace(cfg, workers=2), tmp_path / "ahead", show_progress=False)
+    shutil.copytree(tmp_path / "ahead", tmp_path / "resumed")
+    ck = tmp_path / "resumed" / "checkpoints"
+    shutil.rmtree(ck / "step-000004")
+    (ck / "LATEST").write_text("step-000002\n")
+    train_reader(dataclasses.replace(cfg, workers=1), tmp_path / "resumed", show_progress=False)
+    runs = [load_file(str(tmp_path / name / "final" / "reader" / "model.safetensors")) for name in ("here", "ahead", "resumed")]
+    for other in runs[1:]:
+        assert other.keys() == runs[0].keys() and all(torch.equal(other[k], runs[0][k]) for k in runs[0])
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("here", "ahead", "resumed")]
+    assert losses[0] == losses[1] == losses[2]
 
 
 def test_a_bad_recipe_is_one_line(tmp_path, ralm):

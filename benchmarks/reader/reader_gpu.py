@@ -9,10 +9,11 @@ paths and sizes given as options); what this script adds is transport and timing
            moves each weight by at most 0.4% of its row's largest)
   train    (GPU) `ralm index build --retriever bm25` of the articles (the distractors'
            index), then each phase (teacher, student-hard, student-kd) as `ralm train-reader`
-           twice: a short probe run times its steps, then the run with `--steps` set from that
-           speed so the whole call ends inside the lease (at most `--epochs` passes; warm-up 5%
-           of the steps) and `--time-limit` as the safety net (a run stopped by it exits 75 with
-           its exports at the step it reached, which this stage takes). Writes to OUT: log.jsonl
+           twice, its inputs made ahead by `--workers` processes: a short probe run times its
+           steps, then the run with `--steps` set from that speed so the whole call ends inside
+           the lease (at most `--epochs` passes; warm-up 5% of the steps) and `--time-limit` as
+           the safety net (a run stopped by it exits 75 with its exports at the step it reached,
+           which this stage takes). Writes to OUT: log.jsonl
            and each student as int8 per-row deltas from its start (more precise than fp16
            weights), its config and made_by.json in the files' metadata.
   unpack   (CPU) a student's reader directory from its start and its deltas. The candidates are
@@ -254,7 +255,8 @@ def train(args) -> None:
         questions = min(questions, args.limit)
     log(phase="start", cpus=os.cpu_count(), questions=questions, **device_info())
     base = ["--recipe", args.recipe, "--questions", str(files["squad_train.jsonl"]), "--corpus", str(files["squad_corpus.jsonl"]),
-            "--index", str(index), "--seed", str(args.seed), *(["--limit", str(args.limit)] if args.limit else [])]
+            "--index", str(index), "--seed", str(args.seed), "--workers", str(args.workers),
+            *(["--limit", str(args.limit)] if args.limit else [])]
     phase = dict(questions=questions, probe=args.probe, work=work, log=log)
     teacher = None
     if args.teacher:
@@ -351,6 +353,8 @@ def main() -> None:
     t.add_argument("--lr", type=float, default=4e-5)
     t.add_argument("--distill", type=float, default=0.5)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--workers", type=int, default=min(8, max(0, (os.cpu_count() or 1) - 2)),
+                   help="train-reader's input workers (the texts, windows and records of the next steps)")
     t.add_argument("--limit", type=int, default=None, help="first N questions (a dry run)")
     u = sub.add_parser("unpack")
     u.add_argument("--delta", required=True, help="OUT/student_kd (its .partN.safetensors)")

@@ -28,8 +28,9 @@ from ralm.distributed import dist_env
 from ralm.errors import RalmError
 from ralm.rundir import checkpoints_dir, config_file, inputs_file
 
-# Options a user may change when resuming (train longer, save more often, a leg's own time).
-RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype", "time_limit"}
+# Options a user may change when resuming (train longer, save more often, a leg's own time, its
+# input workers: train-reader's weights are the same with any number).
+RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "dtype", "time_limit", "workers"}
 
 
 # -- optimizer state as safetensors + JSON ----------------------------------------------------

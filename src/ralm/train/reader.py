@@ -42,6 +42,10 @@ With a `teacher` (a reader checkpoint with the same wordpieces, e.g. a larger en
 by this trainer), the loss is (1 - distill) x that loss + distill x KL(teacher || student) of the
 same shared softmax (`distill_kl`), the teacher reading the same windows.
 
+A step's inputs depend on its number alone (`prepare`), so with `workers` they are made ahead
+in worker processes while this one trains (train/prefetch.py): on a GPU the CPU work of a step
+(distractors, swaps, generated records, tokenised windows) would otherwise leave it waiting.
+
 A run: RUN/config.json, RUN/checkpoints/ (resumable), RUN/metrics.jsonl (loss, span_accuracy:
 the question's best span over all it read is a gold one, answerable, windows, verify_accuracy,
 lr, steps_per_s),
@@ -72,6 +76,7 @@ from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
 from ralm.train.parallel import global_mean, rank_batch
+from ralm.train.prefetch import Prefetcher
 from ralm.train.trainer import QuestionTrainer
 
 
@@ -107,13 +112,15 @@ class ReaderTrainConfig(LoopConfig):
     stride: int = option(128, "wordpieces between the starts of a passage's windows")
     trainable_layers: int | None = option(None, "train only the top N layers", shown="all")
     limit: int | None = option(None, LIMIT_HELP)
+    workers: int = option(0, "processes that make the next steps' inputs (texts, windows, generated records) while "
+                             "this one trains, so a GPU waits less; the weights are the same with any number")
     _: KW_ONLY
     steps: int = option(5000, "training steps")
     batch_size: int = option(32, "questions per step and rank (under torchrun)")
     warmup: int = option(500, WARMUP_HELP + " (then linear decay to 0)")
     save_every: int = option(500, SAVE_EVERY_HELP)
     positive_fields = ("max_len", "stride", "limit", "distill_temperature")
-    non_negative_fields = ("trainable_layers", "distractors", "verify_weight")
+    non_negative_fields = ("trainable_layers", "distractors", "verify_weight", "workers")
     fraction_fields = ("no_answer_share", "near_miss_share", "distill", "entity_swap_share", "relation_swap_share", "sibling_share")
 
     def __post_init__(self):
@@ -129,6 +136,20 @@ class ReaderTrainResult(TrainResult):
     questions: int
     answerable_share: float  # of the questions seen, those with a gold span
     reader: str  # RUN/final/reader
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What one step reads, made on the CPU (`ReaderTrainer.prepare`): its examples (`questions`
+    of them from the question file, the rest generated), every window of their texts
+    (`read_inputs`) and which have no answer."""
+    questions: int
+    examples: list["ReadingExample"]
+    no_answer: torch.Tensor  # [B] bool
+    batch: ReaderBatch
+    match: torch.Tensor  # [N, L, W]
+    question: torch.Tensor  # [N]
+    titles: list[str]
 
 
 @dataclass(frozen=True)
@@ -295,6 +316,11 @@ class ReaderTrainer(QuestionTrainer):
     def started(self) -> None:
         self.count = AnswerableCount(**self.loop.resumed)
         self.reader.train()
+        self.inputs = Prefetcher(self.prepare, start=self.loop.step, stop=self.cfg.steps, workers=self.cfg.workers)
+
+    def close(self) -> None:
+        if getattr(self, "inputs", None) is not None:
+            self.inputs.close()
 
     def examples(self, i: int, idx: Sequence[int]) -> list[ReadingExample]:
         """What each SQuAD-style question of step i reads: its gold passage, unless dropped (then
@@ -346,14 +372,21 @@ class ReaderTrainer(QuestionTrainer):
             out.append(ReadingExample(q.question, q.answers, texts, no_answer=not q.answers))
         return out
 
-    def step(self, i: int):
-        cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
-        idx = rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=env)
+    def prepare(self, i: int) -> StepInputs:
+        """Step i's inputs, from i alone (every draw is seeded by the step): CPU work a worker
+        process may do ahead (`workers`)."""
+        cfg = self.cfg
+        idx = rank_batch(i, cfg.batch_size, n=len(self.questions), seed=cfg.seed, env=self.ctx.env)
         n_siblings = round(cfg.sibling_share * len(idx))
         examples = self.examples(i, idx[: len(idx) - n_siblings]) + self.sibling_examples(i, n_siblings)
-        no_answer = torch.tensor([ex.no_answer for ex in examples])
         batch, match, question, titles = read_inputs(self.reader, examples, cfg.stride)
-        batch, match, question = batch.to(device), match.to(device), question.to(device)
+        return StepInputs(len(idx), examples, torch.tensor([ex.no_answer for ex in examples]), batch, match, question, titles)
+
+    def step(self, i: int):
+        cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
+        inputs = self.inputs.get(i)
+        examples, no_answer, titles = inputs.examples, inputs.no_answer, inputs.titles
+        batch, match, question = inputs.batch.to(device), inputs.match.to(device), inputs.question.to(device)
         scores = self.loop.ddp(batch)  # [N, L, W]
         teacher = None
         if self.teacher is not None:
@@ -383,10 +416,10 @@ class ReaderTrainer(QuestionTrainer):
             with torch.no_grad():
                 spans = labelled & ~no_answer.to(device)
                 hit = best_is_gold(scores.detach(), valid, match, question, questions=len(examples))[spans]
-        self.count.add(len(idx) * env.world, labelled_now)
+        self.count.add(inputs.questions * env.world, labelled_now)
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if len(hit) else 0.0,
-            "answerable": labelled_now / (len(idx) * env.world), "windows": float(len(match)), **extra}
+            "answerable": labelled_now / (inputs.questions * env.world), "windows": float(len(match)), **extra}
 
     def verify_batch(self, batch, scores, *, valid, match, question, titles, examples) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The verifier's logits [V] and labels [V] on the step's lessons (`verify_examples`), or
