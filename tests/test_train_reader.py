@@ -306,6 +306,16 @@ def test_inputs_made_ahead_by_worker_processes_train_the_same_weights(questions_
     assert losses[0] == losses[1] == losses[2]
 
 
+def test_input_workers_where_processes_cannot_be_forked_are_a_config_error(questions_file, monkeypatch):
+    from ralm.configs import ConfigError
+    from ralm.train import reader
+
+    monkeypatch.setattr(reader, "can_fork", lambda: False)  # as on Windows
+    with pytest.raises(ConfigError, match="workers must be 0 here, got 2"):
+        ReaderTrainConfig(questions=str(questions_file), workers=2)
+    assert ReaderTrainConfig(questions=str(questions_file)).workers == 0
+
+
 def test_a_bad_recipe_is_one_line(tmp_path, ralm):
     for body, problem in (('{"format": "ralm.recipe/1", "command": "ict", "config": {}}', "not `ralm train-reader`"),
                           ('{"format": "ralm.recipe/1", "command": "train-reader", "config": {"stepz": 3}}', "unknown config field 'stepz'"),

@@ -5,11 +5,13 @@ records) depend on its number alone, so worker processes can make steps i+1, i+2
 GPU runs step i, as a DataLoader's workers make batches (torch.utils.data: forked workers, two
 steps ahead each). With no workers they are made in this process when asked for, and either way
 step i gets what `prepare(i)` returns: a run trains the same weights with any number of workers.
-Workers run CPU code only (they are forked after CUDA may have started, which they never touch).
+Workers run CPU code only (they are forked after CUDA may have started, which they never touch),
+so they need the fork start method (`can_fork`: Linux, macOS; not Windows).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from typing import Callable, Generic, Iterator, TypeVar
 
@@ -19,6 +21,10 @@ from torch.utils.data import DataLoader, Dataset
 from ralm.errors import RalmError
 
 T = TypeVar("T")
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
 
 
 class _Steps(Dataset):

@@ -76,7 +76,7 @@ from ralm.runtime import full_precision
 from ralm.train.finetune import AnswerableCount, load_reader
 from ralm.train.loop import LoopConfig, TrainResult, warmup_linear_decay
 from ralm.train.parallel import global_mean, rank_batch
-from ralm.train.prefetch import Prefetcher
+from ralm.train.prefetch import Prefetcher, can_fork
 from ralm.train.trainer import QuestionTrainer
 
 
@@ -125,6 +125,9 @@ class ReaderTrainConfig(LoopConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.workers and not can_fork():
+            raise ConfigError("workers", f"must be 0 here, got {self.workers}: input workers are forked processes, which "
+                                         "this platform cannot start")
         if self.entity_swap_share + self.relation_swap_share > 1:
             raise ConfigError("relation_swap_share", f"plus entity_swap_share must be at most 1, got {self.relation_swap_share} + "
                                                      f"{self.entity_swap_share}")
