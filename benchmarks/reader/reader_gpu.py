@@ -47,7 +47,6 @@ from common import DATA, ralm, run_ralm  # noqa: E402
 
 PART_BYTES = 56_000_000  # a teacher part: what travels in one call beside the working tree
 DELTA_BYTES = 15_000_000  # a file back from the lease: at most 16 MiB each
-TIME_LIMIT_EXIT = 75  # `ralm train-reader` stopped by --time-limit (its exports are of that step)
 TRAIN_FILES = ("squad_train.jsonl", "squad_corpus.jsonl")
 
 
@@ -208,6 +207,8 @@ def train_phase(name: str, base: list[str], *, init: str, batch_size: int, lr: f
     out = run_ralm("train-reader", *given, "--steps", str(steps), "--warmup", str(max(1, round(0.05 * steps))),
                    "--log-every", str(max(1, steps // 20)), "--save-every", str(steps), "--time-limit", str(max(1.0, left)),
                    "--out", run, "--json")
+    from ralm.commands.from_config import TIME_LIMIT_EXIT  # stopped by --time-limit: its exports are of that step
+
     if out.returncode not in (0, TIME_LIMIT_EXIT):
         raise SystemExit(f"{name}: ralm train-reader failed ({out.returncode}): {out.stderr.strip()[-800:]}")
     log(phase=f"{name}_done", seconds=round(time.perf_counter() - start, 1), stopped_by_time_limit=out.returncode != 0,
@@ -221,12 +222,10 @@ def save_delta(reader_dir: Path, init_dir: Path, out: Path, name: str) -> None:
     files of at most DELTA_BYTES, with its config.json and made_by.json in their metadata."""
     from safetensors.torch import save_file
 
-    from ralm.models.reader import Reader
+    from ralm.atomic import read_weights
 
-    trained = Reader.from_pretrained(reader_dir, calibration=None)
-    start = Reader.from_pretrained(init_dir, calibration=None).state_dict()
-    state = {k: v.detach().float() for k, v in trained.state_dict().items() if trained._is_trained(k)}
-    parts = _in_parts((_packed(key, state[key] - start[key].float() if key in start else state[key], "full")
+    state, start = read_weights(reader_dir), read_weights(init_dir)  # the trained tensors, as each reader saved them
+    parts = _in_parts((_packed(key, state[key].float() - start[key].float() if key in start else state[key].float(), "full")
                        for key in sorted(state)), DELTA_BYTES)
     meta = {"config": (reader_dir / "config.json").read_text(encoding="utf-8"),
             "made_by": (reader_dir / "made_by.json").read_text(encoding="utf-8") if (reader_dir / "made_by.json").is_file() else "",
@@ -297,7 +296,7 @@ def unpack(args) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from ralm.atomic import atomic_path
+    from ralm.atomic import atomic_path, read_weights
     from ralm.models.reader import Reader
 
     files = sorted(Path(args.delta).parent.glob(Path(args.delta).name + ".part*.safetensors"))
@@ -309,7 +308,7 @@ def unpack(args) -> None:
     with safe_open(str(files[0]), "pt") as f:
         meta = f.metadata()
     whole = set(json.loads(meta["whole"]))
-    start = Reader.from_pretrained(args.init, calibration=None).state_dict()
+    start = read_weights(args.init)
     state = {name: d if name in whole else start[name].float() + d for name, d in _unpacked(delta).items()}
     with atomic_path(Path(args.out)) as tmp:
         tmp.mkdir(parents=True)
@@ -319,10 +318,7 @@ def unpack(args) -> None:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(Path(args.init) / name, tmp / name)
         save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-    reader = Reader.from_pretrained(args.out, calibration=None)  # it loads: every trained tensor came back
-    missing = [k for k, _ in reader.state_dict().items() if reader._is_trained(k) and k not in state]
-    if missing:
-        raise SystemExit(f"{args.delta}: deltas miss {missing[:3]}")
+        reader = Reader.from_pretrained(tmp, calibration=None)  # refuses a tensor missing: nothing is published then
     print(json.dumps({"out": args.out, "tensors": len(state), "null_span": reader.cfg.null_span,
                       "read_title": reader.cfg.read_title}))
 

@@ -374,9 +374,10 @@ class TrainLoop:
                             if on_metrics:
                                 on_metrics(self.last)
                         window, window_start = [], time.perf_counter()
-                    timed_out = (self.step < cfg.steps and cfg.time_limit is not None
+                    more = self.step < cfg.steps
+                    timed_out = (more and cfg.time_limit is not None
                                  and any_rank(time.perf_counter() - start >= cfg.time_limit, ctx.env))
-                    stopping = timed_out or (self.step < cfg.steps and any_rank(stop.requested, ctx.env))
+                    stopping = timed_out or (more and any_rank(stop.requested, ctx.env))
                     if self.step % cfg.save_every == 0 or self.step == cfg.steps or stopping:
                         saved = self._save(kind, exports or {}, checkpoint_extra)
                     if stopping:

@@ -47,7 +47,7 @@ class Prefetcher(Generic[T]):
     `workers` processes (0: made here, when asked for)."""
 
     def __init__(self, prepare: Callable[[int], T], *, start: int, stop: int, workers: int = 0):
-        self.prepare, self.next, self.workers = prepare, start, workers
+        self.prepare, self.next = prepare, start
         self._it: Iterator[tuple[int, T]] | None = None
         if workers > 0 and stop > start:
             # forked workers would each start the tokenizers' thread pool: one tokenising thread apiece

@@ -143,10 +143,9 @@ class ReaderTrainResult(TrainResult):
 
 @dataclass(frozen=True)
 class StepInputs:
-    """What one step reads, made on the CPU (`ReaderTrainer.prepare`): its examples (`questions`
-    of them from the question file, the rest generated), every window of their texts
-    (`read_inputs`) and which have no answer."""
-    questions: int
+    """What one step reads, made on the CPU (`ReaderTrainer.prepare`): its examples (from the
+    question file, then generated ones), every window of their texts (`read_inputs`) and which
+    have no answer."""
     examples: list["ReadingExample"]
     no_answer: torch.Tensor  # [B] bool
     batch: ReaderBatch
@@ -283,6 +282,7 @@ class ReaderTrainer(QuestionTrainer):
     def __init__(self, cfg: ReaderTrainConfig):
         super().__init__(cfg)
         self.passages = gold_passages(self.questions, cfg.questions, cfg.corpus)  # bad files fail before RUN is made
+        self.inputs: Prefetcher[StepInputs] | None = None  # from `started`: the steps' inputs, made ahead with workers
 
     def build(self) -> Reader:
         cfg, ctx = self.cfg, self.ctx
@@ -322,7 +322,7 @@ class ReaderTrainer(QuestionTrainer):
         self.inputs = Prefetcher(self.prepare, start=self.loop.step, stop=self.cfg.steps, workers=self.cfg.workers)
 
     def close(self) -> None:
-        if getattr(self, "inputs", None) is not None:
+        if self.inputs is not None:
             self.inputs.close()
 
     def examples(self, i: int, idx: Sequence[int]) -> list[ReadingExample]:
@@ -383,7 +383,7 @@ class ReaderTrainer(QuestionTrainer):
         n_siblings = round(cfg.sibling_share * len(idx))
         examples = self.examples(i, idx[: len(idx) - n_siblings]) + self.sibling_examples(i, n_siblings)
         batch, match, question, titles = read_inputs(self.reader, examples, cfg.stride)
-        return StepInputs(len(idx), examples, torch.tensor([ex.no_answer for ex in examples]), batch, match, question, titles)
+        return StepInputs(examples, torch.tensor([ex.no_answer for ex in examples]), batch, match, question, titles)
 
     def step(self, i: int):
         cfg, env, device, width = self.cfg, self.ctx.env, self.ctx.device, self.reader.cfg.max_span_width
@@ -419,10 +419,10 @@ class ReaderTrainer(QuestionTrainer):
             with torch.no_grad():
                 spans = labelled & ~no_answer.to(device)
                 hit = best_is_gold(scores.detach(), valid, match, question, questions=len(examples))[spans]
-        self.count.add(inputs.questions * env.world, labelled_now)
+        self.count.add(len(examples) * env.world, labelled_now)
         return loss if labelled_now else None, {
             "loss": loss.item(), "span_accuracy": hit.float().mean().item() if len(hit) else 0.0,
-            "answerable": labelled_now / (inputs.questions * env.world), "windows": float(len(match)), **extra}
+            "answerable": labelled_now / (len(examples) * env.world), "windows": float(len(match)), **extra}
 
     def verify_batch(self, batch, scores, *, valid, match, question, titles, examples) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The verifier's logits [V] and labels [V] on the step's lessons (`verify_examples`), or
