@@ -146,3 +146,34 @@ def test_a_reader_packed_as_the_package_ships_it_reads_the_same(tiny_bert, tmp_p
     assert packed.cfg.read_title and packed.cfg.verifier and packed.cfg.max_len == reader.cfg.max_len
     before, after = reader.state_dict(), packed.state_dict()
     assert all(torch.equal(before[k].half().float(), after[k]) for k in before if not k.endswith("position_ids"))
+
+
+def test_packing_a_reader_calibrated_in_fp32_says_its_maps_need_the_package_calibrated(tiny_bert, tmp_path):
+    """A map records the fingerprint of the weights it was fitted with, and fp16 rounding changes
+    it: packing a reader calibrated in fp32 warns (and notes in the result) that the package
+    must be calibrated itself; a package calibrated as packed packs again in silence."""
+    import json
+    import warnings
+
+    import torch
+
+    from ralm.convert.export import export_model
+    from ralm.errors import RalmWarning
+    from ralm.models.reader import Reader, save_calibrated
+
+    def calibrated(source, out):
+        fingerprint = Reader.from_pretrained(source).fingerprint()
+        one = {"method": "selective", "questions": 100, "features": ["logit_score"], "mean": [0.0], "scale": [1.0],
+               "weights": [1.0], "bias": 0.0, "fitted_with": {"reader": fingerprint, "k": 10, "threshold": 0.4}}
+        return save_calibrated(source, out, {"by_kind": {"hybrid": one, "dense": {**one, "fitted_with": {"k": 10}}}})
+
+    torch.manual_seed(0)
+    Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).save_pretrained(tmp_path / "reader")
+    with pytest.warns(RalmWarning, match=r"the hybrid confidence map\(s\) were fitted with the fp32 weights"):
+        result = export_model(calibrated(tmp_path / "reader", tmp_path / "cal"), tmp_path / "packed", "package")
+    assert "calibrate the package itself" in result["notes"][0]
+    assert json.loads((tmp_path / "packed" / "config.json").read_text())["calibration"]["by_kind"]["hybrid"]["fitted_with"]["threshold"] == 0.4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = export_model(calibrated(tmp_path / "packed", tmp_path / "cal16"), tmp_path / "packed-again", "package")
+    assert "notes" not in again

@@ -237,6 +237,24 @@ def test_evaluate_qa_on_a_set_where_every_answer_is_wrong_reports_auroc_as_null(
     json.dumps(result, allow_nan=False)
 
 
+def test_questions_without_answers_do_not_blame_the_index(oracle_reader, tiny_dense_index):
+    """A set of unanswerable questions with no answers (constructed near misses) has nothing to
+    retrieve: no warning that the index is of another corpus; one answerable question whose
+    answer no block holds still gets it."""
+    import warnings
+
+    from ralm.errors import RalmWarning
+
+    qa = OpenQA(oracle_reader, Searcher.open(tiny_dense_index), k=3)
+    none = [Question(f"u{i}", "What is the capital of Peru?", (), {"unanswerable": True}) for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate_qa(qa, none, ks=(1,), show_progress=False)
+    assert not [w for w in caught if "no question has an answer" in str(w.message)]
+    with pytest.warns(RalmWarning, match="no question has an answer in its top-"):
+        evaluate_qa(qa, [*none, Question("a", "What is the capital of Peru?", ("Lima",))], ks=(1,), show_progress=False)
+
+
 def test_resolve_reader_and_errors(tmp_path, tiny_bert, tiny_dense_index):
     assert resolve_reader(None) == default_reader_path() and is_reader_dir(default_reader_path())
     reader = Reader.from_encoder(tiny_bert, max_len=96)

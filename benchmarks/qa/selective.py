@@ -13,14 +13,19 @@ examples, never a check's documents), each indexed by `ralm index build` / `ralm
   handful   4 corpora alone (a few dozen blocks)
   hundreds  60 corpora (a few hundred blocks)
   large     60 more corpora added live to the SQuAD index with the removed articles
-so that a threshold holds on a user's small corpus as on Wikipedia. For each kind, `ralm eval qa
+so that a threshold holds on a user's small corpus as on Wikipedia. With --swaps N, each half also
+gets N constructed near misses (data/negatives.py, the negatives `ralm train-reader` trains on):
+answerable questions of its kept articles asked about another relation ("opened" -> "renovated")
+or, where none can be swapped, another entity of the same label that the question's paragraph
+does not name, marked unanswerable and asked over the same index: "another attribute's or
+another entity's value" as a user's corpus meets it. For each kind, `ralm eval qa
 --calibrate --also ...` fits the map and its threshold on them all (cross-fitted leaving whole
 articles and generated corpora out; the threshold: at most --max-unanswerable of each set's
 unanswerable questions answered, or with --coverage the share of the calibration half's answerable
 questions answered), each kind's map added to the reader of the one before, then
 `ralm eval qa` reports on the held-back half with the calibrated reader.
 
-    python benchmarks/qa/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25] [--coverage 0.62]
+    python benchmarks/qa/selective.py --index runs/dev --work runs/selective [--reader DIR] [--kinds hybrid,dense,bm25] [--coverage 0.62] [--swaps 240]
 
 Writes WORK/reader (the calibrated reader) and WORK/report.json. Resumes: finished steps are kept.
 """
@@ -40,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import DATA, linked_copy, ralm, read_jsonl, write_jsonl  # noqa: E402
 
+SWAP_SEED = 104
 SETS = {"handful": (4, 12, 101), "hundreds": (60, 4, 102), "large": (60, 4, 103)}  # corpora, questions each, seed
 
 
@@ -93,6 +99,39 @@ def generated_sets(squad_index: Path, work: Path) -> dict[str, tuple[Path, Path]
     return out
 
 
+def swap_sets(halves: dict[str, Path], work: Path, n: int) -> dict[str, Path]:
+    """{half: questions}: n of the half's answerable questions, each asked about another relation
+    or else another entity than its paragraph states (seeded per half), marked unanswerable, with
+    its article's title (the cross-fitting leaves articles out), "swap": relation | entity and no
+    answers (an answer string of the original question in a block read is not the swap's answer)."""
+    from ralm.data.masking import load_spacy
+    from ralm.data.negatives import entity_pool, entity_swap, relation_swap
+
+    out = {half: work / f"swaps-{half}.jsonl" for half in halves}
+    if all(p.is_file() for p in out.values()):
+        return out
+    paragraphs = {d["id"]: d["text"] for d in read_jsonl(DATA / "squad_dev_official_corpus.jsonl")}
+    nlp = load_spacy()
+    for seed, (half, questions) in enumerate(halves.items()):
+        qs = [q for q in read_jsonl(questions) if not q["unanswerable"]]
+        docs = list(nlp.pipe([q["question"] for q in qs], batch_size=256))
+        pool = entity_pool(docs)
+        rng = np.random.default_rng([SWAP_SEED, seed])
+        rows = []
+        for j in rng.permutation(len(qs)).tolist():
+            q, paragraph = qs[j], paragraphs[qs[j]["doc_id"]]
+            kind, swapped = "relation", relation_swap(q["question"], paragraph, rng)
+            if swapped is None:
+                kind, swapped = "entity", entity_swap(docs[j], paragraph, pool, rng)
+            if swapped is not None:
+                rows.append({**q, "id": f"{q['id']}-{kind}", "question": swapped, "answers": [], "unanswerable": True,
+                             "swap": kind, "asked": q["question"]})
+            if len(rows) == n:
+                break
+        write_jsonl(out[half], rows)
+    return out
+
+
 def selective(predictions: Path, questions: Path) -> dict:
     """Answerable / unanswerable questions answered and the EM of the answers given."""
     rows = {r["id"]: r for r in read_jsonl(predictions)}
@@ -106,6 +145,15 @@ def selective(predictions: Path, questions: Path) -> dict:
             "em_answerable": round(float(np.mean([r["em"] for r in an])), 4) if an else None}
 
 
+def swaps_answered(predictions: Path, questions: Path) -> dict:
+    """Share of the constructed near misses answered, by kind of swap."""
+    answered = {r["id"]: not r["no_answer"] for r in read_jsonl(predictions)}
+    by: dict[str, list[bool]] = {}
+    for q in read_jsonl(questions):
+        by.setdefault(q["swap"], []).append(answered[q["id"]])
+    return {kind: {"questions": len(v), "answered": round(float(np.mean(v)), 4)} for kind, v in sorted(by.items())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--index", type=Path, required=True, help="the default index of squad_corpus + the official dev articles")
@@ -116,6 +164,7 @@ def main() -> None:
     ap.add_argument("--coverage", type=float, default=None, help="instead: the threshold answering this share of the calibration "
                     "half's answerable questions (`ralm eval qa --calibrate --coverage`: a reader judged at the coverage of the "
                     "one it replaces)")
+    ap.add_argument("--swaps", type=int, default=0, help="constructed near misses per half (0: none)")
     ap.add_argument("--no-heldout", action="store_true", help="calibrate only")
     args = ap.parse_args()
     work = args.work
@@ -124,6 +173,9 @@ def main() -> None:
     squad_index, halves, removed = squad_sets(args.index, work)
     generated = generated_sets(squad_index, work)
     also = [f"--also={index}={questions}" for index, questions in generated.values()]
+    swaps = swap_sets(halves, work, args.swaps) if args.swaps else {}
+    if swaps:
+        also.append(f"--also={squad_index}={swaps['calibration']}")
     rule = ([] if args.max_unanswerable is None else ["--max-unanswerable", str(args.max_unanswerable)]) + (
         [] if args.coverage is None else ["--coverage", str(args.coverage)])
     report = {"removed_articles": sorted(removed), "sets": {s: str(q) for s, (_, q) in generated.items()}, "kinds": {}}
@@ -149,6 +201,12 @@ def main() -> None:
             result = json.loads((work / f"heldout-{kind}.json").read_text())
             report["kinds"][kind]["heldout"] = {"em": result["em"], "f1": result["f1"], "auroc": result.get("auroc"),
                                                 "aurc": result.get("aurc"), **selective(pred, halves["heldout"])}
+            if swaps:
+                pred = work / f"heldout-swaps-{kind}.predictions.jsonl"
+                if not pred.is_file():
+                    ralm("eval", "qa", "--index", squad_index, "--questions", swaps["heldout"], *side, "--model", out,
+                         "--predictions", pred)
+                report["kinds"][kind]["heldout_swaps"] = swaps_answered(pred, swaps["heldout"])
         print(json.dumps({kind: report["kinds"][kind]}), flush=True)
     shutil.rmtree(work / "reader", ignore_errors=True)
     shutil.copytree(reader, work / "reader")

@@ -10,10 +10,11 @@ FUSION_WEIGHTS = {"dense": HYBRID_ALPHA, "bm25": 1 - HYBRID_ALPHA}
 FUSION = "weighted"  # how an index's sides are fused (retrieval/search/fusion.py FUSIONS)
 FUSION_DEPTH = 100  # each side's list that fusion draws candidates from
 RRF_C = 60  # reciprocal rank fusion's constant (Cormack et al., 2009)
-# Answers whose calibrated P(correct) is below this are withheld: the lowest threshold at which at
-# most 7% of the calibration half's unanswerable questions (their article removed from the
-# corpus) get an answer, for the shipped reader's hybrid map (benchmarks/qa/selective.py;
-# benchmarks/RESULTS.md, "Hybrid retrieval and selective answering").
+# Answers whose calibrated P(correct) is below this are withheld when their confidence map records
+# no threshold of its own (every map `ralm eval qa --calibrate` writes records one): ralm 0.4's
+# reader's hybrid threshold, the lowest at which at most 7% of the calibration half's unanswerable
+# questions (their article removed from the corpus) got an answer (benchmarks/RESULTS.md,
+# "Hybrid retrieval and selective answering").
 MIN_CONFIDENCE = 0.41  # of a confidence map that records no threshold of its own
 COMPACT_AFTER = 10_000  # update records an index's log holds before a server compacts it into a version (search/compaction.py)
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 from ralm.atomic import atomic_path
-from ralm.errors import RalmError
+from ralm.errors import RalmError, RalmWarning
 from ralm.retrieval.towers.encoders import Retriever, Tower, is_retriever_dir
 from ralm.runtime import check_finite
 
@@ -121,7 +122,29 @@ def _package_reader(found: Path, out: Path) -> dict:
         for f in found.iterdir():
             if f.is_file() and not (f.name.startswith("model") and f.name.endswith(".safetensors")):
                 (tmp / f.name).write_bytes(f.read_bytes())
-    return {"kind": "reader", "source": str(found), "format": "package", "out": str(out), "parts": {"reader": str(out)}}
+        stale = _maps_of_another_reader(tmp)
+    result = {"kind": "reader", "source": str(found), "format": "package", "out": str(out), "parts": {"reader": str(out)}}
+    if stale:
+        note = (f"the {', '.join(stale)} confidence map(s) were fitted with the fp32 weights; the fp16 package is another "
+                f"reader to them (they would warn on every answer): calibrate the package itself, `ralm eval qa --model {out} "
+                "--calibrate --out DIR ...`")
+        warnings.warn(RalmWarning(note), stacklevel=2)
+        result["notes"] = [note]
+    return result
+
+
+def _maps_of_another_reader(packed: Path) -> list[str]:
+    """The index kinds whose confidence map in the packed reader's config records another
+    reader's fingerprint than the packed weights have (rounding to fp16 changes it)."""
+    from ralm.models.confidence import Calibrations
+    from ralm.models.reader import Reader
+
+    reader = Reader.from_pretrained(packed)
+    if reader.cfg.calibration is None:
+        return []
+    fingerprint = reader.fingerprint()
+    maps = Calibrations.from_json(reader.cfg.calibration, str(packed / "config.json")).by_kind
+    return sorted(kind for kind, cal in maps.items() if (getattr(cal, "fitted_with", None) or {}).get("reader") not in (None, fingerprint))
 
 
 def check_sentence_transformers(retriever: Retriever) -> None:
