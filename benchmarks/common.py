@@ -119,6 +119,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def calibrated_predictions(path: Path) -> list[dict]:
+    """The rows of `ralm eval qa --predictions` by a calibrated reader (each with "confidence"
+    and "em"); a file without confidences stops the script with what to do."""
+    rows = read_jsonl(path)
+    if not rows or "confidence" not in rows[0]:
+        raise SystemExit(f"{path}: no 'confidence' in the predictions (evaluate a calibrated reader)")
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -20,6 +21,9 @@ import matplotlib.pyplot as plt
 
 from ralm.eval.calibration import reliability
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import calibrated_predictions  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,9 +31,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--bins", type=int, default=10)
     args = ap.parse_args()
-    rows = [json.loads(line) for line in args.predictions.read_text().splitlines() if line.strip()]
-    if not rows or "confidence" not in rows[0]:
-        raise SystemExit(f"{args.predictions}: no 'confidence' in the predictions (evaluate a calibrated reader)")
+    rows = calibrated_predictions(args.predictions)
     rel = reliability([r["confidence"] for r in rows], [r["em"] for r in rows], bins=args.bins)
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -20,11 +21,12 @@ import matplotlib.pyplot as plt
 
 from ralm.eval.calibration import risk_coverage
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import calibrated_predictions  # noqa: E402
+
 
 def curve(predictions: Path) -> dict:
-    rows = [json.loads(line) for line in predictions.read_text().splitlines() if line.strip()]
-    if not rows or "confidence" not in rows[0]:
-        raise SystemExit(f"{predictions}: no 'confidence' in the predictions (evaluate a calibrated reader)")
+    rows = calibrated_predictions(predictions)
     return risk_coverage([r["confidence"] for r in rows], [r["em"] for r in rows])
 
 

@@ -136,15 +136,15 @@ def _package_reader(found: Path, out: Path) -> dict:
 def _maps_of_another_reader(packed: Path) -> list[str]:
     """The index kinds whose confidence map in the packed reader's config records another
     reader's fingerprint than the packed weights have (rounding to fp16 changes it)."""
-    from ralm.models.confidence import Calibrations
+    from ralm.models.confidence import Calibrations, fitted_with_another_reader
     from ralm.models.reader import Reader
 
-    reader = Reader.from_pretrained(packed)
-    if reader.cfg.calibration is None:
+    calibration = json.loads((packed / "config.json").read_text()).get("calibration")
+    if calibration is None:  # nothing to check: the weights need not be loaded
         return []
-    fingerprint = reader.fingerprint()
-    maps = Calibrations.from_json(reader.cfg.calibration, str(packed / "config.json")).by_kind
-    return sorted(kind for kind, cal in maps.items() if (getattr(cal, "fitted_with", None) or {}).get("reader") not in (None, fingerprint))
+    fingerprint = Reader.from_pretrained(packed).fingerprint()
+    maps = Calibrations.from_json(calibration, str(packed / "config.json")).by_kind
+    return sorted(kind for kind, cal in maps.items() if fitted_with_another_reader(cal, fingerprint))
 
 
 def check_sentence_transformers(retriever: Retriever) -> None:

@@ -197,12 +197,18 @@ def calibration_from_json(obj: dict, source: str) -> Calibration | SelectiveCali
 _warned: set[tuple] = set()
 
 
+def fitted_with_another_reader(cal, reader: str) -> bool:
+    """Whether a map records the fingerprint of another reader than `reader` (one that records
+    none: no)."""
+    return (getattr(cal, "fitted_with", None) or {}).get("reader") not in (None, reader)
+
+
 def check_fitted_with(cal, *, kind: str, reader: str, k: int) -> None:
     """Warn once (per map and mismatch) when a map is read with another reader or k than it
     was fitted with: its confidences then mean something else. Maps that record nothing pass."""
     fitted = getattr(cal, "fitted_with", None) or {}
     problems = []
-    if fitted.get("reader") not in (None, reader):
+    if fitted_with_another_reader(cal, reader):
         problems.append(f"another reader ({fitted['reader']}, this one {reader})")
     if fitted.get("k") not in (None, k):
         problems.append(f"k = {fitted['k']} blocks read (now {k})")
