@@ -411,6 +411,20 @@ def test_a_verifier_that_rejects_an_answer_withholds_it(tiny_bert, tiny_dense_in
         assert 0 < a.signals["coverage"] <= 1
 
 
+def test_an_answer_read_in_a_record_that_names_another_entity_is_withheld(tiny_bert, tiny_dense_index, monkeypatch):
+    """The reader gives "Paris" for France and for Germany alike; the answer's context names
+    France, so for Germany `entity_coverage` is 0 and a map that reads it withholds the answer."""
+    reader = Reader.from_encoder(tiny_bert, max_len=96, max_query_len=16).reading_titles()
+    reader.forward = lambda batch: reader.featurizer.answer_match(batch, [["Paris"]] * len(batch.texts)).float() * 10
+    monkeypatch.setattr(reader.cfg, "calibration", _constant_map(0.3, 0.5, feature="entity_coverage", weight=2.0))
+    qa = OpenQA(reader, Searcher.open(tiny_dense_index), k=6)
+    france, germany = qa.answer(["What is the capital of France?", "What is the capital of Germany?"])
+    assert france.guess == germany.guess == "Paris"
+    assert france.signals["entity_coverage"] == 1.0 and germany.signals["entity_coverage"] == 0.0
+    assert germany.signals["coverage"] == 0.5  # "capital" is there, "germany" is not
+    assert france.answer == "Paris" and germany.no_answer
+
+
 def test_calibration_pools_sets_over_their_own_indexes_and_chooses_the_threshold_per_set(oracle_reader, tiny_dense_index,
                                                                                         tmp_path, monkeypatch):
     """Questions over two indexes fit one map; its threshold answers at most the allowed share of

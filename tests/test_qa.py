@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ralm.data.qa import has_answer, normalize_answer, read_questions
+from ralm.data.qa import has_answer, name_coverage, normalize_answer, question_coverage, question_names, read_questions
 from ralm.defaults import MAX_QUESTION_CHARS
 from ralm.errors import RalmError
 from ralm.eval.metrics import recall_at_k
@@ -19,6 +19,29 @@ def test_has_answer_matches_normalised_words_only():
     assert has_answer("It opened in (1889).", ["1889"])
     assert not has_answer("In 18890 nothing happened.", ["1889"])
     assert not has_answer("anything", ["", "the"])
+
+
+def test_question_coverage_counts_content_words_only():
+    assert question_coverage("How many desks does the Lisbon office have?", "The Lisbon office has 46 desks.") == 1.0
+    # "desks", "lisbon", "office" ("have" is a function word): Bergen's section holds two of the three
+    assert question_coverage("How many desks does the Lisbon office have?", "Bergen: the office has 120 desks.") == pytest.approx(2 / 3)
+    assert question_coverage("What is it?", "anything") == 1.0  # no content word: nothing to miss
+
+
+def test_a_questions_names_are_its_capitalised_words_after_the_first_and_its_codes():
+    assert question_names("When did the Lisbon office open?") == {"lisbon"}
+    assert question_names("When was Bruno Hollis last promoted?") == {"bruno", "hollis"}
+    assert question_names("Which port did version 2.0 use for queue_max_interval?") == {"2", "0", "queue_max_interval"}
+    assert question_names("Who painted The Starry Night?") == {"starry", "night"}  # "The": a function word
+    assert question_names("when did the lisbon office open?") == set()  # typed in lower case: none to tell
+
+
+def test_name_coverage_tells_a_siblings_record_from_the_asked_one():
+    q = "When was Bruno Hollis last promoted?"
+    asked, sibling = "Staff › Bruno Hollis. He was last promoted in 2019.", "Staff › Jamal Hollis. He was last promoted in 2007."
+    assert name_coverage(q, asked) == 1.0 and name_coverage(q, sibling) == 0.5
+    assert question_coverage(q, sibling) == 0.75  # the words' share misses less of it
+    assert name_coverage("when was he promoted?", sibling) == 1.0
 
 
 def test_recall_at_k_hand_computed():

@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from ralm.data.qa import normalize_answer, question_coverage
+from ralm.data.qa import name_coverage, normalize_answer, question_coverage
 from ralm.data.reader_features import ReaderBatch, answer_context, valid_spans
 from ralm.defaults import READ_K
 from ralm.errors import RalmError
@@ -276,7 +276,7 @@ def check_answers(reader: Reader, questions: Sequence[str], readings: Sequence["
                   *, runtime: Runtime) -> list[dict]:
     """What each question's answer is checked by, on the answer's context (its sentence, the one
     before it and its block's title): `coverage`, the share of the question's content words found
-    there, and `p_verify`, the reader's verifier's P(the context states the answer for the thing
+    there, `entity_coverage`, the share of its names (another entity's record names others), and `p_verify`, the reader's verifier's P(the context states the answer for the thing
     and the relation asked; Read + Verify, Hu et al. 2019) where it has one. {} for a question
     without an answer. records[q]: the blocks read for question q, in reading order."""
     out: list[dict] = [{} for _ in questions]
@@ -284,6 +284,7 @@ def check_answers(reader: Reader, questions: Sequence[str], readings: Sequence["
             for q, r in enumerate(readings) if r.best is not None and r.span_offsets is not None]
     for q, rec, context in todo:
         out[q]["coverage"] = question_coverage(questions[q], f"{rec['title']} {context}")
+        out[q]["entity_coverage"] = name_coverage(questions[q], f"{rec['title']} {context}")
     if reader.verify_head is None or not todo:
         return out
     batch = reader.featurizer.featurize_verify([questions[q] for q, _, _ in todo], [readings[q].answer for q, _, _ in todo],

@@ -136,3 +136,24 @@ def question_coverage(question: str, text: str) -> float:
         return 1.0
     seen = set(_WORD.findall(text.lower()))
     return sum(w in seen for w in words) / len(words)
+
+
+def question_names(question: str) -> set[str]:
+    """The question's names, lower-cased: its words written capitalised after the first (a
+    question's first word is capitalised whatever it is), or holding a digit or an underscore
+    (versions, codes, setting names); not its function words. "When did the Lisbon office open?"
+    -> {"lisbon"}; a question typed all in lower case has none."""
+    words = _WORD.findall(question)
+    return {w.lower() for i, w in enumerate(words)
+            if ((i > 0 and w[0].isupper()) or any(c.isdigit() or c == "_" for c in w)) and w.lower() not in _FUNCTION_WORDS}
+
+
+def name_coverage(question: str, text: str) -> float:
+    """The share of the question's names (`question_names`) that occur in `text`; 1.0 for a
+    question without any. An answer read in a sibling's record ("Bruno Hollis" asked, "Jamal
+    Hollis" read) covers fewer of the names than of the question's words (`question_coverage`)."""
+    names = question_names(question)
+    if not names:
+        return 1.0
+    seen = set(_WORD.findall(text.lower()))
+    return sum(n in seen for n in names) / len(names)

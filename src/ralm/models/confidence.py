@@ -35,20 +35,23 @@ from ralm.errors import RalmError, RalmWarning
 
 # Each signal as a map reads it (`feature_vector`): the named signals of `Answer.signals`, with
 # probabilities as log-odds, and each side's best retrieval score as `top_<side>`.
-FEATURES = ("logit_score", "logit_null", "logit_verify", "coverage", "log_partition", "retrieval_entropy", "agreement",
-            "log_blocks")
+FEATURES = ("logit_score", "logit_null", "logit_verify", "coverage", "entity_coverage", "log_partition", "retrieval_entropy",
+            "agreement", "log_blocks")
 _SIDE_FEATURE = re.compile(r"top_[a-z][a-z0-9_]*")
 # The stage-one ("found") features of new maps, the sides' top scores added per kind. A raw BM25
 # score's scale is the corpus's own (its IDFs grow with the number of documents), so a map fitted
 # on one corpus misreads it on another: on the 282-document demo corpus the top BM25 score sat at
 # the 5th percentile of SQuAD's and pulled right answers under the threshold; sides whose scores
 # are scale-free (`Side.calibrated_scores`) give theirs.
-# The verifier's P(supported) and the question's coverage by the answer's title and context mean
-# the same on any corpus (a reader without a verifier gives neither: constant, left out of a fit).
-FOUND = ("log_partition", "logit_null", "retrieval_entropy", "agreement", "logit_verify", "coverage")
-RIGHT = ("logit_score", "logit_null", "logit_verify", "coverage")  # stage two ("right | found"): the reader's own
+# The verifier's P(supported) and the question's coverage by the answer's title and context (its
+# words, its names) mean the same on any corpus (a reader without a verifier gives no P(supported):
+# constant, left out of a fit). The names' coverage is what tells a sibling's record ("Jamal Hollis"
+# read for "Bruno Hollis") from the asked one: fitted with it, fewer of the generated corpora's
+# and the constructed near misses' unanswerable questions were answered at equal SQuAD coverage.
+FOUND = ("log_partition", "logit_null", "retrieval_entropy", "agreement", "logit_verify", "coverage", "entity_coverage")
+RIGHT = ("logit_score", "logit_null", "logit_verify", "coverage", "entity_coverage")  # stage two ("right | found")
 # The fallback map's: what every kind of index gives, the reader's signals only.
-ANY_KIND = ("log_partition", "logit_null", "retrieval_entropy", "logit_verify", "coverage")
+ANY_KIND = ("log_partition", "logit_null", "retrieval_entropy", "logit_verify", "coverage", "entity_coverage")
 # Older maps (ralm 0.4's selective ones) named these.
 FITTED = ("logit_score", "log_partition", "retrieval_entropy", "top_dense", "agreement")
 
