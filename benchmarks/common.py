@@ -145,3 +145,20 @@ def linked_copy(index: Path, out: Path) -> Path:
             log.unlink()
         os.rename(tmp, out)
     return out
+
+
+def article_interval(diff, units: list[str], *, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean of `diff` (one value per question),
+    resampling whole units (articles, pages: one unit's questions are not independent)."""
+    import numpy as np
+
+    diff = np.asarray(diff, dtype=np.float64)
+    names = sorted(set(units))
+    index = {u: i for i, u in enumerate(names)}
+    unit = np.array([index[u] for u in units])
+    sums = np.bincount(unit, weights=diff, minlength=len(names))
+    counts = np.bincount(unit, minlength=len(names))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(names), size=(draws, len(names)))
+    means = sums[picks].sum(1) / counts[picks].sum(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))

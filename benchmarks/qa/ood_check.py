@@ -19,15 +19,18 @@ corpus is about it.
 `--check second` runs the second check instead (benchmarks/qa/ood/second: 30 pages of a software
 manual, a town's services guide and a company wiki as Markdown, HTML and text files, 90
 answerable and 90 unanswerable questions, written after the reader's training data was fixed
-and never trained or fitted on): handful = the pages alone, hundreds = the pages added to the
-first check's hundreds corpus, large = the pages added to the background index.
+and never trained or fitted on), `--check third` the third (benchmarks/qa/ood/third: 30 pages
+of a university's guide, an e-bike maker's documentation and a railway's passenger guide,
+written after the shipped reader and its maps were fixed): handful = the pages alone, hundreds
+= the pages added to the first check's hundreds corpus, large = the pages added to the
+background index.
 
 For each size: the share of unanswerable questions answered at the reader's default threshold
 (target: at most 10%), and the answerable questions' coverage and EM (of all, and of those
 answered), apart for answers in tables, lists, definition lists and `key: value` lines and in
 prose where the questions say so. A question counts as answered when its answer is not withheld.
 
-    python benchmarks/qa/ood_check.py --work runs/ood --background runs/dev [--model READER] [--check second]
+    python benchmarks/qa/ood_check.py --work runs/ood --background runs/dev [--model READER] [--check second|third]
 
 Writes WORK/report-TAG.json (TAG: the reader's path with / as -, or "shipped").
 """
@@ -41,10 +44,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import linked_copy, ralm, read_jsonl, write_jsonl  # noqa: E402
+from common import article_interval, linked_copy, ralm, read_jsonl, write_jsonl  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "ood"
-SECOND = HERE / "second"
+CHECKS = ("first", "second", "third")  # second, third: folders of pages and questions.jsonl in HERE
 
 KINDS = {  # facility kind -> the attributes its records may state
     "public library": ("opened", "manager", "seats", "staff", "architect", "renovated", "hours"),
@@ -134,11 +137,27 @@ def facilities(n: int = 300, questions: int = 100, seed: int = 0) -> tuple[list[
     return docs, qs
 
 
+def interval(values: list[float], units: list[str]) -> list[float]:
+    """95% bootstrap interval of a share, resampling whole units (percent)."""
+    lo, hi = article_interval(values, units)
+    return [round(100 * lo, 1), round(100 * hi, 1)]
+
+
+def auroc(pos: list[float], neg: list[float]) -> float:
+    """P(an answerable question's confidence > an unanswerable one's), ties counting half: how
+    well the confidence ranks them, at any threshold."""
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return round(wins / (len(pos) * len(neg)), 3)
+
+
 def score(predictions: Path, questions: list[dict]) -> dict:
-    """Unanswerable questions answered; answerable coverage, EM of all and of those answered."""
+    """Unanswerable questions answered; answerable coverage, EM of all and of those answered; 95%
+    intervals of the unanswerable answered (each question its own unit: they name no page) and
+    of the answerable EM (resampling pages, or questions where none is named)."""
     rows = {json.loads(line)["id"]: json.loads(line) for line in predictions.read_text().splitlines()}
     un = [rows[q["id"]] for q in questions if q.get("unanswerable")]
     an = [rows[q["id"]] for q in questions if not q.get("unanswerable")]
+    pages = {q["id"]: q.get("doc") or q["id"] for q in questions}
     answered = [r for r in an if not r["no_answer"]]
     kinds = {q["id"]: q.get("kind") for q in questions if q.get("unanswerable")}
     by_kind = {k: [r for r in un if kinds[r["id"]] == k] for k in ("near_miss", "absent")}
@@ -153,11 +172,14 @@ def score(predictions: Path, questions: list[dict]) -> dict:
                                   "em": round(sum(r["em"] for r in rs) / len(rs), 4),
                                   "answered_em": round(sum(r["em"] for r in given) / len(given), 4) if given else None}
     return {"unanswerable": len(un), "unanswerable_answered": round(sum(not r["no_answer"] for r in un) / max(len(un), 1), 4),
+            **({"unanswerable_answered_ci95": interval([float(not r["no_answer"]) for r in un], [r["id"] for r in un])} if un else {}),
             **{f"{k}_answered": round(sum(not r["no_answer"] for r in rs) / len(rs), 4) for k, rs in by_kind.items() if rs},
             **{f"{k}_questions": len(rs) for k, rs in by_kind.items()},
             "answerable": len(an), "answerable_answered": round(len(answered) / max(len(an), 1), 4),
             "answerable_em": round(sum(r["em"] for r in an) / max(len(an), 1), 4),
+            **({"answerable_em_ci95_by_page": interval([r["em"] for r in an], [pages[r["id"]] for r in an])} if an else {}),
             "answered_em": round(sum(r["em"] for r in answered) / max(len(answered), 1), 4) if answered else None,
+            **({"auroc": auroc([r.get("confidence") or 0.0 for r in an], [r.get("confidence") or 0.0 for r in un])} if an and un else {}),
             **({"by_structure": by_structure} if by_structure else {}),
             "wrongly_answered": [{"question": r["question"], "answer": r["prediction"], "confidence": r.get("confidence")}
                                  for r in un if not r["no_answer"]][:10]}
@@ -169,7 +191,7 @@ def main() -> None:
     ap.add_argument("--background", type=Path, default=None, help="the default index of the SQuAD corpus (the large size)")
     ap.add_argument("--model", default=None, help="reader (default: the package's)")
     ap.add_argument("--sizes", default="handful,hundreds,large")
-    ap.add_argument("--check", choices=("first", "second"), default="first")
+    ap.add_argument("--check", choices=CHECKS, default="first")
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -179,10 +201,10 @@ def main() -> None:
     hundreds = handbook + fac_docs
     model = ["--model", args.model] if args.model else []
     tag = args.model.strip("/").replace("/", "-") if args.model else "shipped"  # runs/x/reader and runs/y/reader apart
-    second = args.check == "second"
-    if second:
-        tag = f"second-{tag}"
-        questions = read_jsonl(SECOND / "questions.jsonl")
+    pages = None if args.check == "first" else HERE / args.check / "pages"
+    if pages is not None:
+        tag = f"{args.check}-{tag}"
+        questions = read_jsonl(HERE / args.check / "questions.jsonl")
         corpora = {"handful": (None, questions), "hundreds": (hundreds, questions), "large": (None, questions)}
     else:
         corpora = {"handful": (handbook, hb_questions), "hundreds": (hundreds, hb_questions + fac_questions),
@@ -190,21 +212,22 @@ def main() -> None:
     report = {}
     for size in args.sizes.split(","):
         docs, questions = corpora[size]
-        index = work / f"index-{size}"
-        added = SECOND / "pages" if second else write_jsonl(work / "added.jsonl", docs)
+        index = work / (f"index-{size}" if pages is None else f"index-{args.check}-{size}")
+        added = pages or write_jsonl(work / "added.jsonl", docs)
         if size == "large":
             if args.background is None:
                 raise SystemExit("the large size needs --background INDEX")
-            if not (work / f"index-{size}.added").is_file():
+            done = index.with_name(f"{index.name}.added")
+            if not done.is_file():
                 linked_copy(args.background, index)
                 ralm("index", "add", index, added)
-                (work / f"index-{size}.added").write_text("added\n")
+                done.write_text("added\n")
         elif not (index / "LATEST").is_file():
-            ralm("index", "build", SECOND / "pages" if docs is None else write_jsonl(work / f"corpus-{size}.jsonl", docs),
+            ralm("index", "build", pages if docs is None else write_jsonl(work / f"corpus-{size}.jsonl", docs),
                  "--out", index)
-            if second and docs is not None:
-                ralm("index", "add", index, SECOND / "pages")
-        qfile = write_jsonl(work / f"questions-{size}.jsonl", questions)
+            if pages is not None and docs is not None:
+                ralm("index", "add", index, pages)
+        qfile = write_jsonl(work / f"questions-{tag}-{size}.jsonl", questions)
         pred = work / f"predictions-{size}-{tag}.jsonl"
         result = ralm("eval", "qa", "--index", index, "--questions", qfile, "--predictions", pred, *model)
         report[size] = {"threshold": result.get("threshold"), **score(pred, questions), "seconds": result.get("seconds")}

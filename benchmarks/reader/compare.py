@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import article_interval  # noqa: E402
 
 
 def sign_test(gained: int, lost: int) -> float:
@@ -24,19 +28,6 @@ def sign_test(gained: int, lost: int) -> float:
     if n == 0:
         return 1.0
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
-
-
-def article_interval(diff: np.ndarray, units: list[str], *, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the mean of `diff`, resampling whole units."""
-    names = sorted(set(units))
-    index = {u: i for i, u in enumerate(names)}
-    unit = np.array([index[u] for u in units])
-    sums = np.bincount(unit, weights=diff, minlength=len(names))
-    counts = np.bincount(unit, minlength=len(names))
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(names), size=(draws, len(names)))
-    means = sums[picks].sum(1) / counts[picks].sum(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
 def compare(before: dict[str, float], after: dict[str, float], units: dict[str, str]) -> dict:
