@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The package's reader (src/ralm/data/reader), made by the product's own commands from a recipe
 # file: recipes/reader-b.json is the shipped one's (benchmarks/RESULTS.md, "Reader training");
-# RECIPE=recipes/reader.json makes the first candidate, measured and not shipped. Run from the
-# repository root:
+# RECIPE=recipes/reader.json makes the first candidate and RECIPE=recipes/reader-c.json the
+# shipped reader trained 900 steps more, both measured and not shipped. Run from the repository
+# root:
 #
 #   bash recipes/reader.sh [WORKDIR]        # default WORKDIR: runs
 #
 # Every step resumes where it stopped: the trainer from its last checkpoint (the same command
 # continues a stopped leg), finished steps are skipped.
-#  1. inputs: the reader of ralm 0.4 (git f0647ed) to start from, a BM25 index of the SQuAD
-#     training articles for distractors, the default index of those + the official dev articles
+#  1. inputs: the reader of ralm 0.4 (git f0647ed) to start from (reader-c.json's: the shipped
+#     reader, git ea0c28b), a BM25 index of the SQuAD training articles for distractors, the
+#     default index of those + the official dev articles
 #  2. ralm train-reader --recipe RECIPE (RUN/final/reader records its command, the recipe's
 #     sha256, its config and the fingerprints of its data in made_by.json)
 #  3. ralm export --format package: fp16 shards, as the package ships them. The package is what
@@ -30,6 +32,8 @@ mkdir -p "$W"
 
 [ -f "$W/reader-0.4/config.json" ] || { mkdir -p "$W/reader-0.4" &&
   git archive f0647ed src/ralm/data/reader | tar -x --strip-components=4 -C "$W/reader-0.4"; }
+[ -f "$W/reader-b-package/config.json" ] || { mkdir -p "$W/reader-b-package" &&
+  git archive ea0c28b src/ralm/data/reader | tar -x --strip-components=4 -C "$W/reader-b-package"; }
 [ -f "$W/squad-bm25/LATEST" ] || ralm index build "$DATA/squad_corpus.jsonl" --out "$W/squad-bm25" --retriever bm25 --json
 [ -f "$W/dev-corpus.jsonl" ] || cat "$DATA/squad_corpus.jsonl" "$DATA/squad_dev_official_corpus.jsonl" > "$W/dev-corpus.jsonl"
 [ -f "$W/dev/LATEST" ] || ralm index build "$W/dev-corpus.jsonl" --out "$W/dev" --json

@@ -28,7 +28,9 @@ background index.
 For each size: the share of unanswerable questions answered at the reader's default threshold
 (target: at most 10%), and the answerable questions' coverage and EM (of all, and of those
 answered), apart for answers in tables, lists, definition lists and `key: value` lines and in
-prose where the questions say so. A question counts as answered when its answer is not withheld.
+prose where the questions say so, with 95% intervals (the unanswerable answered resampling
+questions, the best guess's EM resampling pages) and the AUROC of the confidence, answerable vs
+unanswerable. A question counts as answered when its answer is not withheld.
 
     python benchmarks/qa/ood_check.py --work runs/ood --background runs/dev [--model READER] [--check second|third]
 
