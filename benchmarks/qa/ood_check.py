@@ -145,17 +145,13 @@ def interval(values: list[float], units: list[str]) -> list[float]:
     return [round(100 * lo, 1), round(100 * hi, 1)]
 
 
-def auroc(pos: list[float], neg: list[float]) -> float:
-    """P(an answerable question's confidence > an unanswerable one's), ties counting half: how
-    well the confidence ranks them, at any threshold."""
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return round(wins / (len(pos) * len(neg)), 3)
-
-
 def score(predictions: Path, questions: list[dict]) -> dict:
     """Unanswerable questions answered; answerable coverage, EM of all and of those answered; 95%
     intervals of the unanswerable answered (each question its own unit: they name no page) and
-    of the answerable EM (resampling pages, or questions where none is named)."""
+    of the answerable EM (resampling pages, or questions where none is named); the AUROC of the
+    confidence, answerable vs unanswerable (how well it ranks them at any threshold)."""
+    from ralm.eval.calibration import auroc
+
     rows = {json.loads(line)["id"]: json.loads(line) for line in predictions.read_text().splitlines()}
     un = [rows[q["id"]] for q in questions if q.get("unanswerable")]
     an = [rows[q["id"]] for q in questions if not q.get("unanswerable")]
@@ -181,7 +177,8 @@ def score(predictions: Path, questions: list[dict]) -> dict:
             "answerable_em": round(sum(r["em"] for r in an) / max(len(an), 1), 4),
             **({"answerable_em_ci95_by_page": interval([r["em"] for r in an], [pages[r["id"]] for r in an])} if an else {}),
             "answered_em": round(sum(r["em"] for r in answered) / max(len(answered), 1), 4) if answered else None,
-            **({"auroc": auroc([r.get("confidence") or 0.0 for r in an], [r.get("confidence") or 0.0 for r in un])} if an and un else {}),
+            **({"auroc": round(auroc([r.get("confidence") or 0.0 for r in an + un], [True] * len(an) + [False] * len(un)), 3)}
+               if an and un else {}),
             **({"by_structure": by_structure} if by_structure else {}),
             "wrongly_answered": [{"question": r["question"], "answer": r["prediction"], "confidence": r.get("confidence")}
                                  for r in un if not r["no_answer"]][:10]}
